@@ -7,3 +7,5 @@
 #![warn(missing_docs)]
 
 pub mod resp;
+#[cfg(feature = "spawn")]
+pub mod spawn;

@@ -1,0 +1,125 @@
+//! The shared harness of the integration tests: real local masters from
+//! [`redlock_mio::spawn`], and a tiny blocking client that speaks RESP2 with
+//! the crate's own codec.
+//!
+//! Starting a master panics with the spawn error's message, so that a
+//! machine without redis-server fails every test with one clear line
+//! instead of passing silently. Each test stops what it starts: dropping a
+//! [`Server`] or [`Cluster`] kills its processes, also when a test panics.
+
+// Each test binary uses its own subset of these helpers.
+#![allow(dead_code)]
+
+use std::io::{self, Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use redlock_mio::resp::{Arg, Limits, Reply, decode, encode_command};
+pub use redlock_mio::spawn::{Cluster, Options, Server};
+
+/// Read and write timeout of a [`Plain`] connection unless a test sets its
+/// own: generous, so that a loaded machine does not fail a test, yet a
+/// stalled master cannot hang one forever.
+pub const IO_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// One master with default options.
+pub fn master() -> Server {
+    master_with(&Options::new())
+}
+
+/// One master with the given options.
+pub fn master_with(opts: &Options) -> Server {
+    Server::start(opts).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// `k` independent masters with default options.
+pub fn cluster(k: usize) -> Cluster {
+    cluster_with(k, &Options::new())
+}
+
+/// `k` independent masters with the given options.
+pub fn cluster_with(k: usize, opts: &Options) -> Cluster {
+    Cluster::start(k, opts).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A blocking RESP2 connection over a std `TcpStream`.
+pub struct Plain {
+    stream: TcpStream,
+    buf: BytesMut,
+}
+
+/// Connects to `server` over TCP, panicking when that fails.
+pub fn connect(server: &Server) -> Plain {
+    try_connect(server).unwrap_or_else(|e| panic!("connecting to {}: {e}", server.addr()))
+}
+
+/// Connects to `server` over TCP.
+pub fn try_connect(server: &Server) -> io::Result<Plain> {
+    let stream = TcpStream::connect_timeout(&server.addr(), IO_TIMEOUT)?;
+    stream.set_read_timeout(Some(IO_TIMEOUT))?;
+    stream.set_write_timeout(Some(IO_TIMEOUT))?;
+    stream.set_nodelay(true)?;
+    Ok(Plain {
+        stream,
+        buf: BytesMut::new(),
+    })
+}
+
+impl Plain {
+    /// Sends one command and reads its reply, panicking on an I/O or
+    /// protocol error (an error reply is a value, not a panic).
+    pub fn cmd(&mut self, args: &[Arg<'_>]) -> Reply {
+        self.try_cmd(args)
+            .unwrap_or_else(|e| panic!("command {args:?}: {e}"))
+    }
+
+    /// Sends one command and reads its reply.
+    pub fn try_cmd(&mut self, args: &[Arg<'_>]) -> io::Result<Reply> {
+        self.send(args)?;
+        self.read_reply()
+    }
+
+    /// Sends one command without reading its reply.
+    pub fn send(&mut self, args: &[Arg<'_>]) -> io::Result<()> {
+        let mut out = BytesMut::new();
+        encode_command(&mut out, args);
+        self.stream.write_all(&out)
+    }
+
+    /// Reads the next reply.
+    pub fn read_reply(&mut self) -> io::Result<Reply> {
+        let limits = Limits::default();
+        let mut chunk = [0u8; 4096];
+        loop {
+            if let Some(reply) = decode(&mut self.buf, &limits)
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?
+            {
+                return Ok(reply);
+            }
+            match self.stream.read(&mut chunk) {
+                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Sets the read timeout; `None` blocks forever.
+    pub fn set_read_timeout(&mut self, timeout: Option<Duration>) {
+        self.stream
+            .set_read_timeout(timeout)
+            .unwrap_or_else(|e| panic!("setting the read timeout: {e}"));
+    }
+}
+
+/// A bulk-string reply holding `s`, for comparisons.
+pub fn bulk(s: &str) -> Reply {
+    Reply::Bulk(bytes::Bytes::copy_from_slice(s.as_bytes()))
+}
+
+/// A simple-string reply holding `s`, for comparisons.
+pub fn status(s: &str) -> Reply {
+    Reply::Status(bytes::Bytes::copy_from_slice(s.as_bytes()))
+}
