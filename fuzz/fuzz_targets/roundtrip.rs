@@ -1,0 +1,13 @@
+//! Arbitrary argument lists through `encode_command` and back through the
+//! parser; the properties are in `props.rs`.
+
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+
+// Each target uses one of the two checks.
+#[allow(dead_code)]
+#[path = "../props.rs"]
+mod props;
+
+fuzz_target!(|data: &[u8]| props::check_roundtrip(data));
