@@ -6,6 +6,18 @@
 
 #![warn(missing_docs)]
 
+pub mod addr;
+pub mod conn;
+pub mod driver;
+pub mod lock;
+pub mod quorum;
 pub mod resp;
+pub mod script;
+pub mod token;
+
+pub use addr::ServerAddr;
+pub use lock::{Config, ConfigError, Error, Failure, Lock, LockGuard, MasterVote, Redlock, Retry};
+pub use quorum::Vote;
+pub use token::Token;
 #[cfg(feature = "spawn")]
 pub mod spawn;

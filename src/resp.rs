@@ -324,8 +324,7 @@ fn walk<S: Sink>(
             }
         }
         b'*' => {
-            let Some(len) = parse_len(&src[line], limits.max_array_len, Limit::ArrayLength)?
-            else {
+            let Some(len) = parse_len(&src[line], limits.max_array_len, Limit::ArrayLength)? else {
                 return Ok(Some((sink.nil(true), next)));
             };
             if depth > limits.max_depth.min(DEPTH_CAP) {
@@ -649,13 +648,25 @@ mod tests {
     #[test]
     fn malformed_input_is_a_typed_error() {
         let cases: &[(&str, &[u8], ProtocolError)] = &[
-            ("unknown type byte", b"!x\r\n", ProtocolError::UnknownType(b'!')),
+            (
+                "unknown type byte",
+                b"!x\r\n",
+                ProtocolError::UnknownType(b'!'),
+            ),
             ("CR without LF", b"+OK\rx\n", ProtocolError::BadLineEnding),
             ("LF without CR", b"+OK\n", ProtocolError::BadLineEnding),
             ("empty integer", b":\r\n", ProtocolError::InvalidInteger),
             ("lone minus", b":-\r\n", ProtocolError::InvalidInteger),
-            ("non-digit integer", b":1a\r\n", ProtocolError::InvalidInteger),
-            ("plus-signed integer", b":+1\r\n", ProtocolError::InvalidInteger),
+            (
+                "non-digit integer",
+                b":1a\r\n",
+                ProtocolError::InvalidInteger,
+            ),
+            (
+                "plus-signed integer",
+                b":+1\r\n",
+                ProtocolError::InvalidInteger,
+            ),
             ("non-digit length", b"$x\r\n", ProtocolError::InvalidInteger),
             (
                 "integer overflow",
@@ -723,10 +734,18 @@ mod tests {
             ("array at limit", b"*2\r\n:1\r\n:2\r\n", None),
             ("array past limit", b"*3\r\n", Some(Limit::ArrayLength)),
             ("depth at limit", b"*1\r\n*1\r\n:1\r\n", None),
-            ("depth past limit", b"*1\r\n*1\r\n*1\r\n", Some(Limit::Depth)),
+            (
+                "depth past limit",
+                b"*1\r\n*1\r\n*1\r\n",
+                Some(Limit::Depth),
+            ),
             ("line at limit", b"+abcdef\r\n", None),
             ("line past limit", b"+abcdefg", Some(Limit::LineLength)),
-            ("integer line past limit", b":1234567", Some(Limit::LineLength)),
+            (
+                "integer line past limit",
+                b":1234567",
+                Some(Limit::LineLength),
+            ),
         ];
         for (name, input, want) in cases {
             let got = parse(&Bytes::copy_from_slice(input), &limits);
@@ -752,7 +771,10 @@ mod tests {
             max_array_len: usize::MAX,
             ..Limits::default()
         };
-        let got = parse(&Bytes::from_static(b"*9223372036854775807\r\n:1\r\n"), &limits);
+        let got = parse(
+            &Bytes::from_static(b"*9223372036854775807\r\n:1\r\n"),
+            &limits,
+        );
         assert_eq!(got, Ok(Status::Partial));
     }
 
@@ -769,9 +791,14 @@ mod tests {
                 Arg::Int(i64::MIN),
             ],
         );
-        let want: &[u8] = b"*5\r\n$3\r\nSET\r\n$1\r\nk\r\n$0\r\n\r\n$2\r\n-7\r\n$20\r\n-9223372036854775808\r\n";
+        let want: &[u8] =
+            b"*5\r\n$3\r\nSET\r\n$1\r\nk\r\n$0\r\n\r\n$2\r\n-7\r\n$20\r\n-9223372036854775808\r\n";
         assert_eq!(&dst[..], want);
-        assert_eq!(dst.capacity(), dst.len(), "exactly one reserve of the exact size");
+        assert_eq!(
+            dst.capacity(),
+            dst.len(),
+            "exactly one reserve of the exact size"
+        );
     }
 
     #[test]

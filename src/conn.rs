@@ -1,0 +1,525 @@
+//! The state of one connection to one master, without the socket.
+//!
+//! A [`Conn`] owns what must survive between reads and writes: the bytes
+//! waiting to be written, the bytes read but not yet parsed, and the FIFO
+//! of requests in flight, so that a reply arriving after its caller stopped
+//! waiting is read and dropped, never matched to a later request. It also
+//! owns the handshake (AUTH, SELECT, SCRIPT LOAD, queued in one write), the
+//! `-NOSCRIPT` fallback (EVAL on this connection, invisible to the caller),
+//! stall detection, and the reconnect backoff. It never touches a socket or
+//! reads a clock: the driver moves bytes in and out and passes `now`.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::io;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+
+use crate::addr::ServerAddr;
+use crate::resp::{self, Arg, Limits, ProtocolError, Reply};
+use crate::script::{ScriptId, Scripts};
+use crate::token::Token;
+
+/// What a request does on one master.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    /// `SET resource token NX PX ttl`.
+    Acquire,
+    /// The compare-and-delete script.
+    Release,
+    /// The compare-and-pexpire script.
+    Extend,
+}
+
+impl Op {
+    fn script(self) -> Option<ScriptId> {
+        match self {
+            Op::Acquire => None,
+            Op::Release => Some(ScriptId::Release),
+            Op::Extend => Some(ScriptId::Extend),
+        }
+    }
+}
+
+/// One lock operation on one resource, as sent to every master.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request {
+    /// What to do.
+    pub op: Op,
+    /// The lock key.
+    pub resource: Bytes,
+    /// The lock value.
+    pub token: Token,
+    /// TTL in milliseconds, for acquire and extend.
+    pub ttl_ms: i64,
+}
+
+impl Request {
+    /// Appends the request to `dst` as the command sent in the common case:
+    /// `SET ... NX PX` or `EVALSHA`.
+    pub fn encode(&self, scripts: &Scripts, dst: &mut BytesMut) {
+        self.encode_as(scripts, dst, false);
+    }
+
+    fn encode_as(&self, scripts: &Scripts, dst: &mut BytesMut, eval: bool) {
+        let key = Arg::Bytes(&self.resource);
+        let token = Arg::Bytes(self.token.as_bytes());
+        let ttl = Arg::Int(self.ttl_ms);
+        match self.op.script().map(|id| scripts.get(id)) {
+            None => resp::encode_command(
+                dst,
+                &[
+                    Arg::Bytes(b"SET"),
+                    key,
+                    token,
+                    Arg::Bytes(b"NX"),
+                    Arg::Bytes(b"PX"),
+                    ttl,
+                ],
+            ),
+            Some(script) => {
+                let (verb, body) = if eval {
+                    (Arg::Bytes(b"EVAL"), Arg::Bytes(script.source().as_bytes()))
+                } else {
+                    (Arg::Bytes(b"EVALSHA"), Arg::Bytes(script.sha()))
+                };
+                let one = Arg::Int(1);
+                if self.op == Op::Extend {
+                    resp::encode_command(dst, &[verb, body, one, key, token, ttl]);
+                } else {
+                    resp::encode_command(dst, &[verb, body, one, key, token]);
+                }
+            }
+        }
+    }
+}
+
+/// Names one request: the round it belongs to and its slot in the round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tag {
+    /// The round's number; a reply whose round is over is dropped.
+    pub round: u64,
+    /// The request's index within its round.
+    pub slot: u32,
+}
+
+/// A step of the connection handshake.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// `AUTH`.
+    Auth,
+    /// `SELECT db`.
+    Select,
+    /// `SCRIPT LOAD`.
+    ScriptLoad,
+}
+
+/// Why one master gave no usable answer. One failed vote, never by itself
+/// an error of the whole operation.
+#[derive(Clone, PartialEq, Eq)]
+pub enum Cause {
+    /// No reply within the per-instance timeout.
+    Timeout,
+    /// The host name resolved to no address.
+    Resolve,
+    /// Connecting failed.
+    Connect(io::ErrorKind),
+    /// Connecting took longer than the connect timeout.
+    ConnectTimeout,
+    /// Not connected, and the reconnect backoff has not run out; the last
+    /// failure's cause is inside.
+    Backoff(Box<Cause>),
+    /// Reading or writing failed.
+    Io(io::ErrorKind),
+    /// The master closed the connection.
+    Closed,
+    /// The master sent bytes that are not RESP2.
+    Protocol(ProtocolError),
+    /// The master sent a reply when no request was in flight.
+    Unsolicited,
+    /// The oldest request in flight went unanswered past the stall limit.
+    Stalled,
+    /// A handshake command got an error reply.
+    Handshake(Step, Bytes),
+    /// The command got an error reply (or a reply of an unexpected type,
+    /// described in the message).
+    Server(Bytes),
+}
+
+impl Cause {
+    /// True when the master broke the protocol, as opposed to being down,
+    /// slow or refusing.
+    pub fn is_protocol(&self) -> bool {
+        matches!(self, Cause::Protocol(_) | Cause::Unsolicited)
+    }
+}
+
+impl fmt::Display for Cause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Cause::Timeout => f.write_str("no reply within the per-instance timeout"),
+            Cause::Resolve => f.write_str("host name did not resolve"),
+            Cause::Connect(kind) => write!(f, "connect failed: {kind}"),
+            Cause::ConnectTimeout => f.write_str("connect timed out"),
+            Cause::Backoff(last) => write!(f, "down, reconnect pending ({last})"),
+            Cause::Io(kind) => write!(f, "connection failed: {kind}"),
+            Cause::Closed => f.write_str("connection closed by the master"),
+            Cause::Protocol(e) => write!(f, "protocol violation: {e}"),
+            Cause::Unsolicited => f.write_str("protocol violation: reply with no request"),
+            Cause::Stalled => f.write_str("connection stalled: requests unanswered"),
+            Cause::Handshake(step, msg) => {
+                let step = match step {
+                    Step::Auth => "AUTH",
+                    Step::Select => "SELECT",
+                    Step::ScriptLoad => "SCRIPT LOAD",
+                };
+                write!(f, "{step} failed: {}", String::from_utf8_lossy(msg))
+            }
+            Cause::Server(msg) => write!(f, "error reply: {}", String::from_utf8_lossy(msg)),
+        }
+    }
+}
+
+impl fmt::Debug for Cause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+/// Timing rules of a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timing {
+    /// How long a connect (TCP or Unix) may take.
+    pub connect: Duration,
+    /// How long the oldest request in flight may go unanswered before the
+    /// connection is dropped and re-established.
+    pub stall: Duration,
+    /// First wait before reconnecting after a failed connect; it doubles on
+    /// each further failure.
+    pub backoff_min: Duration,
+    /// Cap on that wait.
+    pub backoff_max: Duration,
+}
+
+/// The most requests one connection keeps in flight before it is judged
+/// stalled: bounds memory when a master stops answering.
+pub const MAX_IN_FLIGHT: usize = 4096;
+
+#[derive(Debug)]
+enum State {
+    /// No socket. A connect may start once `retry_at` has passed.
+    Down { retry_at: Instant, cause: Cause },
+    /// A socket is connecting; handshake and requests are queued.
+    Connecting { deadline: Instant },
+    /// Connected; the handshake may still be in flight.
+    Ready,
+}
+
+#[derive(Debug)]
+enum Expect {
+    Handshake(Step),
+    Reply {
+        tag: Tag,
+        request: Request,
+        sent_at: Instant,
+        wire_len: usize,
+        /// Set once the request was re-sent as EVAL after `-NOSCRIPT`.
+        evaluated: bool,
+    },
+}
+
+/// One master's connection state (sans-IO).
+#[derive(Debug)]
+pub struct Conn {
+    addr: ServerAddr,
+    limits: Limits,
+    scripts: Scripts,
+    timing: Timing,
+    state: State,
+    out: BytesMut,
+    inbuf: BytesMut,
+    in_flight: VecDeque<Expect>,
+    handshake_left: usize,
+    backoff: Duration,
+}
+
+impl Conn {
+    /// A connection, not yet connected, that may connect at once.
+    pub fn new(
+        addr: ServerAddr,
+        scripts: Scripts,
+        limits: Limits,
+        timing: Timing,
+        now: Instant,
+    ) -> Conn {
+        Conn {
+            addr,
+            limits,
+            scripts,
+            timing,
+            state: State::Down {
+                retry_at: now,
+                cause: Cause::Closed,
+            },
+            out: BytesMut::with_capacity(4096),
+            inbuf: BytesMut::with_capacity(4096),
+            in_flight: VecDeque::with_capacity(64),
+            handshake_left: 0,
+            backoff: timing.backoff_min,
+        }
+    }
+
+    /// The master's address.
+    pub fn addr(&self) -> &ServerAddr {
+        &self.addr
+    }
+
+    /// True when the driver should open a socket now.
+    #[must_use]
+    pub fn poll_connect(&self, now: Instant) -> bool {
+        matches!(self.state, State::Down { retry_at, .. } if now >= retry_at)
+    }
+
+    /// True while there is no socket.
+    pub fn is_down(&self) -> bool {
+        matches!(self.state, State::Down { .. })
+    }
+
+    /// True while a connect is in progress.
+    pub fn is_connecting(&self) -> bool {
+        matches!(self.state, State::Connecting { .. })
+    }
+
+    /// How many requests (handshake included) await a reply.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.len()
+    }
+
+    /// The driver opened a socket: queue the handshake so it leaves in the
+    /// first write, together with whatever requests follow.
+    pub fn handle_connect_started(&mut self, now: Instant) {
+        self.out.clear();
+        self.inbuf.clear();
+        self.in_flight.clear();
+        let deadline = now.checked_add(self.timing.connect).unwrap_or(now);
+        self.state = State::Connecting { deadline };
+        if let Some(password) = &self.addr.password {
+            let password = Arg::Bytes(password.expose().as_bytes());
+            match &self.addr.user {
+                Some(user) => resp::encode_command(
+                    &mut self.out,
+                    &[Arg::Bytes(b"AUTH"), Arg::Bytes(user.as_bytes()), password],
+                ),
+                None => resp::encode_command(&mut self.out, &[Arg::Bytes(b"AUTH"), password]),
+            }
+            self.in_flight.push_back(Expect::Handshake(Step::Auth));
+        }
+        if self.addr.db != 0 {
+            resp::encode_command(
+                &mut self.out,
+                &[Arg::Bytes(b"SELECT"), Arg::Int(i64::from(self.addr.db))],
+            );
+            self.in_flight.push_back(Expect::Handshake(Step::Select));
+        }
+        for script in self.scripts.all() {
+            resp::encode_command(
+                &mut self.out,
+                &[
+                    Arg::Bytes(b"SCRIPT"),
+                    Arg::Bytes(b"LOAD"),
+                    Arg::Bytes(script.source().as_bytes()),
+                ],
+            );
+            self.in_flight
+                .push_back(Expect::Handshake(Step::ScriptLoad));
+        }
+        self.handshake_left = self.in_flight.len();
+    }
+
+    /// The connect finished: queued bytes may be written.
+    pub fn handle_connected(&mut self) {
+        if self.is_connecting() {
+            self.state = State::Ready;
+        }
+    }
+
+    /// The connection failed: forget everything in flight and schedule the
+    /// reconnect. A connection that had completed its handshake may
+    /// reconnect on next use; one that never did waits out a doubling
+    /// backoff, so that a dead master costs no system call per operation.
+    pub fn handle_failure(&mut self, now: Instant, cause: Cause) {
+        let healthy = matches!(self.state, State::Ready) && self.handshake_left == 0;
+        let retry_at = if healthy {
+            self.backoff = self.timing.backoff_min;
+            now
+        } else {
+            let at = now.checked_add(self.backoff).unwrap_or(now);
+            self.backoff = (self.backoff * 2).min(self.timing.backoff_max);
+            at
+        };
+        self.state = State::Down { retry_at, cause };
+        self.out.clear();
+        self.inbuf.clear();
+        self.in_flight.clear();
+        self.handshake_left = 0;
+    }
+
+    /// The next instant at which [`Conn::handle_timeout`] has work to do.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        match self.state {
+            State::Down { .. } => None,
+            State::Connecting { deadline } => Some(deadline),
+            State::Ready => self
+                .oldest_sent_at()
+                .and_then(|t| t.checked_add(self.timing.stall)),
+        }
+    }
+
+    /// Fails the connection when its connect or its oldest request has taken
+    /// too long. Returns the cause when it did.
+    pub fn handle_timeout(&mut self, now: Instant) -> Option<Cause> {
+        let cause = match self.state {
+            State::Connecting { deadline } if now >= deadline => Cause::ConnectTimeout,
+            State::Ready if self.poll_timeout().is_some_and(|t| now >= t) => Cause::Stalled,
+            _ => return None,
+        };
+        self.handle_failure(now, cause.clone());
+        Some(cause)
+    }
+
+    fn oldest_sent_at(&self) -> Option<Instant> {
+        self.in_flight.iter().find_map(|e| match e {
+            Expect::Reply { sent_at, .. } => Some(*sent_at),
+            Expect::Handshake(_) => None,
+        })
+    }
+
+    /// Queues an encoded request. `wire` must be `request` encoded with
+    /// [`Request::encode`]; it is passed in so that a round encodes once for
+    /// all masters.
+    ///
+    /// # Errors
+    /// The cause of the last failure when the connection is down, or
+    /// [`Cause::Stalled`] when too many requests are unanswered.
+    pub fn send(
+        &mut self,
+        tag: Tag,
+        request: &Request,
+        wire: &[u8],
+        now: Instant,
+    ) -> Result<(), Cause> {
+        match &self.state {
+            State::Down { cause, .. } => return Err(Cause::Backoff(Box::new(cause.clone()))),
+            _ if self.in_flight.len() >= MAX_IN_FLIGHT => {
+                self.handle_failure(now, Cause::Stalled);
+                return Err(Cause::Stalled);
+            }
+            _ => {}
+        }
+        self.out.extend_from_slice(wire);
+        self.in_flight.push_back(Expect::Reply {
+            tag,
+            request: request.clone(),
+            sent_at: now,
+            wire_len: wire.len(),
+            evaluated: false,
+        });
+        Ok(())
+    }
+
+    /// Drops the requests of a round that is over but were never written,
+    /// because the connect has not finished: sending them late could set a
+    /// key that nobody waits for. Nothing is written while connecting and a
+    /// round's requests are the newest, so they are the tail of the queue.
+    pub fn handle_round_end(&mut self, round: u64) {
+        if !self.is_connecting() {
+            return;
+        }
+        while let Some(Expect::Reply { tag, wire_len, .. }) = self.in_flight.back() {
+            if tag.round != round {
+                break;
+            }
+            let kept = self.out.len().saturating_sub(*wire_len);
+            self.out.truncate(kept);
+            self.in_flight.pop_back();
+        }
+    }
+
+    /// Bytes waiting to be written; empty while connecting.
+    pub fn poll_transmit(&self) -> &[u8] {
+        match self.state {
+            State::Ready => &self.out,
+            _ => &[],
+        }
+    }
+
+    /// The driver wrote the first `n` bytes of [`Conn::poll_transmit`].
+    pub fn handle_written(&mut self, n: usize) {
+        let n = n.min(self.out.len());
+        let _ = self.out.split_to(n);
+        if self.out.is_empty() {
+            // Keeps the buffer's allocation for the next request.
+            self.out.clear();
+        }
+    }
+
+    /// The driver read `bytes` from the socket.
+    pub fn handle_input(&mut self, bytes: &[u8]) {
+        self.inbuf.extend_from_slice(bytes);
+    }
+
+    /// The next reply to a request, with its tag. Handshake replies are
+    /// checked and consumed here; a `-NOSCRIPT` reply to a script is
+    /// answered by re-sending the request as EVAL, and the caller sees only
+    /// the EVAL's reply. Replies to rounds that are over are returned too:
+    /// the round drops tags that are not its own.
+    ///
+    /// # Errors
+    /// A [`Cause`] when the connection must be dropped: malformed bytes, a
+    /// reply with nothing in flight, or a failed handshake step. The caller
+    /// then calls [`Conn::handle_failure`].
+    pub fn poll_reply(&mut self) -> Result<Option<(Tag, Reply)>, Cause> {
+        loop {
+            let Some(reply) =
+                resp::decode(&mut self.inbuf, &self.limits).map_err(Cause::Protocol)?
+            else {
+                return Ok(None);
+            };
+            match self.in_flight.pop_front() {
+                None => return Err(Cause::Unsolicited),
+                Some(Expect::Handshake(step)) => {
+                    if let Reply::Error(msg) = reply {
+                        return Err(Cause::Handshake(step, msg));
+                    }
+                    self.handshake_left = self.handshake_left.saturating_sub(1);
+                }
+                Some(Expect::Reply {
+                    tag,
+                    request,
+                    sent_at,
+                    evaluated,
+                    ..
+                }) => {
+                    if !evaluated
+                        && request.op.script().is_some()
+                        && reply.is_error_code(b"NOSCRIPT")
+                    {
+                        let before = self.out.len();
+                        request.encode_as(&self.scripts, &mut self.out, true);
+                        let wire_len = self.out.len() - before;
+                        self.in_flight.push_back(Expect::Reply {
+                            tag,
+                            request,
+                            sent_at,
+                            wire_len,
+                            evaluated: true,
+                        });
+                        continue;
+                    }
+                    return Ok(Some((tag, reply)));
+                }
+            }
+        }
+    }
+}

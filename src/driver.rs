@@ -1,0 +1,272 @@
+//! The one module that owns mio: sockets, readiness, and the poll timeout.
+//!
+//! A [`Driver`] holds one socket per master (TCP with `TCP_NODELAY`, or a
+//! Unix stream), registered once under `Token(i)` for read and write
+//! readiness. It opens sockets when a connection asks, finishes each
+//! non-blocking connect the way mio documents (writable, then `take_error`,
+//! then `peer_addr`), writes queued bytes until done or `WouldBlock`,
+//! reads into one reused buffer, retries on `Interrupted`, and sleeps in
+//! `poll` until the round's next deadline. It decides nothing: every byte
+//! and every failure goes to the [`Conn`] and [`Round`] it belongs to.
+
+use std::io::{self, Read, Write};
+use std::net::ToSocketAddrs;
+use std::time::Instant;
+
+use mio::net::{TcpStream, UnixStream};
+use mio::{Events, Interest, Poll, Token};
+
+use crate::addr::Endpoint;
+use crate::conn::{Cause, Conn};
+use crate::quorum::Round;
+
+/// Size of the reused read buffer. A read that returns less than this has
+/// drained the socket.
+const READ_CHUNK: usize = 16 * 1024;
+
+#[derive(Debug)]
+enum Stream {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+impl Stream {
+    fn source(&mut self) -> &mut dyn mio::event::Source {
+        match self {
+            Stream::Tcp(s) => s,
+            Stream::Unix(s) => s,
+        }
+    }
+
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.read(buf),
+            Stream::Unix(s) => s.read(buf),
+        }
+    }
+
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.write(buf),
+            Stream::Unix(s) => s.write(buf),
+        }
+    }
+
+    /// Whether a non-blocking connect has finished: `Ok(true)` connected,
+    /// `Ok(false)` still in progress.
+    fn connect_result(&mut self) -> io::Result<bool> {
+        let (error, peer) = match self {
+            Stream::Tcp(s) => (s.take_error(), s.peer_addr().map(drop)),
+            Stream::Unix(s) => (s.take_error(), s.peer_addr().map(drop)),
+        };
+        if let Some(e) = error? {
+            return Err(e);
+        }
+        match peer {
+            Ok(()) => {
+                if let Stream::Tcp(s) = self {
+                    s.set_nodelay(true)?;
+                }
+                Ok(true)
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotConnected => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// Drives N connections over one `mio::Poll`.
+#[derive(Debug)]
+pub struct Driver {
+    poll: Poll,
+    events: Events,
+    sockets: Vec<Option<Stream>>,
+    read_buf: Box<[u8]>,
+}
+
+impl Driver {
+    /// A driver for `n` masters.
+    ///
+    /// # Errors
+    /// When the OS refuses a new poll instance.
+    pub fn new(n: usize) -> io::Result<Driver> {
+        Ok(Driver {
+            poll: Poll::new()?,
+            events: Events::with_capacity(n.max(4) * 2),
+            sockets: (0..n).map(|_| None).collect(),
+            read_buf: vec![0u8; READ_CHUNK].into_boxed_slice(),
+        })
+    }
+
+    /// Gets connections ready for a round: drops sockets whose connection
+    /// failed, applies connect and stall limits, and opens a socket for each
+    /// connection due for a (re)connect.
+    pub fn prepare(&mut self, conns: &mut [Conn], now: Instant) {
+        for (i, conn) in conns.iter_mut().enumerate() {
+            // The cause, if any, reaches the next round through `Conn::send`.
+            let _ = conn.handle_timeout(now);
+            if conn.is_down() {
+                self.close(i);
+            }
+            if conn.poll_connect(now) {
+                self.open(i, conn, now);
+            }
+        }
+    }
+
+    /// Runs `round` until it is decided or its deadline passes, and returns
+    /// the instant it ended (for the validity arithmetic).
+    pub fn run(&mut self, conns: &mut [Conn], round: &mut Round) -> Instant {
+        let mut now = Instant::now();
+        loop {
+            self.flush(conns, round, now);
+            if round.poll_decision().is_some() {
+                return now;
+            }
+            let deadline = round.poll_timeout(conns);
+            if now >= deadline {
+                round.handle_timeout(conns, now);
+                self.close_failed(conns);
+                if round.poll_decision().is_some() {
+                    return now;
+                }
+                continue;
+            }
+            if let Err(e) = self.poll.poll(&mut self.events, Some(deadline - now))
+                && e.kind() != io::ErrorKind::Interrupted
+            {
+                // A broken poll instance cannot wait for anything: fail
+                // every master of this round rather than spin.
+                for i in 0..conns.len() {
+                    round.handle_failure(conns, i, now, Cause::Io(e.kind()));
+                }
+                self.close_failed(conns);
+                return now;
+            }
+            now = Instant::now();
+            self.handle_events(conns, round, now);
+        }
+    }
+
+    /// Writes whatever the connections have queued without waiting for any
+    /// reply: used to send a release nobody waits for.
+    pub fn send(&mut self, conns: &mut [Conn], round: &mut Round) {
+        self.flush(conns, round, Instant::now());
+    }
+
+    fn handle_events(&mut self, conns: &mut [Conn], round: &mut Round, now: Instant) {
+        for event in self.events.iter() {
+            let i = event.token().0;
+            let (Some(Some(stream)), Some(conn)) = (self.sockets.get_mut(i), conns.get(i)) else {
+                continue;
+            };
+            if conn.is_connecting() {
+                match stream.connect_result() {
+                    Ok(true) => conns[i].handle_connected(),
+                    Ok(false) => continue,
+                    Err(e) => {
+                        round.handle_failure(conns, i, now, Cause::Connect(e.kind()));
+                        continue;
+                    }
+                }
+            }
+            if event.is_readable() || event.is_read_closed() || event.is_error() {
+                // A short read drains the socket, and edge-triggered
+                // readiness reports the next arrival; only a peer close
+                // needs reading on to the end.
+                let to_end = event.is_read_closed() || event.is_error();
+                let failure = loop {
+                    match stream.read(&mut self.read_buf) {
+                        Ok(0) => break Some(Cause::Closed),
+                        Ok(n) => {
+                            conns[i].handle_input(&self.read_buf[..n]);
+                            if n < self.read_buf.len() && !to_end {
+                                break None;
+                            }
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => break None,
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(e) => break Some(Cause::Io(e.kind())),
+                    }
+                };
+                // Replies that arrived before a close still count.
+                round.handle_input(conns, i, now);
+                if let Some(cause) = failure {
+                    round.handle_failure(conns, i, now, cause);
+                }
+            }
+        }
+        self.close_failed(conns);
+    }
+
+    fn flush(&mut self, conns: &mut [Conn], round: &mut Round, now: Instant) {
+        for i in 0..conns.len() {
+            let Some(stream) = self.sockets[i].as_mut() else {
+                continue;
+            };
+            let failure = loop {
+                let pending = conns[i].poll_transmit();
+                if pending.is_empty() {
+                    break None;
+                }
+                match stream.write(pending) {
+                    Ok(0) => break Some(Cause::Io(io::ErrorKind::WriteZero)),
+                    Ok(n) => conns[i].handle_written(n),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break None,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => break Some(Cause::Io(e.kind())),
+                }
+            };
+            if let Some(cause) = failure {
+                round.handle_failure(conns, i, now, cause);
+                self.close(i);
+            }
+        }
+    }
+
+    fn open(&mut self, i: usize, conn: &mut Conn, now: Instant) {
+        let opened = match &conn.addr().endpoint {
+            Endpoint::Tcp { host, port } => match (host.as_str(), *port).to_socket_addrs() {
+                Ok(mut addrs) => match addrs.next() {
+                    Some(addr) => TcpStream::connect(addr).map(Stream::Tcp),
+                    None => return conn.handle_failure(now, Cause::Resolve),
+                },
+                Err(_) => return conn.handle_failure(now, Cause::Resolve),
+            },
+            Endpoint::Unix(path) => UnixStream::connect(path).map(Stream::Unix),
+        };
+        let registered = opened.and_then(|mut stream| {
+            self.poll
+                .registry()
+                .register(
+                    stream.source(),
+                    Token(i),
+                    Interest::READABLE | Interest::WRITABLE,
+                )
+                .map(|()| stream)
+        });
+        match registered {
+            Ok(stream) => {
+                self.sockets[i] = Some(stream);
+                conn.handle_connect_started(now);
+            }
+            Err(e) => conn.handle_failure(now, Cause::Connect(e.kind())),
+        }
+    }
+
+    fn close_failed(&mut self, conns: &[Conn]) {
+        for (i, conn) in conns.iter().enumerate() {
+            if conn.is_down() {
+                self.close(i);
+            }
+        }
+    }
+
+    fn close(&mut self, i: usize) {
+        if let Some(mut stream) = self.sockets[i].take() {
+            // Dropping the socket closes it, which removes it from epoll
+            // anyway; a failed deregister changes nothing.
+            let _ = self.poll.registry().deregister(stream.source());
+        }
+    }
+}

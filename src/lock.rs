@@ -1,0 +1,873 @@
+//! The lock manager: Redlock's acquire, release and extend over N masters.
+//!
+//! [`Redlock`] is the API a caller uses; it implements
+//! `shared/spec/redlock.md` on top of one [`Round`] per operation, driven by
+//! the [`Driver`]. It owns the rules that turn votes into a [`Lock`] or an
+//! [`Error`]: the quorum and validity check, the release to all N masters
+//! after a failed acquire, retries with jitter, the extension cap, and
+//! argument checks. One `Redlock` is one client with its own connections;
+//! it is `Send` but used from one thread at a time (`&mut self`).
+//!
+//! What dropping does: a [`Lock`] is a plain value and dropping it sends
+//! nothing (the keys expire after their TTL), so that latency-critical
+//! callers release explicitly, when they choose; a [`LockGuard`] borrows
+//! the client and releases on drop.
+
+use std::fmt;
+use std::io;
+use std::ops::Deref;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+
+use crate::addr::{AddrError, ServerAddr};
+use crate::conn::{Conn, Op, Request, Timing};
+use crate::driver::Driver;
+use crate::quorum::{Decision, Round, Validity, Vote};
+use crate::resp::Limits;
+use crate::script::Scripts;
+use crate::token::{Token, TokenSource};
+
+/// The largest TTL accepted, in milliseconds. Redis refuses a `PX` whose
+/// absolute expiry overflows a signed 64-bit millisecond clock; half of
+/// that range leaves room for any plausible server clock.
+pub const MAX_TTL_MS: u64 = (i64::MAX / 2) as u64;
+
+/// How a blocking acquire retries.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Retry {
+    /// Attempts in all, the first included; at least 1. Default 10.
+    pub attempts: u32,
+    /// Delay between attempts: each wait is uniform in
+    /// `[delay / 2, delay]`, so that competing clients fall out of step.
+    /// Default 200 ms.
+    pub delay: Duration,
+    /// Give up once this much time has passed since the first attempt,
+    /// whatever the attempt count. Default none.
+    pub max_wait: Option<Duration>,
+}
+
+impl Default for Retry {
+    fn default() -> Self {
+        Retry {
+            attempts: 10,
+            delay: Duration::from_millis(200),
+            max_wait: None,
+        }
+    }
+}
+
+impl Retry {
+    /// One attempt, no waiting.
+    pub fn once() -> Retry {
+        Retry {
+            attempts: 1,
+            ..Retry::default()
+        }
+    }
+
+    /// Retry until `max_wait` has passed, however many attempts that takes.
+    pub fn until(max_wait: Duration) -> Retry {
+        Retry {
+            attempts: u32::MAX,
+            max_wait: Some(max_wait),
+            ..Retry::default()
+        }
+    }
+
+    /// Retry forever.
+    pub fn forever() -> Retry {
+        Retry {
+            attempts: u32::MAX,
+            ..Retry::default()
+        }
+    }
+}
+
+/// Settings of a [`Redlock`] client. Build one with [`Config::new`] and
+/// change the public fields; the defaults follow the spec.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// The masters, in a fixed order that error reports follow.
+    pub servers: Vec<ServerAddr>,
+    /// Clock drift allowance as a fraction of the TTL, plus 2 ms.
+    /// Default 0.01; must be in `[0, 1)`.
+    pub drift_factor: f64,
+    /// How long a round waits for the masters' replies; small compared to
+    /// the TTL, so that a dead or stalled master does not hold the caller.
+    /// Default 50 ms.
+    pub per_instance_timeout: Duration,
+    /// How long a connect may take; also how long a connection may leave a
+    /// request unanswered before it is dropped and re-established.
+    /// Default 1 s.
+    pub connect_timeout: Duration,
+    /// Longest wait before reconnecting to a master that keeps failing; the
+    /// wait starts at 10 ms and doubles. Default 1 s.
+    pub reconnect_backoff_max: Duration,
+    /// Retries of [`Redlock::acquire`]. Default: [`Retry::default`].
+    pub retry: Retry,
+    /// How many times one lock may be extended; `None` (the default) for
+    /// no limit.
+    pub max_extensions: Option<u32>,
+    /// Parser limits for replies.
+    pub limits: Limits,
+}
+
+impl Config {
+    /// Settings with the default values for the masters at `urls`.
+    ///
+    /// # Errors
+    /// [`ConfigError::NoServers`] for an empty list, [`ConfigError::Url`]
+    /// for a malformed URL (naming its position, not its text, since it may
+    /// carry a password).
+    pub fn new<I, S>(urls: I) -> Result<Config, ConfigError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let servers = urls
+            .into_iter()
+            .enumerate()
+            .map(|(index, url)| {
+                url.as_ref()
+                    .parse()
+                    .map_err(|error| ConfigError::Url { index, error })
+            })
+            .collect::<Result<Vec<ServerAddr>, _>>()?;
+        if servers.is_empty() {
+            return Err(ConfigError::NoServers);
+        }
+        Ok(Config {
+            servers,
+            drift_factor: 0.01,
+            per_instance_timeout: Duration::from_millis(50),
+            connect_timeout: Duration::from_secs(1),
+            reconnect_backoff_max: Duration::from_secs(1),
+            retry: Retry::default(),
+            max_extensions: None,
+            limits: Limits::default(),
+        })
+    }
+
+    fn check(&self) -> Result<(), ConfigError> {
+        if self.servers.is_empty() {
+            return Err(ConfigError::NoServers);
+        }
+        if !(0.0..1.0).contains(&self.drift_factor) {
+            return Err(ConfigError::DriftFactor);
+        }
+        if self.per_instance_timeout.is_zero() || self.connect_timeout.is_zero() {
+            return Err(ConfigError::ZeroTimeout);
+        }
+        if self.retry.attempts == 0 {
+            return Err(ConfigError::ZeroAttempts);
+        }
+        Ok(())
+    }
+}
+
+/// A setting or argument that cannot work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// No master was given.
+    NoServers,
+    /// The URL at `index` is malformed.
+    Url {
+        /// Position of the URL in the list given.
+        index: usize,
+        /// What is wrong with it.
+        error: AddrError,
+    },
+    /// The drift factor is not in `[0, 1)`.
+    DriftFactor,
+    /// A timeout of zero.
+    ZeroTimeout,
+    /// A retry policy with no attempt.
+    ZeroAttempts,
+    /// A TTL under one millisecond.
+    ZeroTtl,
+    /// A TTL over [`MAX_TTL_MS`].
+    TtlTooLarge,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConfigError::NoServers => f.write_str("no Redis master given"),
+            ConfigError::Url { index, error } => write!(f, "master URL #{}: {error}", index + 1),
+            ConfigError::DriftFactor => f.write_str("drift factor must be in [0, 1)"),
+            ConfigError::ZeroTimeout => f.write_str("timeouts must be greater than zero"),
+            ConfigError::ZeroAttempts => f.write_str("a retry policy needs at least one attempt"),
+            ConfigError::ZeroTtl => f.write_str("TTL must be at least 1 ms"),
+            ConfigError::TtlTooLarge => write!(f, "TTL exceeds the maximum of {MAX_TTL_MS} ms"),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// One master's part in a failed operation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MasterVote {
+    /// The master's URL, password hidden.
+    pub server: Arc<str>,
+    /// What it answered.
+    pub vote: Vote,
+}
+
+/// The detail of a failed operation: the last round's votes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    /// The quorum `Q`.
+    pub quorum: usize,
+    /// How many masters granted.
+    pub granted: usize,
+    /// How many refused: the key holds another token there.
+    pub refused: usize,
+    /// Each master's vote, in configuration order.
+    pub votes: Vec<MasterVote>,
+    /// How long the operation took, retries included.
+    pub elapsed: Duration,
+    /// How many attempts were made.
+    pub attempts: u32,
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} of {} masters granted, {} needed, {} refused, after {} attempt(s) in {:?}",
+            self.granted,
+            self.votes.len(),
+            self.quorum,
+            self.refused,
+            self.attempts,
+            self.elapsed
+        )?;
+        for MasterVote { server, vote } in &self.votes {
+            if let Vote::Failed(cause) = vote {
+                write!(f, "; {server}: {cause}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Why an operation did not succeed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Error {
+    /// A setting or argument cannot work; nothing was sent.
+    Config(ConfigError),
+    /// Acquire: another client holds the lock on `refused` masters.
+    Held(Failure),
+    /// Extend or release: this token no longer holds the key on a quorum
+    /// (the lock expired, or was taken after expiring).
+    NotHeld(Failure),
+    /// Not enough masters answered to decide: down, stalled or refusing
+    /// connections. Each master's cause is in the failure.
+    NoQuorum(Failure),
+    /// A master broke the protocol (malformed or unsolicited replies) and
+    /// the quorum was missed because of it.
+    Protocol(Failure),
+    /// A quorum granted, but the round took so long that no validity was
+    /// left; the keys have been released.
+    ValidityExpired(Failure),
+    /// The lock has been extended [`Config::max_extensions`] times.
+    ExtensionLimit(u32),
+    /// The OS refused a poll instance or random bytes.
+    Os(io::ErrorKind),
+}
+
+impl Error {
+    /// The votes behind a failed round, when there was one.
+    pub fn failure(&self) -> Option<&Failure> {
+        match self {
+            Error::Held(f)
+            | Error::NotHeld(f)
+            | Error::NoQuorum(f)
+            | Error::Protocol(f)
+            | Error::ValidityExpired(f) => Some(f),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Config(e) => write!(f, "invalid setting: {e}"),
+            Error::Held(fail) => write!(f, "lock held by another client: {fail}"),
+            Error::NotHeld(fail) => write!(f, "lock no longer held: {fail}"),
+            Error::NoQuorum(fail) => write!(f, "quorum of masters unreachable: {fail}"),
+            Error::Protocol(fail) => write!(f, "a master broke the protocol: {fail}"),
+            Error::ValidityExpired(fail) => write!(f, "validity used up by a slow round: {fail}"),
+            Error::ExtensionLimit(max) => write!(f, "lock already extended {max} times"),
+            Error::Os(kind) => write!(f, "operating system error: {kind}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl From<ConfigError> for Error {
+    fn from(e: ConfigError) -> Self {
+        Error::Config(e)
+    }
+}
+
+/// A held lock: its resource, token and validity.
+///
+/// A plain value: dropping it sends nothing, and the keys expire after the
+/// TTL. Release it with [`Redlock::release`], or use a [`LockGuard`].
+#[must_use = "a lock is held until released or expired; release it with Redlock::release"]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lock {
+    resource: Bytes,
+    token: Token,
+    ttl: Duration,
+    deadline: Instant,
+    extensions: u32,
+}
+
+impl Lock {
+    /// The lock's key.
+    pub fn resource(&self) -> &[u8] {
+        &self.resource
+    }
+
+    /// The lock's unique value.
+    pub fn token(&self) -> &Token {
+        &self.token
+    }
+
+    /// The TTL of the last acquire or extend.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// The monotonic instant at which mutual exclusion ends.
+    pub fn deadline(&self) -> Instant {
+        self.deadline
+    }
+
+    /// Validity left at `now`; zero once the deadline has passed.
+    pub fn remaining_at(&self, now: Instant) -> Duration {
+        self.deadline.saturating_duration_since(now)
+    }
+
+    /// Validity left now.
+    pub fn remaining(&self) -> Duration {
+        self.remaining_at(Instant::now())
+    }
+
+    /// True while validity is left.
+    pub fn is_valid(&self) -> bool {
+        !self.remaining().is_zero()
+    }
+
+    /// How many times the lock has been extended.
+    pub fn extensions(&self) -> u32 {
+        self.extensions
+    }
+
+    /// A lock value for a token obtained elsewhere (printed by `redlock
+    /// acquire`, say), to release or extend it. Its deadline is `now`: the
+    /// caller does not know the validity.
+    pub fn from_parts(resource: impl Into<Bytes>, token: Token) -> Lock {
+        Lock {
+            resource: resource.into(),
+            token,
+            ttl: Duration::ZERO,
+            deadline: Instant::now(),
+            extensions: 0,
+        }
+    }
+}
+
+/// A lock that releases itself when dropped. It borrows its client, so the
+/// client cannot run other operations while the guard lives (use
+/// [`LockGuard::client`] meanwhile).
+#[must_use = "dropping the guard releases the lock at once"]
+#[derive(Debug)]
+pub struct LockGuard<'a> {
+    client: &'a mut Redlock,
+    lock: Option<Lock>,
+}
+
+impl LockGuard<'_> {
+    /// Releases now and reports the outcome, which dropping cannot.
+    ///
+    /// # Errors
+    /// As [`Redlock::release`].
+    pub fn release(mut self) -> Result<(), Error> {
+        match self.lock.take() {
+            Some(lock) => self.client.release(&lock),
+            None => Ok(()),
+        }
+    }
+
+    /// Extends the lock; see [`Redlock::extend`].
+    ///
+    /// # Errors
+    /// As [`Redlock::extend`].
+    pub fn extend(&mut self, ttl: Duration) -> Result<(), Error> {
+        match self.lock.as_mut() {
+            Some(lock) => self.client.extend(lock, ttl),
+            None => Ok(()),
+        }
+    }
+
+    /// The client, for other operations while the lock is held.
+    pub fn client(&mut self) -> &mut Redlock {
+        self.client
+    }
+
+    /// Stops guarding: the lock is returned and no longer released on drop.
+    pub fn into_lock(mut self) -> Option<Lock> {
+        self.lock.take()
+    }
+}
+
+impl Deref for LockGuard<'_> {
+    type Target = Lock;
+    fn deref(&self) -> &Lock {
+        // `lock` is only taken by methods that consume the guard.
+        self.lock
+            .as_ref()
+            .unwrap_or_else(|| unreachable!("guard without lock"))
+    }
+}
+
+impl Drop for LockGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(lock) = self.lock.take() {
+            // Nothing to report to: the keys expire after the TTL anyway.
+            let _ = self.client.release(&lock);
+        }
+    }
+}
+
+/// A Redlock client over N independent masters.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use redlock_mio::Redlock;
+///
+/// # fn main() -> Result<(), redlock_mio::Error> {
+/// let mut redlock = Redlock::connect([
+///     "redis://127.0.0.1:7000",
+///     "redis://127.0.0.1:7001",
+///     "redis://127.0.0.1:7002",
+/// ])?;
+/// let lock = redlock.acquire("orders:42", Duration::from_secs(10))?;
+/// // ... work while lock.remaining() > 0 ...
+/// redlock.release(&lock)?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug)]
+pub struct Redlock {
+    config: Config,
+    names: Vec<Arc<str>>,
+    conns: Vec<Conn>,
+    round: Round,
+    driver: Driver,
+    tokens: TokenSource,
+    jitter: SplitMix64,
+}
+
+impl Redlock {
+    /// A client for the masters at `urls`, with default settings. Nothing
+    /// is connected yet: each master is connected on first use.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for an empty list or a malformed URL.
+    pub fn connect<I, S>(urls: I) -> Result<Redlock, Error>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        Redlock::new(Config::new(urls)?)
+    }
+
+    /// A client with the given settings.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for settings that cannot work; [`Error::Os`] when
+    /// the OS refuses a poll instance or random bytes.
+    pub fn new(config: Config) -> Result<Redlock, Error> {
+        config.check()?;
+        let now = Instant::now();
+        let scripts = Scripts::new();
+        let timing = Timing {
+            connect: config.connect_timeout,
+            stall: config.connect_timeout.max(config.per_instance_timeout),
+            backoff_min: Duration::from_millis(10).min(config.reconnect_backoff_max),
+            backoff_max: config.reconnect_backoff_max,
+        };
+        let conns = config
+            .servers
+            .iter()
+            .map(|addr| Conn::new(addr.clone(), scripts, config.limits, timing, now))
+            .collect();
+        let names = config
+            .servers
+            .iter()
+            .map(|a| Arc::from(a.to_string()))
+            .collect();
+        let n = config.servers.len();
+        let mut seed = [0u8; 8];
+        getrandom::fill(&mut seed).map_err(|_| Error::Os(io::ErrorKind::Other))?;
+        Ok(Redlock {
+            names,
+            conns,
+            round: Round::new(n, scripts, now),
+            driver: Driver::new(n).map_err(|e| Error::Os(e.kind()))?,
+            tokens: TokenSource::new().map_err(|_| Error::Os(io::ErrorKind::Other))?,
+            jitter: SplitMix64(u64::from_le_bytes(seed)),
+            config,
+        })
+    }
+
+    /// The settings in force.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The quorum: how many masters must agree.
+    pub fn quorum(&self) -> usize {
+        self.round.quorum()
+    }
+
+    /// One attempt to acquire `resource` for `ttl`.
+    ///
+    /// On success the lock is valid until [`Lock::deadline`]:
+    /// `ttl - elapsed - drift` after the attempt ended. On failure the
+    /// release script has been sent to every master, those that did not
+    /// answer included, so that nothing is left behind.
+    ///
+    /// # Errors
+    /// [`Error::Held`] when another client holds it; [`Error::NoQuorum`] or
+    /// [`Error::Protocol`] when too few masters answered;
+    /// [`Error::ValidityExpired`] when the round was too slow;
+    /// [`Error::Config`] for a TTL under 1 ms or over [`MAX_TTL_MS`].
+    pub fn try_acquire(
+        &mut self,
+        resource: impl Into<Bytes>,
+        ttl: Duration,
+    ) -> Result<Lock, Error> {
+        self.acquire_with(resource, ttl, &Retry::once())
+    }
+
+    /// Acquires `resource` for `ttl`, retrying as [`Config::retry`] says.
+    ///
+    /// # Errors
+    /// As [`Redlock::try_acquire`], for the last attempt.
+    pub fn acquire(&mut self, resource: impl Into<Bytes>, ttl: Duration) -> Result<Lock, Error> {
+        let retry = self.config.retry;
+        self.acquire_with(resource, ttl, &retry)
+    }
+
+    /// Acquires `resource` for `ttl` and wraps it in a guard that releases
+    /// on drop.
+    ///
+    /// # Errors
+    /// As [`Redlock::acquire`].
+    pub fn lock(
+        &mut self,
+        resource: impl Into<Bytes>,
+        ttl: Duration,
+    ) -> Result<LockGuard<'_>, Error> {
+        let lock = self.acquire(resource, ttl)?;
+        Ok(LockGuard {
+            client: self,
+            lock: Some(lock),
+        })
+    }
+
+    /// Acquires with an explicit retry policy.
+    ///
+    /// # Errors
+    /// As [`Redlock::try_acquire`], for the last attempt.
+    pub fn acquire_with(
+        &mut self,
+        resource: impl Into<Bytes>,
+        ttl: Duration,
+        retry: &Retry,
+    ) -> Result<Lock, Error> {
+        let ttl_ms = checked_ttl(ttl)?;
+        if retry.attempts == 0 {
+            return Err(ConfigError::ZeroAttempts.into());
+        }
+        let ttl = Duration::from_millis(ttl_ms);
+        let first = Instant::now();
+        let give_up = retry.max_wait.and_then(|w| first.checked_add(w));
+        let mut request = Request {
+            op: Op::Acquire,
+            resource: resource.into(),
+            token: self.tokens.next_token(),
+            ttl_ms: ttl_ms as i64,
+        };
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let round_timeout = self.config.per_instance_timeout.min(ttl);
+            let ended = self.run_round(&request, round_timeout);
+            let decision = self.round.poll_decision();
+            if decision == Some(Decision::Won)
+                && let Some(validity) =
+                    Validity::compute(ttl, self.round.started(), ended, self.config.drift_factor)
+            {
+                return Ok(Lock {
+                    resource: request.resource,
+                    token: request.token,
+                    ttl,
+                    deadline: validity.deadline,
+                    extensions: 0,
+                });
+            }
+            let error = self.verdict(Op::Acquire, decision, first, attempt);
+            // The SET may have taken effect where no reply came back: release
+            // on every master, without waiting for the answers.
+            request.op = Op::Release;
+            self.send_only(&request);
+            request.op = Op::Acquire;
+            let now = Instant::now();
+            let wait = self.jitter.between(retry.delay / 2, retry.delay);
+            let out_of_time = give_up.is_some_and(|g| now.checked_add(wait).is_none_or(|t| t >= g));
+            if attempt >= retry.attempts || out_of_time {
+                return Err(error);
+            }
+            std::thread::sleep(wait);
+            request.token = self.tokens.next_token();
+        }
+    }
+
+    /// Releases `lock` on every master, whatever each answered before.
+    ///
+    /// # Errors
+    /// [`Error::NotHeld`] when a quorum no longer held this token (the lock
+    /// had expired); [`Error::NoQuorum`] or [`Error::Protocol`] when too
+    /// few masters answered. Keys not released expire after their TTL.
+    pub fn release(&mut self, lock: &Lock) -> Result<(), Error> {
+        let request = Request {
+            op: Op::Release,
+            resource: lock.resource.clone(),
+            token: lock.token,
+            ttl_ms: 0,
+        };
+        let first = Instant::now();
+        self.run_round(&request, self.config.per_instance_timeout);
+        match self.round.poll_decision() {
+            Some(Decision::Won) => Ok(()),
+            decision => Err(self.verdict(Op::Release, decision, first, 1)),
+        }
+    }
+
+    /// Extends `lock` to `ttl` from now on every master. It is extended only
+    /// if a quorum confirms within the new validity, which then replaces the
+    /// old one.
+    ///
+    /// # Errors
+    /// [`Error::ExtensionLimit`] past [`Config::max_extensions`];
+    /// [`Error::NotHeld`] when the token no longer holds a quorum; otherwise
+    /// as [`Redlock::try_acquire`]. On error the lock's deadline is left as
+    /// it was.
+    pub fn extend(&mut self, lock: &mut Lock, ttl: Duration) -> Result<(), Error> {
+        let ttl_ms = checked_ttl(ttl)?;
+        if let Some(max) = self.config.max_extensions
+            && lock.extensions >= max
+        {
+            return Err(Error::ExtensionLimit(max));
+        }
+        let ttl = Duration::from_millis(ttl_ms);
+        let request = Request {
+            op: Op::Extend,
+            resource: lock.resource.clone(),
+            token: lock.token,
+            ttl_ms: ttl_ms as i64,
+        };
+        let first = Instant::now();
+        let ended = self.run_round(&request, self.config.per_instance_timeout.min(ttl));
+        let decision = self.round.poll_decision();
+        if decision == Some(Decision::Won)
+            && let Some(validity) =
+                Validity::compute(ttl, self.round.started(), ended, self.config.drift_factor)
+        {
+            lock.deadline = validity.deadline;
+            lock.ttl = ttl;
+            lock.extensions += 1;
+            return Ok(());
+        }
+        Err(self.verdict(Op::Extend, decision, first, 1))
+    }
+
+    fn run_round(&mut self, request: &Request, timeout: Duration) -> Instant {
+        let now = Instant::now();
+        self.driver.prepare(&mut self.conns, now);
+        self.round.start(&mut self.conns, request, now, timeout);
+        let ended = self.driver.run(&mut self.conns, &mut self.round);
+        self.round.finish(&mut self.conns);
+        ended
+    }
+
+    fn send_only(&mut self, request: &Request) {
+        let now = Instant::now();
+        self.driver.prepare(&mut self.conns, now);
+        self.round
+            .start(&mut self.conns, request, now, Duration::ZERO);
+        self.driver.send(&mut self.conns, &mut self.round);
+        self.round.finish(&mut self.conns);
+    }
+
+    /// Turns a round that did not produce a lock into the error that says
+    /// why. Failures alone explain the loss when more than `N - Q` masters
+    /// failed; otherwise refusals do.
+    fn verdict(&self, op: Op, decision: Option<Decision>, first: Instant, attempts: u32) -> Error {
+        let votes = self.round.votes();
+        let failure = Failure {
+            quorum: self.round.quorum(),
+            granted: self.round.granted(),
+            refused: self.round.refused(),
+            votes: self
+                .names
+                .iter()
+                .zip(votes)
+                .map(|(server, vote)| MasterVote {
+                    server: Arc::clone(server),
+                    vote: vote.clone(),
+                })
+                .collect(),
+            elapsed: first.elapsed(),
+            attempts,
+        };
+        if decision == Some(Decision::Won) {
+            return Error::ValidityExpired(failure);
+        }
+        let n = votes.len();
+        if self.round.failed() > n - self.round.quorum() {
+            let broke = votes
+                .iter()
+                .any(|v| matches!(v, Vote::Failed(cause) if cause.is_protocol()));
+            if broke {
+                Error::Protocol(failure)
+            } else {
+                Error::NoQuorum(failure)
+            }
+        } else if op == Op::Acquire {
+            Error::Held(failure)
+        } else {
+            Error::NotHeld(failure)
+        }
+    }
+}
+
+fn checked_ttl(ttl: Duration) -> Result<u64, ConfigError> {
+    match u64::try_from(ttl.as_millis()) {
+        Ok(0) => Err(ConfigError::ZeroTtl),
+        Ok(ms) if ms <= MAX_TTL_MS => Ok(ms),
+        _ => Err(ConfigError::TtlTooLarge),
+    }
+}
+
+/// A small PRNG for retry jitter, seeded once from the OS.
+#[derive(Debug)]
+struct SplitMix64(u64);
+
+impl SplitMix64 {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `[low, high]` at nanosecond resolution.
+    fn between(&mut self, low: Duration, high: Duration) -> Duration {
+        let span = high
+            .saturating_sub(low)
+            .as_nanos()
+            .min(u128::from(u64::MAX)) as u64;
+        let offset = if span == 0 {
+            0
+        } else {
+            self.next() % (span + 1)
+        };
+        low + Duration::from_nanos(offset)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ttls_are_checked() {
+        assert_eq!(checked_ttl(Duration::ZERO), Err(ConfigError::ZeroTtl));
+        assert_eq!(
+            checked_ttl(Duration::from_micros(999)),
+            Err(ConfigError::ZeroTtl)
+        );
+        assert_eq!(checked_ttl(Duration::from_millis(1)), Ok(1));
+        assert_eq!(
+            checked_ttl(Duration::from_millis(MAX_TTL_MS)),
+            Ok(MAX_TTL_MS)
+        );
+        assert_eq!(
+            checked_ttl(Duration::from_millis(MAX_TTL_MS + 1)),
+            Err(ConfigError::TtlTooLarge)
+        );
+        assert_eq!(checked_ttl(Duration::MAX), Err(ConfigError::TtlTooLarge));
+    }
+
+    #[test]
+    fn config_refuses_what_cannot_work() {
+        let empty: [&str; 0] = [];
+        assert_eq!(Config::new(empty), Err(ConfigError::NoServers));
+        assert!(matches!(
+            Config::new(["redis://h", "redis://h:0"]),
+            Err(ConfigError::Url {
+                index: 1,
+                error: AddrError::BadPort
+            })
+        ));
+        let base = Config::new(["redis://127.0.0.1:1"]).unwrap();
+        type Change = fn(&mut Config);
+        let cases: [(Change, ConfigError); 4] = [
+            (|c| c.drift_factor = 1.0, ConfigError::DriftFactor),
+            (|c| c.drift_factor = f64::NAN, ConfigError::DriftFactor),
+            (
+                |c| c.per_instance_timeout = Duration::ZERO,
+                ConfigError::ZeroTimeout,
+            ),
+            (|c| c.retry.attempts = 0, ConfigError::ZeroAttempts),
+        ];
+        for (change, want) in cases {
+            let mut config = base.clone();
+            change(&mut config);
+            assert_eq!(Redlock::new(config).err(), Some(Error::Config(want)));
+        }
+    }
+
+    #[test]
+    fn a_zero_ttl_is_refused_before_anything_is_sent() {
+        let mut redlock = Redlock::connect(["redis://127.0.0.1:1"]).unwrap();
+        let got = redlock.try_acquire("r", Duration::ZERO);
+        assert_eq!(got, Err(Error::Config(ConfigError::ZeroTtl)));
+    }
+
+    #[test]
+    fn jitter_stays_within_its_bounds() {
+        let mut rng = SplitMix64(7);
+        let (low, high) = (Duration::from_millis(100), Duration::from_millis(200));
+        let draws: Vec<Duration> = (0..1000).map(|_| rng.between(low, high)).collect();
+        assert!(draws.iter().all(|d| (low..=high).contains(d)));
+        assert!(draws.iter().any(|d| *d < Duration::from_millis(120)));
+        assert!(draws.iter().any(|d| *d > Duration::from_millis(180)));
+        assert_eq!(rng.between(high, high), high);
+    }
+}

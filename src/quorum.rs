@@ -1,0 +1,367 @@
+//! One round over N masters: the votes, the quorum decision, and the
+//! validity arithmetic.
+//!
+//! A [`Round`] encodes one request once, queues it on every connection in
+//! one pass, turns each master's reply into a [`Vote`], and decides as soon
+//! as the outcome is known: `Q` grants, or so many refusals and failures
+//! that `Q` is out of reach. Replies that arrive after the decision belong
+//! to a finished round and are dropped by tag. [`Validity::compute`] is the
+//! spec's `ttl - elapsed - drift`. Nothing here does I/O or reads a clock:
+//! the driver (or a test's fake cluster) passes `now` and moves the bytes.
+
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+
+use crate::conn::{Cause, Conn, Op, Request, Tag};
+use crate::resp::Reply;
+use crate::script::Scripts;
+
+/// The quorum for `n` masters: `n / 2 + 1`.
+pub fn quorum(n: usize) -> usize {
+    n / 2 + 1
+}
+
+/// One master's answer in a round.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Vote {
+    /// No answer yet; after a decision, the master had not answered when the
+    /// outcome was already known.
+    Pending,
+    /// `+OK` to SET NX, or 1 from the release or extend script.
+    Granted,
+    /// The key is held by another token: a null reply to SET NX, or 0 from a
+    /// script.
+    Refused,
+    /// No usable answer.
+    Failed(Cause),
+}
+
+/// The outcome of a round, decided as soon as it is known.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub enum Decision {
+    /// At least `Q` masters granted.
+    Won,
+    /// Fewer than `Q` masters can grant.
+    Lost,
+}
+
+/// The lock validity left after a successful round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Validity {
+    /// `ttl - elapsed - drift`.
+    pub remaining: Duration,
+    /// `now + remaining`: the instant mutual exclusion ends.
+    pub deadline: Instant,
+}
+
+impl Validity {
+    /// The spec's rule: `drift = ttl * drift_factor + 2 ms`, and the lock is
+    /// valid for `ttl - (now - started) - drift` from `now`. `None` when
+    /// nothing is left. `drift_factor` outside `[0, 1)` counts as 1.
+    pub fn compute(
+        ttl: Duration,
+        started: Instant,
+        now: Instant,
+        drift_factor: f64,
+    ) -> Option<Validity> {
+        let elapsed = now.saturating_duration_since(started);
+        let factor = if (0.0..1.0).contains(&drift_factor) {
+            drift_factor
+        } else {
+            1.0
+        };
+        let scaled = Duration::try_from_secs_f64(ttl.as_secs_f64() * factor).unwrap_or(ttl);
+        let drift = scaled.checked_add(Duration::from_millis(2))?;
+        let remaining = ttl.checked_sub(elapsed)?.checked_sub(drift)?;
+        if remaining.is_zero() {
+            return None;
+        }
+        let deadline = now.checked_add(remaining)?;
+        Some(Validity {
+            remaining,
+            deadline,
+        })
+    }
+}
+
+/// One request sent to every master, and the votes it collects. Reused
+/// from round to round so that a steady-state round allocates nothing.
+#[derive(Debug)]
+pub struct Round {
+    id: u64,
+    op: Op,
+    quorum: usize,
+    started: Instant,
+    deadline: Instant,
+    votes: Vec<Vote>,
+    granted: usize,
+    refused: usize,
+    failed: usize,
+    wire: BytesMut,
+    scripts: Scripts,
+}
+
+impl Round {
+    /// A round for `n` masters, idle until [`Round::start`].
+    pub fn new(n: usize, scripts: Scripts, now: Instant) -> Round {
+        Round {
+            id: 0,
+            op: Op::Acquire,
+            quorum: quorum(n),
+            started: now,
+            deadline: now,
+            votes: vec![Vote::Pending; n],
+            granted: 0,
+            refused: 0,
+            failed: 0,
+            wire: BytesMut::with_capacity(512),
+            scripts,
+        }
+    }
+
+    /// Encodes `request` once and queues it on every connection. A master
+    /// that is down gets its failed vote at once. Replies are awaited until
+    /// `now + timeout`.
+    pub fn start(
+        &mut self,
+        conns: &mut [Conn],
+        request: &Request,
+        now: Instant,
+        timeout: Duration,
+    ) {
+        self.id = self.id.wrapping_add(1);
+        self.op = request.op;
+        self.started = now;
+        self.deadline = now.checked_add(timeout).unwrap_or(now);
+        self.granted = 0;
+        self.refused = 0;
+        self.failed = 0;
+        self.wire.clear();
+        request.encode(&self.scripts, &mut self.wire);
+        let tag = Tag {
+            round: self.id,
+            slot: 0,
+        };
+        for (i, conn) in conns.iter_mut().enumerate() {
+            self.votes[i] = Vote::Pending;
+            if let Err(cause) = conn.send(tag, request, &self.wire, now) {
+                self.record(i, Vote::Failed(cause));
+            }
+        }
+    }
+
+    /// This round's number; requests are tagged with it.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// When the round started.
+    pub fn started(&self) -> Instant {
+        self.started
+    }
+
+    /// The quorum `Q`.
+    pub fn quorum(&self) -> usize {
+        self.quorum
+    }
+
+    /// Each master's vote, in master order.
+    pub fn votes(&self) -> &[Vote] {
+        &self.votes
+    }
+
+    /// How many masters granted.
+    pub fn granted(&self) -> usize {
+        self.granted
+    }
+
+    /// How many masters refused (the key holds another token).
+    pub fn refused(&self) -> usize {
+        self.refused
+    }
+
+    /// How many masters failed to answer usably.
+    pub fn failed(&self) -> usize {
+        self.failed
+    }
+
+    /// The outcome, once known.
+    pub fn poll_decision(&self) -> Option<Decision> {
+        let n = self.votes.len();
+        if self.granted >= self.quorum {
+            Some(Decision::Won)
+        } else if self.refused + self.failed > n - self.quorum {
+            Some(Decision::Lost)
+        } else {
+            None
+        }
+    }
+
+    /// The next instant at which [`Round::handle_timeout`] has work: the
+    /// round's deadline or a connection's connect or stall limit.
+    pub fn poll_timeout(&self, conns: &[Conn]) -> Instant {
+        conns
+            .iter()
+            .filter_map(Conn::poll_timeout)
+            .fold(self.deadline, Instant::min)
+    }
+
+    /// Reads every complete reply that connection `i` holds.
+    pub fn handle_input(&mut self, conns: &mut [Conn], i: usize, now: Instant) {
+        loop {
+            match conns[i].poll_reply() {
+                Ok(Some((tag, reply))) => {
+                    if tag.round == self.id && self.votes[i] == Vote::Pending {
+                        let vote = classify(self.op, reply);
+                        self.record(i, vote);
+                    }
+                }
+                Ok(None) => return,
+                Err(cause) => return self.handle_failure(conns, i, now, cause),
+            }
+        }
+    }
+
+    /// Connection `i` failed: its vote, if still pending, fails with `cause`.
+    pub fn handle_failure(&mut self, conns: &mut [Conn], i: usize, now: Instant, cause: Cause) {
+        conns[i].handle_failure(now, cause.clone());
+        if self.votes[i] == Vote::Pending {
+            self.record(i, Vote::Failed(cause));
+        }
+    }
+
+    /// Applies the connections' connect and stall limits and, once the
+    /// round's deadline has passed, fails every pending vote with
+    /// [`Cause::Timeout`].
+    pub fn handle_timeout(&mut self, conns: &mut [Conn], now: Instant) {
+        for (i, conn) in conns.iter_mut().enumerate() {
+            if let Some(cause) = conn.handle_timeout(now)
+                && self.votes[i] == Vote::Pending
+            {
+                self.record(i, Vote::Failed(cause));
+            }
+        }
+        if now >= self.deadline {
+            for i in 0..self.votes.len() {
+                if self.votes[i] == Vote::Pending {
+                    self.record(i, Vote::Failed(Cause::Timeout));
+                }
+            }
+        }
+    }
+
+    /// Ends the round: requests still queued on connections that have not
+    /// finished connecting are dropped unsent.
+    pub fn finish(&mut self, conns: &mut [Conn]) {
+        for conn in conns {
+            conn.handle_round_end(self.id);
+        }
+    }
+
+    fn record(&mut self, i: usize, vote: Vote) {
+        match vote {
+            Vote::Pending => return,
+            Vote::Granted => self.granted += 1,
+            Vote::Refused => self.refused += 1,
+            Vote::Failed(_) => self.failed += 1,
+        }
+        self.votes[i] = vote;
+    }
+}
+
+/// What one reply means for one operation.
+fn classify(op: Op, reply: Reply) -> Vote {
+    match (op, reply) {
+        (Op::Acquire, reply) if reply.is_ok() => Vote::Granted,
+        (Op::Acquire, Reply::Nil) => Vote::Refused,
+        (Op::Release | Op::Extend, Reply::Integer(1)) => Vote::Granted,
+        (Op::Release | Op::Extend, Reply::Integer(0)) => Vote::Refused,
+        (_, Reply::Error(msg)) => Vote::Failed(Cause::Server(msg)),
+        (_, other) => {
+            let text = format!("unexpected reply {other:?}");
+            Vote::Failed(Cause::Server(Bytes::from(text)))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quorum_is_a_strict_majority() {
+        let cases = [(1, 1), (2, 2), (3, 2), (4, 3), (5, 3), (7, 4)];
+        for (n, q) in cases {
+            assert_eq!(quorum(n), q, "n = {n}");
+        }
+    }
+
+    #[test]
+    fn validity_is_ttl_minus_elapsed_minus_drift() {
+        let t0 = Instant::now();
+        let ttl = Duration::from_secs(10);
+        // drift = 10 s * 0.01 + 2 ms = 102 ms; elapsed 8 ms.
+        let v = Validity::compute(ttl, t0, t0 + Duration::from_millis(8), 0.01).unwrap();
+        assert_eq!(v.remaining, Duration::from_millis(10_000 - 8 - 102));
+        assert_eq!(v.deadline, t0 + Duration::from_millis(10_000 - 102));
+    }
+
+    #[test]
+    fn validity_used_up_is_none_never_a_wrap() {
+        let t0 = Instant::now();
+        let ttl = Duration::from_millis(100);
+        // drift = 1 ms + 2 ms; 97 ms elapsed leaves exactly nothing.
+        assert_eq!(
+            Validity::compute(ttl, t0, t0 + Duration::from_millis(97), 0.01),
+            None
+        );
+        assert!(Validity::compute(ttl, t0, t0 + Duration::from_millis(96), 0.01).is_some());
+        assert_eq!(
+            Validity::compute(ttl, t0, t0 + Duration::from_secs(5), 0.01),
+            None
+        );
+        assert_eq!(
+            Validity::compute(Duration::from_millis(1), t0, t0, 0.01),
+            None
+        );
+    }
+
+    #[test]
+    fn a_drift_factor_out_of_range_counts_as_one() {
+        let t0 = Instant::now();
+        let ttl = Duration::from_secs(1);
+        for factor in [f64::NAN, -0.5, 1.0, f64::INFINITY] {
+            assert_eq!(Validity::compute(ttl, t0, t0, factor), None, "{factor}");
+        }
+    }
+
+    #[test]
+    fn replies_classify_per_operation() {
+        let ok = Reply::Status(Bytes::from_static(b"OK"));
+        let cases = [
+            (Op::Acquire, ok.clone(), Vote::Granted),
+            (Op::Acquire, Reply::Nil, Vote::Refused),
+            (Op::Release, Reply::Integer(1), Vote::Granted),
+            (Op::Release, Reply::Integer(0), Vote::Refused),
+            (Op::Extend, Reply::Integer(1), Vote::Granted),
+            (Op::Extend, Reply::Integer(0), Vote::Refused),
+        ];
+        for (op, reply, want) in cases {
+            assert_eq!(classify(op, reply.clone()), want, "{op:?} {reply:?}");
+        }
+        let odd = [
+            (Op::Acquire, Reply::Integer(1)),
+            (Op::Release, ok.clone()),
+            (Op::Extend, Reply::Integer(2)),
+            (Op::Acquire, Reply::Error(Bytes::from_static(b"OOM no"))),
+        ];
+        for (op, reply) in odd {
+            assert!(
+                matches!(classify(op, reply.clone()), Vote::Failed(Cause::Server(_))),
+                "{op:?} {reply:?}"
+            );
+        }
+    }
+}
