@@ -1,0 +1,636 @@
+//! `redlock bench`: acquire/release cycles against N masters, with HDR
+//! latency histograms.
+//!
+//! This module owns the measurement: T threads, each with its own
+//! [`Redlock`] client and its own histograms (merged at the end, so that
+//! threads share nothing but a progress counter), a warm-up that connects
+//! every client before the clock starts, and the report. Without
+//! `--servers` it starts local masters with [`Cluster`] and stops them at
+//! the end, also when interrupted. It never reads `REDLOCK_SERVERS`: a
+//! benchmark should not load a deployment because of a variable left in
+//! the environment.
+//!
+//! Failed acquires (the lock held by another thread: contention) and
+//! errors (masters unreachable, slow rounds, failed releases) are counted
+//! apart and always reported; only successful operations enter the
+//! latency histograms.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::{self, IsTerminal, Write as _};
+use std::sync::Barrier;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use clap::Args;
+use hdrhistogram::Histogram;
+use redlock_mio::spawn::{Cluster, Options};
+use redlock_mio::{Config, Error, Redlock};
+
+use crate::exit::{self, Failure};
+use crate::signals::Signals;
+use crate::{parse_duration, say};
+
+pub const LONG_ABOUT: &str = "Measure acquire and release latency and throughput.\n\n\
+    Each of T threads has its own client and repeats: try to acquire a resource \
+    (one attempt, no retry), release it. Acquire and release are timed apart into \
+    HDR histograms (microseconds). Resources are drawn from R names; the default, \
+    one per thread (bench:0, bench:1, ...), means no contention, and a small R \
+    means a lot. Failed acquires (contention) and errors are counted, never hidden.\n\n\
+    Without --servers, N local redis-server masters are started on free loopback \
+    ports (--spawn N, default 3) and stopped at the end, so that \
+    `cargo run --release -- bench` works on any machine with redis-server \
+    installed. REDLOCK_SERVERS is not read here.";
+
+/// Latencies are recorded in microseconds, up to an hour.
+const HIGHEST_US: u64 = 3_600_000_000;
+/// How often the progress line is redrawn.
+const PROGRESS_EVERY: Duration = Duration::from_millis(100);
+/// Pause after an error, so that an unreachable quorum is not spun on.
+const ERROR_PAUSE: Duration = Duration::from_millis(5);
+/// Width of the bars of the text histogram.
+const BAR_WIDTH: u64 = 40;
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// Start N local masters [default: 3, when --servers is not given]
+    #[arg(long, value_name = "N")]
+    spawn: Option<usize>,
+
+    /// How long to measure
+    #[arg(short, long, value_name = "D", default_value = "5s", value_parser = parse_duration)]
+    duration: Duration,
+
+    /// Client threads, each with its own connections
+    #[arg(short, long, value_name = "T", default_value_t = 4)]
+    threads: usize,
+
+    /// Resource names to draw from [default: one per thread]
+    #[arg(short, long, value_name = "R")]
+    resources: Option<usize>,
+
+    /// TTL of each lock
+    #[arg(long, value_name = "D", default_value = "10s", value_parser = parse_duration)]
+    ttl: Duration,
+
+    /// Print one JSON object on stdout instead of the report
+    #[arg(long)]
+    json: bool,
+}
+
+/// What one thread measured; merged into one at the end.
+#[derive(Debug)]
+struct Tally {
+    acquire: Histogram<u64>,
+    release: Histogram<u64>,
+    cycles: u64,
+    acquire_failed: u64,
+    /// Errors by kind ("acquire: quorum unreachable"): count and the
+    /// first message.
+    errors: BTreeMap<String, (u64, String)>,
+}
+
+impl Tally {
+    fn new() -> Tally {
+        let histogram = || {
+            Histogram::new_with_bounds(1, HIGHEST_US, 3)
+                .unwrap_or_else(|e| unreachable!("constant histogram bounds: {e}"))
+        };
+        Tally {
+            acquire: histogram(),
+            release: histogram(),
+            cycles: 0,
+            acquire_failed: 0,
+            errors: BTreeMap::new(),
+        }
+    }
+
+    fn error(&mut self, op: &str, error: &Error) {
+        let kind = match error {
+            Error::Held(_) => "held",
+            Error::NotHeld(_) => "not held",
+            Error::NoQuorum(_) => "quorum unreachable",
+            Error::Protocol(_) => "protocol error",
+            Error::ValidityExpired(_) => "validity used up",
+            Error::Config(_) => "invalid setting",
+            Error::Os(_) => "OS error",
+            _ => "other error",
+        };
+        self.errors
+            .entry(format!("{op}: {kind}"))
+            .or_insert_with(|| (0, error.to_string()))
+            .0 += 1;
+    }
+
+    fn error_count(&self) -> u64 {
+        self.errors.values().map(|(n, _)| n).sum()
+    }
+
+    fn merge(&mut self, other: Tally) {
+        // Same bounds on both sides: adding cannot fail.
+        let _ = self.acquire.add(&other.acquire);
+        let _ = self.release.add(&other.release);
+        self.cycles += other.cycles;
+        self.acquire_failed += other.acquire_failed;
+        for (kind, (n, message)) in other.errors {
+            self.errors.entry(kind).or_insert((0, message)).0 += n;
+        }
+    }
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// Where the masters came from, for the report.
+struct Setup {
+    masters: usize,
+    spawned: bool,
+    quorum: usize,
+}
+
+/// Runs `redlock bench`.
+///
+/// # Errors
+/// Usage errors, masters that cannot be started, a client that cannot be
+/// made, or a report that cannot be written.
+/// `timeout` replaces the library's per-master timeout when given.
+pub fn bench(
+    servers: &[String],
+    timeout: Option<Duration>,
+    args: &BenchArgs,
+) -> Result<u8, Failure> {
+    if args.threads == 0 || args.resources == Some(0) || args.spawn == Some(0) {
+        return Err(Failure::usage(
+            "--threads, --resources and --spawn must be at least 1",
+        ));
+    }
+    if args.duration.is_zero() {
+        return Err(Failure::usage("--duration must be more than zero"));
+    }
+    let given: Vec<String> = servers
+        .iter()
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+        .collect();
+    if !given.is_empty() && args.spawn.is_some() {
+        return Err(Failure::usage("give --servers or --spawn, not both"));
+    }
+    // Before any master is started: an interrupted bench must still stop
+    // the masters it started, which happens when `cluster` is dropped.
+    let signals = Signals::install(&[libc::SIGINT, libc::SIGTERM])
+        .map_err(|e| Failure::new(exit::OSERR, format!("cannot install signal handlers: {e}")))?;
+    let (cluster, urls) = if given.is_empty() {
+        let n = args.spawn.unwrap_or(3);
+        say(&format!("starting {n} local redis-server masters"));
+        let cluster = Cluster::start(n, &Options::new()).map_err(|e| {
+            Failure::new(
+                exit::UNAVAILABLE,
+                format!("cannot start local masters: {}", one_line(&e.to_string())),
+            )
+        })?;
+        let urls = cluster.urls();
+        (Some(cluster), urls)
+    } else {
+        (None, given)
+    };
+    let mut config = crate::config(&urls)?;
+    if let Some(timeout) = timeout {
+        config.per_instance_timeout = timeout;
+    }
+    let setup = Setup {
+        masters: urls.len(),
+        spawned: cluster.is_some(),
+        quorum: urls.len() / 2 + 1,
+    };
+    let (tally, elapsed, interrupted) = measure(&config, args, &signals)?;
+    drop(cluster);
+    let report = if args.json {
+        json_report(&setup, args, &tally, elapsed, interrupted)
+    } else {
+        text_report(&setup, args, &tally, elapsed, interrupted)
+    };
+    io::stdout()
+        .lock()
+        .write_all(report.as_bytes())
+        .map_err(|e| Failure::new(exit::OSERR, format!("cannot write the report: {e}")))?;
+    if let Some(signal) = interrupted {
+        return Ok(u8::try_from(128 + signal).unwrap_or(exit::SOFTWARE));
+    }
+    if tally.cycles == 0 && tally.error_count() > 0 {
+        return Ok(exit::UNAVAILABLE);
+    }
+    Ok(exit::OK)
+}
+
+/// The first line of a multi-line message, with the last line of what
+/// followed (a server log's tail, say) appended.
+fn one_line(message: &str) -> String {
+    let mut lines = message.lines().map(str::trim).filter(|l| !l.is_empty());
+    let first = lines.next().unwrap_or_default().to_owned();
+    match lines.next_back() {
+        Some(last) => format!("{first} {last}"),
+        None => first,
+    }
+}
+
+/// Runs the threads; the merged tally, the time measured, and the signal
+/// that cut it short, if one did.
+fn measure(
+    config: &Config,
+    args: &BenchArgs,
+    signals: &Signals,
+) -> Result<(Tally, Duration, Option<i32>), Failure> {
+    let stop = AtomicBool::new(false);
+    let progress = AtomicU64::new(0);
+    let start = Barrier::new(args.threads + 1);
+    let draw = io::stderr().is_terminal();
+    thread::scope(|scope| {
+        let workers: Vec<_> = (0..args.threads)
+            .map(|index| {
+                let (stop, progress, start) = (&stop, &progress, &start);
+                let config = config.clone();
+                scope.spawn(move || worker(index, config, args, start, stop, progress))
+            })
+            .collect();
+        start.wait();
+        let began = Instant::now();
+        let deadline = began + args.duration;
+        let mut interrupted = None;
+        loop {
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            signals.wait(PROGRESS_EVERY.min(deadline - now));
+            let pending = signals.take();
+            if let Some(&signal) = [libc::SIGINT, libc::SIGTERM]
+                .iter()
+                .find(|&&s| pending.contains(s))
+            {
+                interrupted = Some(signal);
+                break;
+            }
+            if draw {
+                draw_progress(
+                    began.elapsed(),
+                    args.duration,
+                    progress.load(Ordering::Relaxed),
+                );
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        let mut total = Tally::new();
+        let mut failure = None;
+        for handle in workers {
+            match handle.join() {
+                Ok(Ok(tally)) => total.merge(tally),
+                Ok(Err(e)) => failure = Some(e),
+                Err(_) => failure = Some(Failure::new(exit::SOFTWARE, "a bench thread panicked")),
+            }
+        }
+        let elapsed = began.elapsed();
+        if draw {
+            let _ = write!(io::stderr().lock(), "\r{:78}\r", "");
+        }
+        match failure {
+            Some(e) => Err(e),
+            None => Ok((total, elapsed, interrupted)),
+        }
+    })
+}
+
+fn draw_progress(elapsed: Duration, total: Duration, cycles: u64) {
+    let done = (elapsed.as_secs_f64() / total.as_secs_f64()).clamp(0.0, 1.0);
+    let width = 30;
+    let filled = (done * f64::from(width)).round() as usize;
+    let rate = cycles as f64 / elapsed.as_secs_f64().max(1e-9);
+    let _ = write!(
+        io::stderr().lock(),
+        "\r[{}{}] {:5.1}s/{:.1}s {:>10} cycles {:>9.0}/s ",
+        "#".repeat(filled),
+        ".".repeat(width as usize - filled),
+        elapsed.as_secs_f64(),
+        total.as_secs_f64(),
+        cycles,
+        rate
+    );
+}
+
+/// xorshift64*: enough to spread picks over R resources.
+struct Pick(u64);
+
+impl Pick {
+    fn below(&mut self, n: usize) -> usize {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        let r = self.0.wrapping_mul(0x2545_f491_4f6c_dd1d);
+        // n fits in u64; the modulo bias is irrelevant for a benchmark.
+        usize::try_from(r % n as u64).unwrap_or(0)
+    }
+}
+
+fn worker(
+    index: usize,
+    config: Config,
+    args: &BenchArgs,
+    start: &Barrier,
+    stop: &AtomicBool,
+    progress: &AtomicU64,
+) -> Result<Tally, Failure> {
+    // Every thread must reach the barrier, even one that cannot work.
+    let client = Redlock::new(config);
+    let names: Vec<Bytes> = match args.resources {
+        None => vec![Bytes::from(format!("bench:{index}"))],
+        Some(r) => (0..r).map(|i| Bytes::from(format!("bench:{i}"))).collect(),
+    };
+    let mut client = match client {
+        Ok(mut client) => {
+            // Warm-up: connect to every master (and load the scripts)
+            // before the clock starts.
+            if let Ok(lock) = client.try_acquire(names[index % names.len()].clone(), args.ttl) {
+                let _ = client.release(&lock);
+            }
+            start.wait();
+            client
+        }
+        Err(e) => {
+            start.wait();
+            return Err(exit::lock_error("cannot make a client", &e, exit::SOFTWARE));
+        }
+    };
+    let mut tally = Tally::new();
+    // Odd, hence never the all-zero state xorshift cannot leave.
+    let mut pick = Pick((index as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+    while !stop.load(Ordering::Relaxed) {
+        let resource = names[if names.len() == 1 {
+            0
+        } else {
+            pick.below(names.len())
+        }]
+        .clone();
+        let t0 = Instant::now();
+        let acquired = client.try_acquire(resource, args.ttl);
+        let t1 = Instant::now();
+        match acquired {
+            Ok(lock) => {
+                tally.acquire.saturating_record(micros(t1 - t0));
+                let released = client.release(&lock);
+                let t2 = Instant::now();
+                match released {
+                    Ok(()) => {
+                        tally.release.saturating_record(micros(t2 - t1));
+                        tally.cycles += 1;
+                        progress.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(e) => {
+                        tally.error("release", &e);
+                        thread::sleep(ERROR_PAUSE);
+                    }
+                }
+            }
+            Err(Error::Held(_)) => tally.acquire_failed += 1,
+            Err(e) => {
+                tally.error("acquire", &e);
+                thread::sleep(ERROR_PAUSE);
+            }
+        }
+    }
+    Ok(tally)
+}
+
+/// p50, p90, p99, p99.9, max.
+fn percentiles(h: &Histogram<u64>) -> [u64; 5] {
+    if h.is_empty() {
+        return [0; 5];
+    }
+    [
+        h.value_at_quantile(0.50),
+        h.value_at_quantile(0.90),
+        h.value_at_quantile(0.99),
+        h.value_at_quantile(0.999),
+        h.max(),
+    ]
+}
+
+fn rate(cycles: u64, elapsed: Duration) -> f64 {
+    let secs = elapsed.as_secs_f64();
+    if secs > 0.0 {
+        cycles as f64 / secs
+    } else {
+        0.0
+    }
+}
+
+fn json_report(
+    setup: &Setup,
+    args: &BenchArgs,
+    tally: &Tally,
+    elapsed: Duration,
+    interrupted: Option<i32>,
+) -> String {
+    let latency = |h: &Histogram<u64>| {
+        let [p50, p90, p99, p999, max] = percentiles(h);
+        serde_json::json!({
+            "count": h.len(), "p50": p50, "p90": p90, "p99": p99, "p999": p999, "max": max,
+            "mean": if h.is_empty() { 0.0 } else { h.mean() },
+        })
+    };
+    let errors: serde_json::Map<String, serde_json::Value> = tally
+        .errors
+        .iter()
+        .map(|(kind, (n, _))| (kind.clone(), serde_json::Value::from(*n)))
+        .collect();
+    let value = serde_json::json!({
+        "masters": setup.masters,
+        "spawned": setup.spawned,
+        "quorum": setup.quorum,
+        "threads": args.threads,
+        "resources": args.resources.unwrap_or(args.threads),
+        "ttl_ms": u64::try_from(args.ttl.as_millis()).unwrap_or(u64::MAX),
+        "duration_s": elapsed.as_secs_f64(),
+        "interrupted": interrupted.is_some(),
+        "cycles": tally.cycles,
+        "cycles_per_sec": rate(tally.cycles, elapsed),
+        "acquire_failed": tally.acquire_failed,
+        "errors": tally.error_count(),
+        "errors_by_kind": errors,
+        "acquire_us": latency(&tally.acquire),
+        "release_us": latency(&tally.release),
+    });
+    format!("{value}\n")
+}
+
+fn text_report(
+    setup: &Setup,
+    args: &BenchArgs,
+    tally: &Tally,
+    elapsed: Duration,
+    interrupted: Option<i32>,
+) -> String {
+    let mut out = String::new();
+    let resources = match args.resources {
+        None => format!("{} (one per thread)", counted(args.threads, "resource")),
+        Some(r) => format!("{} shared by the threads", counted(r, "resource")),
+    };
+    let _ = writeln!(
+        out,
+        "redlock bench: {} ({}), quorum {}, {}, {}, ttl {}",
+        counted(setup.masters, "master"),
+        if setup.spawned {
+            "local, started for this run"
+        } else {
+            "from --servers"
+        },
+        setup.quorum,
+        counted(args.threads, "thread"),
+        resources,
+        humantime::format_duration(args.ttl),
+    );
+    if interrupted.is_some() {
+        let _ = writeln!(
+            out,
+            "interrupted: the figures cover the time measured until then"
+        );
+    }
+    let _ = writeln!(
+        out,
+        "{:.2} s: {} acquire+release cycles, {:.0} cycles/s",
+        elapsed.as_secs_f64(),
+        tally.cycles,
+        rate(tally.cycles, elapsed)
+    );
+    let _ = writeln!(
+        out,
+        "acquire failed (held by another thread): {}",
+        tally.acquire_failed
+    );
+    let _ = writeln!(out, "errors: {}", tally.error_count());
+    for (kind, (n, message)) in &tally.errors {
+        let _ = writeln!(out, "  {kind}: {n}, first: {message}");
+    }
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "latency (µs)   {:>8} {:>8} {:>8} {:>8} {:>8}",
+        "p50", "p90", "p99", "p99.9", "max"
+    );
+    for (name, h) in [("acquire", &tally.acquire), ("release", &tally.release)] {
+        let [p50, p90, p99, p999, max] = percentiles(h);
+        let _ = writeln!(
+            out,
+            "{name:<14} {p50:>8} {p90:>8} {p99:>8} {p999:>8} {max:>8}"
+        );
+    }
+    for (name, h) in [("acquire", &tally.acquire), ("release", &tally.release)] {
+        let _ = writeln!(out);
+        let _ = writeln!(out, "{name} latency (µs)");
+        out.push_str(&text_histogram(h));
+    }
+    out
+}
+
+/// "1 thread", "4 threads".
+fn counted(n: usize, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
+}
+
+/// One row per power-of-two range of microseconds, from the lowest to the
+/// highest value recorded.
+fn text_histogram(h: &Histogram<u64>) -> String {
+    let mut out = String::new();
+    if h.is_empty() {
+        out.push_str("  (no samples)\n");
+        return out;
+    }
+    let exponent = |v: u64| 63 - v.max(1).leading_zeros();
+    let rows: Vec<(u64, u64, u64)> = (exponent(h.min())..=exponent(h.max()))
+        .map(|k| {
+            let low = if k == 0 { 0 } else { 1u64 << k };
+            let high = (1u64 << k).saturating_mul(2) - 1;
+            (low, high, h.count_between(low, high))
+        })
+        .collect();
+    let peak = rows.iter().map(|r| r.2).max().unwrap_or(1).max(1);
+    let total = h.len().max(1);
+    for (low, high, count) in rows {
+        let bar = usize::try_from((count * BAR_WIDTH).div_ceil(peak)).unwrap_or(0);
+        let _ = writeln!(
+            out,
+            "  {low:>8} .. {high:>8} | {:<width$} {count:>9} {:>5.1}%",
+            "#".repeat(bar),
+            count as f64 * 100.0 / total as f64,
+            width = BAR_WIDTH as usize,
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn histogram(values: &[u64]) -> Histogram<u64> {
+        let mut h = Tally::new().acquire;
+        for &v in values {
+            h.saturating_record(v);
+        }
+        h
+    }
+
+    #[test]
+    fn the_text_histogram_has_one_row_per_power_of_two_between_min_and_max() {
+        let text = text_histogram(&histogram(&[100, 110, 120, 300, 1000]));
+        let rows: Vec<&str> = text.lines().collect();
+        assert_eq!(rows.len(), 4, "{text}");
+        assert!(rows[0].contains("64 ..      127"), "{text}");
+        assert!(rows[0].contains(" 3 "), "{text}");
+        assert!(rows[3].contains("512 ..     1023"), "{text}");
+        assert_eq!(text_histogram(&histogram(&[])), "  (no samples)\n");
+    }
+
+    #[test]
+    fn percentiles_of_an_empty_histogram_are_zero() {
+        assert_eq!(percentiles(&histogram(&[])), [0; 5]);
+        let [p50, .., max] = percentiles(&histogram(&[5, 5, 5, 9]));
+        assert_eq!((p50, max), (5, 9));
+    }
+
+    #[test]
+    fn a_merged_tally_adds_everything() {
+        let mut a = Tally::new();
+        a.cycles = 2;
+        a.acquire.saturating_record(10);
+        let mut b = Tally::new();
+        b.cycles = 3;
+        b.acquire_failed = 1;
+        b.acquire.saturating_record(20);
+        b.error("acquire", &Error::Os(io::ErrorKind::Other));
+        b.error("acquire", &Error::Os(io::ErrorKind::Other));
+        a.merge(b);
+        assert_eq!((a.cycles, a.acquire_failed, a.error_count()), (5, 1, 2));
+        assert_eq!(a.acquire.len(), 2);
+        assert_eq!(a.errors.keys().collect::<Vec<_>>(), ["acquire: OS error"]);
+    }
+
+    #[test]
+    fn picks_stay_below_their_bound() {
+        let mut pick = Pick(42);
+        let draws: Vec<usize> = (0..1000).map(|_| pick.below(7)).collect();
+        assert!(draws.iter().all(|&d| d < 7));
+        assert!((0..7).all(|v| draws.contains(&v)));
+    }
+
+    #[test]
+    fn multi_line_messages_become_one_line() {
+        assert_eq!(one_line("a\nb\n\nc\n"), "a c");
+        assert_eq!(one_line("just one"), "just one");
+    }
+}

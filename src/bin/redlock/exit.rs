@@ -1,0 +1,145 @@
+//! Exit codes, and the mapping from the library's errors to them.
+//!
+//! The codes follow `flock(1)` (1 for a conflict, changeable with `-E`)
+//! and sysexits.h (69 unavailable, 71 OS error, 75 temporary failure);
+//! `run` passes its command's status through as a shell would (128+N for
+//! a signal, 126 and 127 when it cannot be executed). The table below is
+//! shown by `--help` and repeated in the README: change both together.
+
+use redlock_mio::Error;
+
+/// Success.
+pub const OK: u8 = 0;
+/// The lock could not be had in time (default of `-E`), or is not held.
+pub const CONFLICT: u8 = 1;
+/// Bad arguments, no masters, a malformed URL or token (clap uses 2 too).
+pub const USAGE: u8 = 2;
+/// A quorum of masters is unreachable or broke the protocol (EX_UNAVAILABLE).
+pub const UNAVAILABLE: u8 = 69;
+/// The library failed in a way this binary does not know (EX_SOFTWARE).
+pub const SOFTWARE: u8 = 70;
+/// The OS refused something: a poll instance, random bytes, a pipe,
+/// writing the output (EX_OSERR).
+pub const OSERR: u8 = 71;
+/// `run`: the lock was lost while the command ran (EX_TEMPFAIL).
+pub const LOST: u8 = 75;
+/// `run`: the command exists but cannot be executed.
+pub const CANNOT_EXECUTE: u8 = 126;
+/// `run`: the command was not found.
+pub const NOT_FOUND: u8 = 127;
+
+/// The exit-code table of `--help`.
+pub const TABLE: &str = "\
+Exit status:
+  0        success; for run: the command exited 0
+  N        run: the command's own exit status (128+S if killed by signal S)
+  1        the lock could not be had in time (change with -E CODE), or
+           release/extend: the token does not hold the lock (it expired)
+  2        usage error: bad arguments, no masters, malformed URL or token
+  69       a quorum of masters is unreachable (or broke the protocol);
+           probe: fewer than a quorum healthy
+  70       an unexpected library error
+  71       the OS refused a resource (poll, random bytes, pipe, output)
+  75       run: the lock was lost while the command ran; it was terminated
+  126/127  run: the command cannot be executed / was not found";
+
+/// A failure: one line for stderr, and the exit code.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    /// The exit code.
+    pub code: u8,
+    /// The message, without the `redlock: ` prefix.
+    pub message: String,
+}
+
+impl Failure {
+    /// A failure with this code and message.
+    pub fn new(code: u8, message: impl Into<String>) -> Failure {
+        Failure {
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// A usage error: exit code 2.
+    pub fn usage(message: impl Into<String>) -> Failure {
+        Failure::new(USAGE, message)
+    }
+}
+
+/// True for errors that mean "someone else has it": waiting may help.
+pub fn is_conflict(error: &Error) -> bool {
+    matches!(error, Error::Held(_) | Error::ValidityExpired(_))
+}
+
+/// True for errors that mean "too few masters answered".
+pub fn is_unreachable(error: &Error) -> bool {
+    matches!(error, Error::NoQuorum(_) | Error::Protocol(_))
+}
+
+/// The exit code for a library error; `conflict` is the code for a lock
+/// held elsewhere or not held any more.
+pub fn code_for(error: &Error, conflict: u8) -> u8 {
+    match error {
+        Error::Held(_) | Error::ValidityExpired(_) | Error::NotHeld(_) => conflict,
+        Error::ExtensionLimit(_) => conflict,
+        Error::NoQuorum(_) | Error::Protocol(_) => UNAVAILABLE,
+        Error::Config(_) => USAGE,
+        Error::Os(_) => OSERR,
+        _ => SOFTWARE,
+    }
+}
+
+/// A failure from a library error, its Display prefixed with `context`.
+pub fn lock_error(context: &str, error: &Error, conflict: u8) -> Failure {
+    Failure::new(code_for(error, conflict), format!("{context}: {error}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io;
+    use std::time::Duration;
+
+    use redlock_mio::{ConfigError, Failure as Votes};
+
+    use super::*;
+
+    fn votes() -> Votes {
+        Votes {
+            quorum: 2,
+            granted: 0,
+            refused: 0,
+            votes: Vec::new(),
+            elapsed: Duration::ZERO,
+            attempts: 1,
+        }
+    }
+
+    #[test]
+    fn each_library_error_has_its_exit_code() {
+        let cases = [
+            (Error::Held(votes()), 9),
+            (Error::ValidityExpired(votes()), 9),
+            (Error::NotHeld(votes()), 9),
+            (Error::NoQuorum(votes()), UNAVAILABLE),
+            (Error::Protocol(votes()), UNAVAILABLE),
+            (Error::Config(ConfigError::ZeroTtl), USAGE),
+            (Error::Os(io::ErrorKind::Other), OSERR),
+        ];
+        for (error, want) in cases {
+            assert_eq!(code_for(&error, 9), want, "{error}");
+        }
+    }
+
+    #[test]
+    fn a_failure_message_is_one_line_with_its_context() {
+        let failure = lock_error("cannot acquire \"r\"", &Error::NoQuorum(votes()), 1);
+        assert_eq!(failure.code, UNAVAILABLE);
+        assert!(
+            failure
+                .message
+                .starts_with("cannot acquire \"r\": quorum of masters unreachable")
+        );
+        assert!(!failure.message.contains('\n'));
+    }
+}

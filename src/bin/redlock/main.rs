@@ -1,0 +1,415 @@
+//! `redlock`: the command line of redlock-mio.
+//!
+//! This binary owns argument parsing, exit codes and everything an operator
+//! sees; the lock semantics stay in the library. `run` holds a lock while a
+//! command runs (as `flock(1)` and `etcdctl lock` do), `acquire`, `release`
+//! and `extend` act on a lock from a shell script, `bench` measures
+//! acquire/release latency, and `probe` checks a deployment. Every failure
+//! ends as one `redlock: ...` line on stderr and an exit code from
+//! [`exit`]; nothing here panics on bad input or a broken pipe.
+
+mod bench;
+mod exit;
+mod probe;
+mod run;
+mod signals;
+
+use std::io::{self, Write};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use redlock_mio::{Config, Lock, Redlock, Retry, Token};
+
+use crate::exit::Failure;
+
+/// The environment variable read when no `--servers` is given.
+pub const SERVERS_ENV: &str = "REDLOCK_SERVERS";
+
+/// How long one call of the library keeps retrying when `run` or `acquire`
+/// waits forever; between calls the wait is reported once, so that an
+/// unreachable quorum does not look like a silent hang.
+const FOREVER_SLICE: Duration = Duration::from_secs(10);
+
+/// Bounds of the default per-master timeout of the lock commands.
+const ROUND_TIMEOUT_MIN: Duration = Duration::from_millis(50);
+const ROUND_TIMEOUT_MAX: Duration = Duration::from_millis(500);
+
+/// Default connect and read timeout of `probe`.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "redlock",
+    version,
+    about = "Redlock distributed locks over N independent Redis masters",
+    long_about = "Redlock distributed locks over N independent Redis masters.\n\n\
+        A lock is held when a majority of the masters accept it within its \
+        validity. Masters come from --servers (comma-separated or repeated) \
+        or else from the REDLOCK_SERVERS environment variable, as \
+        redis://[user:password@]host[:port][/db] or unix:///path[?db=N] URLs.\n\n\
+        Durations are written 30s, 500ms, 1m30s (a bare number is seconds).",
+    after_help = exit::TABLE,
+    propagate_version = true
+)]
+struct Cli {
+    /// Redis masters (comma-separated or repeated); default: $REDLOCK_SERVERS
+    #[arg(
+        short = 's',
+        long = "servers",
+        value_name = "URL,...",
+        value_delimiter = ',',
+        global = true
+    )]
+    servers: Vec<String>,
+
+    /// How long a master may take to answer (connecting included, on first
+    /// use) [default: TTL/20 within 50ms..500ms; bench: 50ms; probe: 2s]
+    #[arg(long, value_name = "D", global = true, value_parser = parse_duration)]
+    timeout: Option<Duration>,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run a command while holding a lock, and exit with its status
+    #[command(
+        long_about = "Acquire RESOURCE, run CMD while keeping the lock alive, release it \
+            when CMD exits, and exit with CMD's status.\n\n\
+            The lock is extended (to the same TTL) every third of the TTL. When \
+            extending fails until the validity runs out, the lock is lost: CMD gets \
+            SIGTERM, SIGKILL after --kill-after, and redlock exits 75. SIGINT, SIGTERM \
+            and SIGHUP sent to redlock are forwarded to CMD. CMD sees REDLOCK_RESOURCE \
+            and REDLOCK_TOKEN in its environment, and is sent SIGTERM if redlock itself \
+            dies (Linux), since nobody then keeps its lock alive.",
+        after_help = exit::TABLE
+    )]
+    Run(run::RunArgs),
+
+    /// Acquire a lock; print its token on stdout and its validity on stderr
+    #[command(
+        long_about = "Acquire RESOURCE and print the lock's token as the only line on \
+            stdout, so that `token=$(redlock acquire RESOURCE)` works; the validity \
+            (milliseconds of mutual exclusion left) goes to stderr as \
+            `redlock: validity N ms`. Release with `redlock release RESOURCE TOKEN`, \
+            or let the lock expire after its TTL.",
+        after_help = exit::TABLE
+    )]
+    Acquire(AcquireArgs),
+
+    /// Release a lock by its token
+    #[command(after_help = exit::TABLE)]
+    Release(TokenArgs),
+
+    /// Extend a lock by its token to a new TTL from now
+    #[command(after_help = exit::TABLE)]
+    Extend(ExtendArgs),
+
+    /// Measure acquire and release latency and throughput
+    #[command(long_about = bench::LONG_ABOUT)]
+    Bench(bench::BenchArgs),
+
+    /// Check each master: reachability, version, round trip, safety settings
+    #[command(long_about = probe::LONG_ABOUT)]
+    Probe,
+}
+
+/// How to acquire: TTL, how long to wait, and the code for "not in time".
+#[derive(Args, Debug, Clone)]
+pub struct AcquireOptions {
+    /// Lifetime of the lock's keys (extended by `run` while CMD runs)
+    #[arg(long, value_name = "D", default_value = "30s", value_parser = parse_duration)]
+    pub ttl: Duration,
+
+    /// Give up acquiring after D [default: wait until acquired]
+    #[arg(short = 'w', long, value_name = "D", value_parser = parse_duration)]
+    pub wait: Option<Duration>,
+
+    /// Try once: fail at once when the lock is held
+    #[arg(short = 'n', long, conflicts_with = "wait")]
+    pub nonblock: bool,
+
+    /// Exit code when the lock could not be had in time
+    #[arg(
+        short = 'E',
+        long = "conflict-exit-code",
+        value_name = "CODE",
+        default_value_t = exit::CONFLICT
+    )]
+    pub conflict_exit_code: u8,
+}
+
+#[derive(Args, Debug)]
+struct AcquireArgs {
+    /// The lock's name (the Redis key)
+    resource: String,
+
+    #[command(flatten)]
+    acquire: AcquireOptions,
+}
+
+#[derive(Args, Debug)]
+struct TokenArgs {
+    /// The lock's name (the Redis key)
+    resource: String,
+    /// The token printed by `redlock acquire`
+    token: String,
+}
+
+#[derive(Args, Debug)]
+struct ExtendArgs {
+    #[command(flatten)]
+    lock: TokenArgs,
+
+    /// The new TTL, counted from now
+    #[arg(long, value_name = "D", value_parser = parse_duration)]
+    ttl: Duration,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let outcome = dispatch(&cli);
+    match outcome {
+        Ok(code) => ExitCode::from(code),
+        Err(failure) => {
+            say(&failure.message);
+            ExitCode::from(failure.code)
+        }
+    }
+}
+
+fn dispatch(cli: &Cli) -> Result<u8, Failure> {
+    if cli.timeout.is_some_and(|t| t.is_zero()) {
+        return Err(Failure::usage("--timeout must be more than zero"));
+    }
+    let client = |ttl: Option<Duration>| client(&cli.servers, round_timeout(cli.timeout, ttl));
+    match &cli.command {
+        Command::Run(args) => run::run(client(Some(args.acquire.ttl))?, args),
+        Command::Acquire(args) => acquire(client(Some(args.acquire.ttl))?, args),
+        Command::Release(args) => release(client(None)?, args),
+        Command::Extend(args) => extend(client(Some(args.ttl))?, args),
+        Command::Bench(args) => bench::bench(&cli.servers, cli.timeout, args),
+        Command::Probe => probe::probe(
+            &server_urls(&cli.servers)?,
+            cli.timeout.unwrap_or(PROBE_TIMEOUT),
+        ),
+    }
+}
+
+/// Prints `redlock: message` on stderr. A closed or broken stderr is no
+/// reason to panic: the exit code still tells.
+pub fn say(message: &str) {
+    let _ = writeln!(io::stderr().lock(), "redlock: {message}");
+}
+
+/// The master URLs: `--servers`, else `REDLOCK_SERVERS`.
+///
+/// # Errors
+/// A usage failure when neither names a master.
+pub fn server_urls(flag: &[String]) -> Result<Vec<String>, Failure> {
+    let given: Vec<String> = flag
+        .iter()
+        .map(|s| s.trim())
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect();
+    if !given.is_empty() {
+        return Ok(given);
+    }
+    let from_env = match std::env::var(SERVERS_ENV) {
+        Ok(value) => split_servers(&value),
+        Err(std::env::VarError::NotPresent) => Vec::new(),
+        Err(std::env::VarError::NotUnicode(_)) => {
+            return Err(Failure::usage(format!("{SERVERS_ENV} is not valid UTF-8")));
+        }
+    };
+    if from_env.is_empty() {
+        return Err(Failure::usage(format!(
+            "no Redis masters given: use --servers URL,URL,... or set {SERVERS_ENV}"
+        )));
+    }
+    Ok(from_env)
+}
+
+/// Splits a server list on commas and whitespace.
+fn split_servers(value: &str) -> Vec<String> {
+    value
+        .split(|c: char| c == ',' || c.is_whitespace())
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The settings for these masters; a malformed URL is a usage error.
+pub fn config(urls: &[String]) -> Result<Config, Failure> {
+    Config::new(urls).map_err(|e| Failure::usage(e.to_string()))
+}
+
+/// The per-master timeout of a lock command: `--timeout`, else a twentieth
+/// of the TTL within 50 to 500 ms. Small next to the TTL, as the spec asks
+/// (what a round takes comes off the validity), yet enough for a one-shot
+/// command's first round, which also connects, on a busy machine: the
+/// library's 50 ms suits a warm, long-lived client.
+fn round_timeout(flag: Option<Duration>, ttl: Option<Duration>) -> Duration {
+    flag.unwrap_or_else(|| {
+        ttl.map_or(ROUND_TIMEOUT_MAX, |ttl| {
+            (ttl / 20).clamp(ROUND_TIMEOUT_MIN, ROUND_TIMEOUT_MAX)
+        })
+    })
+}
+
+/// A client for the masters given on the command line or in the
+/// environment, waiting `timeout` for each master's answer.
+fn client(flag: &[String], timeout: Duration) -> Result<Redlock, Failure> {
+    let mut config = config(&server_urls(flag)?)?;
+    config.per_instance_timeout = timeout;
+    Redlock::new(config)
+        .map_err(|e| exit::lock_error("cannot start the client", &e, exit::CONFLICT))
+}
+
+/// Parses a duration: humantime's `30s`, `500ms`, `1m30s`, or a bare
+/// number of seconds as `flock -w` takes it.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    if let Ok(secs) = text.parse::<f64>() {
+        return Duration::try_from_secs_f64(secs)
+            .map_err(|_| format!("{text:?} is not a duration of zero or more seconds"));
+    }
+    humantime::parse_duration(text)
+        .map_err(|e| format!("{e} (write durations as 30s, 500ms, 1m30s or plain seconds)"))
+}
+
+/// Acquires as `options` say: once, until `--wait` ends, or forever.
+/// Waiting forever goes through the library in slices so that a quorum
+/// that stays unreachable is reported on stderr instead of hanging
+/// silently; contention is waited out without a word, as flock does.
+///
+/// # Errors
+/// The failure of the last attempt, with its exit code.
+pub fn acquire_lock(
+    redlock: &mut Redlock,
+    resource: &str,
+    options: &AcquireOptions,
+) -> Result<Lock, Failure> {
+    let context = format!("cannot acquire {resource:?}");
+    let conflict = options.conflict_exit_code;
+    let retry = if options.nonblock {
+        Retry::once()
+    } else if let Some(wait) = options.wait {
+        Retry::until(wait)
+    } else {
+        loop {
+            match redlock.acquire_with(
+                resource.to_owned(),
+                options.ttl,
+                &Retry::until(FOREVER_SLICE),
+            ) {
+                Ok(lock) => return Ok(lock),
+                Err(e) if exit::is_unreachable(&e) => {
+                    say(&format!("{context} yet, still trying: {e}"));
+                }
+                Err(e) if exit::is_conflict(&e) => {}
+                Err(e) => return Err(exit::lock_error(&context, &e, conflict)),
+            }
+        }
+    };
+    redlock
+        .acquire_with(resource.to_owned(), options.ttl, &retry)
+        .map_err(|e| exit::lock_error(&context, &e, conflict))
+}
+
+fn acquire(mut redlock: Redlock, args: &AcquireArgs) -> Result<u8, Failure> {
+    let lock = acquire_lock(&mut redlock, &args.resource, &args.acquire)?;
+    let printed = writeln!(io::stdout().lock(), "{}", lock.token());
+    if let Err(e) = printed {
+        // Nobody learnt the token, so nobody could release the lock: do it.
+        let _ = redlock.release(&lock);
+        return Err(Failure::new(
+            exit::OSERR,
+            format!("cannot print the token ({e}); the lock has been released"),
+        ));
+    }
+    say(&format!("validity {} ms", lock.remaining().as_millis()));
+    Ok(exit::OK)
+}
+
+fn parts(args: &TokenArgs) -> Result<Lock, Failure> {
+    let token = Token::parse(args.token.trim())
+        .map_err(|e| Failure::usage(format!("malformed token: {e}")))?;
+    Ok(Lock::from_parts(args.resource.clone(), token))
+}
+
+fn release(mut redlock: Redlock, args: &TokenArgs) -> Result<u8, Failure> {
+    let lock = parts(args)?;
+    let context = format!("cannot release {:?}", args.resource);
+    redlock
+        .release(&lock)
+        .map_err(|e| exit::lock_error(&context, &e, exit::CONFLICT))?;
+    Ok(exit::OK)
+}
+
+fn extend(mut redlock: Redlock, args: &ExtendArgs) -> Result<u8, Failure> {
+    let mut lock = parts(&args.lock)?;
+    let context = format!("cannot extend {:?}", args.lock.resource);
+    redlock
+        .extend(&mut lock, args.ttl)
+        .map_err(|e| exit::lock_error(&context, &e, exit::CONFLICT))?;
+    say(&format!("validity {} ms", lock.remaining().as_millis()));
+    Ok(exit::OK)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_take_units_or_plain_seconds() {
+        let cases: &[(&str, Option<Duration>)] = &[
+            ("30s", Some(Duration::from_secs(30))),
+            ("500ms", Some(Duration::from_millis(500))),
+            ("1m 30s", Some(Duration::from_secs(90))),
+            ("1m30s", Some(Duration::from_secs(90))),
+            ("2", Some(Duration::from_secs(2))),
+            ("0.25", Some(Duration::from_millis(250))),
+            ("-1", None),
+            ("inf", None),
+            ("5 parsecs", None),
+            ("", None),
+        ];
+        for (text, want) in cases {
+            assert_eq!(parse_duration(text).ok(), *want, "{text:?}");
+        }
+    }
+
+    #[test]
+    fn the_default_timeout_is_a_twentieth_of_the_ttl_within_bounds() {
+        let ms = Duration::from_millis;
+        let cases = [
+            (None, Some(Duration::from_secs(30)), ms(500)),
+            (None, Some(Duration::from_secs(2)), ms(100)),
+            (None, Some(ms(100)), ms(50)),
+            (None, None, ms(500)),
+            (Some(ms(7)), Some(Duration::from_secs(30)), ms(7)),
+        ];
+        for (flag, ttl, want) in cases {
+            assert_eq!(round_timeout(flag, ttl), want, "{flag:?} {ttl:?}");
+        }
+    }
+
+    #[test]
+    fn server_lists_split_on_commas_and_spaces() {
+        assert_eq!(
+            split_servers(" redis://a:1, redis://b:2 ,,unix:///s\tredis://c"),
+            ["redis://a:1", "redis://b:2", "unix:///s", "redis://c"]
+        );
+        assert!(split_servers(" , ").is_empty());
+    }
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

@@ -1,0 +1,654 @@
+//! The `redlock` binary against real local masters: exit codes, the lock
+//! held while a command runs, signal forwarding, the lost-lock path,
+//! acquire/release from a shell, `bench --json` and `probe`.
+//!
+//! Every process a test starts is stopped by a guard: masters by the
+//! harness, `redlock` by [`Running`] (whose command gets SIGTERM from the
+//! kernel when `redlock` dies), and the commands run under a lock are
+//! bounded sleeps. Waits poll with generous deadlines, so that a loaded
+//! machine slows the tests down without failing them.
+
+mod common;
+
+use std::fs;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::{Cluster, Options, bulk, cluster, connect, master, master_with};
+use redlock_mio::resp::{Arg, Reply};
+
+/// How long any one `redlock` may take to exit before a test fails.
+const EXIT_DEADLINE: Duration = Duration::from_secs(60);
+/// How long a command under a lock may take to start.
+const START_DEADLINE: Duration = Duration::from_secs(30);
+
+/// A `redlock` command for these masters, with `REDLOCK_SERVERS` cleared.
+fn redlock(servers: &[String]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_redlock"));
+    command.env_remove("REDLOCK_SERVERS").stdin(Stdio::null());
+    if !servers.is_empty() {
+        command.arg("--servers").arg(servers.join(","));
+    }
+    command
+}
+
+/// Runs a command to completion, killing it if it outlives the deadline.
+fn finish(mut command: Command) -> Output {
+    command.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let child = command.spawn().expect("starting redlock");
+    let pid = child.id();
+    let (tx, rx) = mpsc::channel();
+    let waiter = thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(EXIT_DEADLINE) {
+        Ok(output) => {
+            let _ = waiter.join();
+            output.expect("waiting for redlock")
+        }
+        Err(_) => {
+            // Not reaped yet, so the pid is still ours.
+            unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+            let _ = waiter.join();
+            panic!("{command:?} did not exit within {EXIT_DEADLINE:?}");
+        }
+    }
+}
+
+fn code(output: &Output) -> i32 {
+    output
+        .status
+        .code()
+        .unwrap_or_else(|| panic!("killed by a signal: {output:?}"))
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// A `redlock` running in the background, killed and reaped on drop.
+struct Running {
+    child: Child,
+}
+
+impl Running {
+    fn start(mut command: Command) -> Running {
+        command.stdout(Stdio::null()).stderr(Stdio::piped());
+        Running {
+            child: command.spawn().expect("starting redlock"),
+        }
+    }
+
+    fn pid(&self) -> libc::pid_t {
+        self.child.id() as libc::pid_t
+    }
+
+    fn signal(&self, signal: libc::c_int) {
+        assert_eq!(unsafe { libc::kill(self.pid(), signal) }, 0, "kill");
+    }
+
+    /// Waits for the exit; the status and what was written on stderr.
+    fn wait(&mut self, deadline: Duration) -> (ExitStatus, String) {
+        let started = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                let mut err = String::new();
+                if let Some(mut pipe) = self.child.stderr.take() {
+                    let _ = pipe.read_to_string(&mut err);
+                }
+                return (status, err);
+            }
+            assert!(
+                started.elapsed() < deadline,
+                "redlock did not exit within {deadline:?}"
+            );
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// A private directory for marker files, removed on drop.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new() -> Scratch {
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let path = std::env::temp_dir().join(format!(
+            "redlock-cli-{}-{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        ));
+        fs::create_dir_all(&path).expect("creating a scratch directory");
+        Scratch(path)
+    }
+
+    fn file(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Polls until `path` exists, then returns its contents.
+fn wait_for_file(path: &Path, running: &mut Running) -> String {
+    let started = Instant::now();
+    loop {
+        if let Ok(text) = fs::read_to_string(path) {
+            return text;
+        }
+        if let Ok(Some(status)) = running.child.try_wait() {
+            let (_, err) = running.wait(Duration::ZERO);
+            panic!("redlock exited ({status}) before its command wrote {path:?}: {err}");
+        }
+        assert!(
+            started.elapsed() < START_DEADLINE,
+            "the command did not write {path:?} within {START_DEADLINE:?}"
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A shell snippet that writes its pid to `$1` atomically (the test polls
+/// for the file, and must never read it half-written).
+const WRITE_PID: &str = r#"echo $$ > "$1.tmp" && mv "$1.tmp" "$1""#;
+
+/// The value of `key` on every master.
+fn get_all(masters: &Cluster, key: &str) -> Vec<Reply> {
+    masters
+        .iter()
+        .map(|m| connect(m).cmd(&["GET".into(), key.into()]))
+        .collect()
+}
+
+/// How long a test waits for masters to reflect what `redlock` did: a
+/// request sent just before `redlock` exited may be read by a busy master
+/// after the test's own GET. Well below the TTLs used, so that a key that
+/// went away was released, not expired.
+const SETTLE: Duration = Duration::from_secs(10);
+
+/// Waits until no master holds `key`.
+fn assert_free(masters: &Cluster, key: &str) {
+    let started = Instant::now();
+    loop {
+        let values = get_all(masters, key);
+        if values.iter().all(|v| *v == Reply::Nil) {
+            return;
+        }
+        assert!(
+            started.elapsed() < SETTLE,
+            "{key} should be free: {values:?}"
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Waits until a quorum of masters holds `key` with `token`; no master may
+/// hold another value. (A lock needs a quorum, not all N: on a busy machine
+/// one master may miss the round.)
+fn assert_held(masters: &Cluster, key: &str, token: &str) {
+    let quorum = masters.len() / 2 + 1;
+    let started = Instant::now();
+    loop {
+        let values = get_all(masters, key);
+        assert!(
+            values.iter().all(|v| *v == Reply::Nil || *v == bulk(token)),
+            "{key} holds another token: {values:?}"
+        );
+        if values.iter().filter(|v| **v == bulk(token)).count() >= quorum {
+            return;
+        }
+        assert!(
+            started.elapsed() < SETTLE,
+            "{key} should be held by {token}: {values:?}"
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn is_alive(pid: libc::pid_t) -> bool {
+    unsafe { libc::kill(pid, 0) == 0 }
+}
+
+#[test]
+fn run_exits_with_the_commands_status() {
+    let masters = cluster(3);
+    let urls = masters.urls();
+    // (command, expected exit code)
+    let cases: &[(&[&str], i32)] = &[
+        (&["true"], 0),
+        (&["sh", "-c", "exit 7"], 7),
+        (&["sh", "-c", "exit 255"], 255),
+        (&["sh", "-c", "kill -KILL $$"], 128 + libc::SIGKILL),
+        (&["/nonexistent/command"], 127),
+    ];
+    for (command, want) in cases {
+        let mut run = redlock(&urls);
+        run.args(["run", "--nonblock", "status", "--"])
+            .args(*command);
+        let out = finish(run);
+        assert_eq!(code(&out), *want, "{command:?}: {}", stderr(&out));
+        assert_free(&masters, "status");
+    }
+}
+
+#[test]
+fn the_lock_is_held_while_the_command_runs_and_free_after() {
+    let masters = cluster(3);
+    let urls = masters.urls();
+    let scratch = Scratch::new();
+    let (seen, go) = (scratch.file("seen"), scratch.file("go"));
+    let mut holder = redlock(&urls);
+    holder.args(["run", "held", "--", "sh", "-c"]).arg(
+        r#"printf '%s %s' "$REDLOCK_RESOURCE" "$REDLOCK_TOKEN" > "$1.tmp" && mv "$1.tmp" "$1"
+           i=0; while [ ! -e "$2" ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done"#,
+    );
+    holder.arg("sh").arg(&seen).arg(&go);
+    let mut holder = Running::start(holder);
+
+    let env = wait_for_file(&seen, &mut holder);
+    let (resource, token) = env.split_once(' ').expect("resource and token");
+    assert_eq!(resource, "held");
+    assert_eq!(token.len(), 48, "{token:?}");
+    assert_held(&masters, "held", token);
+
+    let mut contender = redlock(&urls);
+    contender.args(["run", "--nonblock", "held", "--", "true"]);
+    let out = finish(contender);
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    assert!(stderr(&out).starts_with("redlock: "), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("held by another client"),
+        "{}",
+        stderr(&out)
+    );
+
+    let mut contender = redlock(&urls);
+    contender.args(["run", "-n", "-E", "9", "held", "--", "true"]);
+    assert_eq!(code(&finish(contender)), 9);
+
+    let mut contender = redlock(&urls);
+    contender.args(["run", "--wait", "300ms", "held", "--", "true"]);
+    assert_eq!(code(&finish(contender)), 1);
+
+    fs::write(&go, "").expect("writing the go file");
+    let (status, err) = holder.wait(EXIT_DEADLINE);
+    assert_eq!(status.code(), Some(0), "{err}");
+    assert_free(&masters, "held");
+
+    let mut after = redlock(&urls);
+    after.args(["run", "--nonblock", "held", "--", "true"]);
+    assert_eq!(code(&finish(after)), 0);
+}
+
+#[test]
+fn sigterm_to_redlock_is_forwarded_and_the_lock_released() {
+    let masters = cluster(3);
+    let scratch = Scratch::new();
+    let pid_file = scratch.file("pid");
+    let mut holder = redlock(&masters.urls());
+    holder
+        .args(["run", "term", "--", "sh", "-c"])
+        .arg(format!("{WRITE_PID}; exec sleep 30"))
+        .arg("sh")
+        .arg(&pid_file);
+    let mut holder = Running::start(holder);
+    let child: libc::pid_t = wait_for_file(&pid_file, &mut holder)
+        .trim()
+        .parse()
+        .expect("a pid");
+    let token = get_all(&masters, "term")
+        .into_iter()
+        .find_map(|r| match r {
+            Reply::Bulk(b) => Some(String::from_utf8_lossy(&b).into_owned()),
+            _ => None,
+        })
+        .expect("the lock's key on some master");
+    assert_held(&masters, "term", &token);
+
+    holder.signal(libc::SIGTERM);
+    let (status, err) = holder.wait(EXIT_DEADLINE);
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{err}");
+    assert!(!is_alive(child), "the command should have been terminated");
+    assert_free(&masters, "term");
+}
+
+/// Starts `redlock run --ttl 2s` with `script`, stalls two of three masters
+/// with SIGSTOP, and returns how long redlock took to exit, its status and
+/// its stderr.
+fn lose_the_lock(script: &str, kill_after: &str) -> (Duration, ExitStatus, String, libc::pid_t) {
+    let mut masters = cluster(3);
+    let scratch = Scratch::new();
+    let pid_file = scratch.file("pid");
+    let mut holder = redlock(&masters.urls());
+    holder
+        .args([
+            "run",
+            "--ttl",
+            "2s",
+            "--kill-after",
+            kill_after,
+            "lost",
+            "--",
+            "sh",
+            "-c",
+        ])
+        .arg(format!("{WRITE_PID}; {script}"))
+        .arg("sh")
+        .arg(&pid_file);
+    let mut holder = Running::start(holder);
+    let child: libc::pid_t = wait_for_file(&pid_file, &mut holder)
+        .trim()
+        .parse()
+        .expect("a pid");
+
+    masters[0].pause().expect("pausing master 0");
+    masters[1].pause().expect("pausing master 1");
+    let paused = Instant::now();
+    let (status, err) = holder.wait(EXIT_DEADLINE);
+    let took = paused.elapsed();
+    masters[0].resume().expect("resuming master 0");
+    masters[1].resume().expect("resuming master 1");
+    (took, status, err, child)
+}
+
+#[test]
+fn a_lost_lock_stops_the_command_and_exits_75() {
+    let (took, status, err, child) = lose_the_lock("exec sleep 60", "20s");
+    assert_eq!(status.code(), Some(75), "{err}");
+    assert!(err.contains("lost the lock"), "{err}");
+    // SIGTERM sufficed: no need to wait for --kill-after.
+    assert!(took < Duration::from_secs(20), "took {took:?}: {err}");
+    assert!(!is_alive(child), "the command should have been terminated");
+}
+
+#[test]
+fn a_command_that_ignores_sigterm_is_killed_after_the_grace_period() {
+    let (_, status, err, child) = lose_the_lock(
+        r#"trap '' TERM; i=0; while [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done"#,
+        "500ms",
+    );
+    assert_eq!(status.code(), Some(75), "{err}");
+    assert!(err.contains("SIGKILL"), "{err}");
+    assert!(!is_alive(child), "the command should have been killed");
+}
+
+#[test]
+fn acquire_prints_a_token_that_release_and_extend_take() {
+    let masters = cluster(3);
+    let urls = masters.urls();
+
+    let mut acquire = redlock(&urls);
+    acquire.args(["acquire", "shell", "--ttl", "30s"]);
+    let out = finish(acquire);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let printed = stdout(&out);
+    let lines: Vec<&str> = printed.lines().collect();
+    assert_eq!(lines.len(), 1, "{printed:?}");
+    let token = lines[0];
+    let validity: u64 = stderr(&out)
+        .trim()
+        .strip_prefix("redlock: validity ")
+        .and_then(|s| s.strip_suffix(" ms"))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("{:?}", stderr(&out)));
+    assert!(validity > 0 && validity <= 30_000, "{validity}");
+    assert_held(&masters, "shell", token);
+
+    let mut extend = redlock(&urls);
+    extend.args(["extend", "shell", token, "--ttl", "90s"]);
+    let out = finish(extend);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let extended = masters
+        .iter()
+        .filter(|m| match connect(m).cmd(&["PTTL".into(), "shell".into()]) {
+            Reply::Integer(ms) => ms > 60_000,
+            other => panic!("PTTL: {other:?}"),
+        })
+        .count();
+    assert!(extended >= 2, "a quorum should have the new TTL");
+
+    let mut wrong = redlock(&urls);
+    wrong.args(["extend", "shell", "not-the-token", "--ttl", "90s"]);
+    assert_eq!(code(&finish(wrong)), 1);
+
+    let mut malformed = redlock(&urls);
+    malformed.args(["release", "shell", "two words"]);
+    let out = finish(malformed);
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+
+    // The masters may also come from the environment.
+    let mut release = redlock(&[]);
+    release
+        .env("REDLOCK_SERVERS", urls.join(","))
+        .args(["release", "shell", token]);
+    let out = finish(release);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_free(&masters, "shell");
+
+    let mut again = redlock(&urls);
+    again.args(["release", "shell", token]);
+    let out = finish(again);
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    assert!(stderr(&out).contains("no longer held"), "{}", stderr(&out));
+}
+
+#[test]
+fn an_unreachable_quorum_exits_69_without_running_the_command() {
+    let live = master();
+    // Nothing listens on port 1 of the loopback interface.
+    let urls = vec![
+        live.url(),
+        "redis://127.0.0.1:1".to_owned(),
+        "redis://127.0.0.1:1/2".to_owned(),
+    ];
+    let scratch = Scratch::new();
+    let ran = scratch.file("ran");
+    let mut run = redlock(&urls);
+    run.args(["run", "--nonblock", "down", "--", "touch"])
+        .arg(&ran);
+    let out = finish(run);
+    assert_eq!(code(&out), 69, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("quorum of masters unreachable"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!ran.exists(), "the command must not run without the lock");
+
+    let mut acquire = redlock(&urls);
+    acquire.args(["acquire", "down", "--wait", "500ms"]);
+    assert_eq!(code(&finish(acquire)), 69);
+}
+
+#[test]
+fn bench_json_output_parses_and_shows_throughput() {
+    let mut bench = redlock(&[]);
+    bench.args([
+        "bench",
+        "--spawn",
+        "3",
+        "--duration",
+        "2s",
+        "--threads",
+        "2",
+        "--json",
+    ]);
+    let out = finish(bench);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let text = stdout(&out);
+    assert_eq!(text.lines().count(), 1, "one JSON object: {text}");
+    let report: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+    let number = |path: &[&str]| {
+        let mut v = &report;
+        for key in path {
+            v = &v[key];
+        }
+        v.as_f64().unwrap_or_else(|| panic!("{path:?} in {text}"))
+    };
+    assert_eq!(number(&["masters"]), 3.0);
+    assert_eq!(number(&["threads"]), 2.0);
+    assert!(number(&["cycles"]) > 0.0, "{text}");
+    assert!(number(&["cycles_per_sec"]) > 0.0, "{text}");
+    assert!(number(&["duration_s"]) >= 2.0, "{text}");
+    assert_eq!(
+        number(&["acquire_failed"]),
+        0.0,
+        "one resource per thread: {text}"
+    );
+    assert_eq!(number(&["errors"]), 0.0, "{text}");
+    for op in ["acquire_us", "release_us"] {
+        for p in ["p50", "p90", "p99", "p999", "max"] {
+            assert!(number(&[op, p]) > 0.0, "{op}.{p}: {text}");
+        }
+        assert!(number(&[op, "p50"]) <= number(&[op, "max"]), "{text}");
+    }
+}
+
+#[test]
+fn probe_warns_about_an_eviction_policy_that_can_drop_lock_keys() {
+    let evicting = master_with(&Options::new().args(["--maxmemory-policy", "allkeys-lru"]));
+    let mut probe = redlock(&[evicting.url()]);
+    probe.arg("probe");
+    let out = finish(probe);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let report = stdout(&out);
+    assert!(
+        report.contains("warning: maxmemory-policy allkeys-lru"),
+        "{report}"
+    );
+    assert!(report.contains("evict"), "{report}");
+    assert!(report.contains("run_id "), "{report}");
+    assert!(report.contains("1 of 1 masters healthy"), "{report}");
+}
+
+#[test]
+fn probe_fails_without_a_quorum_of_healthy_masters() {
+    let live = master_with(&Options::new().requirepass("s3cret"));
+    let with_password = live.url().replacen("redis://", "redis://:s3cret@", 1);
+    let without_password = live.url();
+    let urls = vec![
+        with_password,
+        without_password,
+        "redis://127.0.0.1:1".to_owned(),
+    ];
+    let mut probe = redlock(&urls);
+    probe.arg("probe");
+    let out = finish(probe);
+    let report = stdout(&out);
+    assert_eq!(code(&out), 69, "{report}{}", stderr(&out));
+    assert!(
+        report.lines().next().is_some_and(|l| l.contains(" ok ")),
+        "{report}"
+    );
+    assert!(report.contains("NOAUTH"), "{report}");
+    assert!(report.contains("UNREACHABLE"), "{report}");
+    assert!(report.contains("1 of 3 masters healthy"), "{report}");
+    assert!(
+        !report.contains("s3cret"),
+        "the password must not be shown: {report}"
+    );
+}
+
+#[test]
+fn usage_errors_exit_2_with_one_line_on_stderr() {
+    let urls = vec!["redis://127.0.0.1:1".to_owned()];
+    let cases: &[&[&str]] = &[
+        &[],
+        &["frobnicate"],
+        &["run"],
+        &["run", "r"],
+        &["run", "--wait", "1s", "--nonblock", "r", "--", "true"],
+        &["acquire", "r", "--ttl", "5 parsecs"],
+        &["acquire", "r", "--ttl", "0s"],
+        &["release", "r"],
+        &["bench", "--threads", "0"],
+    ];
+    for args in cases {
+        let mut command = redlock(&urls);
+        command.args(*args);
+        let out = finish(command);
+        let err = stderr(&out);
+        assert_eq!(code(&out), 2, "{args:?}: {err}");
+        assert!(
+            !err.is_empty() && !err.contains("panicked"),
+            "{args:?}: {err}"
+        );
+    }
+
+    let mut bad_url = redlock(&["http://127.0.0.1:1".to_owned()]);
+    bad_url.args(["acquire", "r"]);
+    let out = finish(bad_url);
+    assert_eq!(code(&out), 2);
+    assert_eq!(stderr(&out).lines().count(), 1, "{}", stderr(&out));
+    assert!(
+        stderr(&out).starts_with("redlock: master URL #1"),
+        "{}",
+        stderr(&out)
+    );
+
+    let mut help = redlock(&[]);
+    help.arg("--help");
+    let out = finish(help);
+    assert_eq!(code(&out), 0);
+    assert!(stdout(&out).contains("Exit status"), "{}", stdout(&out));
+    assert!(stdout(&out).contains("75"), "{}", stdout(&out));
+}
+
+#[test]
+fn no_masters_given_is_a_usage_error_naming_the_remedy() {
+    for args in [
+        &["acquire", "r"][..],
+        &["probe"],
+        &["run", "r", "--", "true"],
+    ] {
+        let mut command = redlock(&[]);
+        command.args(args);
+        let out = finish(command);
+        assert_eq!(code(&out), 2, "{args:?}");
+        let err = stderr(&out);
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.starts_with("redlock: no Redis masters given"), "{err}");
+        assert!(
+            err.contains("--servers") && err.contains("REDLOCK_SERVERS"),
+            "{err}"
+        );
+    }
+}
+
+// The key a lock takes is the resource name as given: a plain GET sees it.
+#[test]
+fn the_resource_is_the_redis_key_as_given() {
+    let masters = cluster(1);
+    let mut acquire = redlock(&masters.urls());
+    acquire.args(["acquire", "orders:42"]);
+    let out = finish(acquire);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let token = stdout(&out).trim().to_owned();
+    let mut c = connect(&masters[0]);
+    assert_eq!(
+        c.cmd(&["GET".into(), Arg::Bytes(b"orders:42")]),
+        bulk(&token)
+    );
+}
