@@ -99,12 +99,12 @@ impl Driver {
     }
 
     /// Gets connections ready for a round: drops sockets whose connection
-    /// failed, applies connect and stall limits, and opens a socket for each
-    /// connection due for a (re)connect.
+    /// failed and opens a socket for each connection due for a (re)connect.
+    /// Connect and stall limits are applied in [`Driver::run`], after a
+    /// poll, so that replies already waiting in a socket are read before a
+    /// connection is judged stalled.
     pub fn prepare(&mut self, conns: &mut [Conn], now: Instant) {
         for (i, conn) in conns.iter_mut().enumerate() {
-            // The cause, if any, reaches the next round through `Conn::send`.
-            let _ = conn.handle_timeout(now);
             if conn.is_down() {
                 self.close(i);
             }
@@ -123,16 +123,11 @@ impl Driver {
             if round.poll_decision().is_some() {
                 return now;
             }
+            // A deadline already past polls with a zero timeout: replies
+            // waiting in the sockets are read before any limit is applied.
             let deadline = round.poll_timeout(conns);
-            if now >= deadline {
-                round.handle_timeout(conns, now);
-                self.close_failed(conns);
-                if round.poll_decision().is_some() {
-                    return now;
-                }
-                continue;
-            }
-            if let Err(e) = self.poll.poll(&mut self.events, Some(deadline - now))
+            let timeout = deadline.saturating_duration_since(now);
+            if let Err(e) = self.poll.poll(&mut self.events, Some(timeout))
                 && e.kind() != io::ErrorKind::Interrupted
             {
                 // A broken poll instance cannot wait for anything: fail
@@ -145,6 +140,40 @@ impl Driver {
             }
             now = Instant::now();
             self.handle_events(conns, round, now);
+            round.handle_timeout(conns, now);
+            self.close_failed(conns);
+        }
+    }
+
+    /// Reads until no connection has a request in flight (every late reply
+    /// read, every `-NOSCRIPT` fallback sent and answered) or `deadline`
+    /// passes. Returns how many requests were still unanswered.
+    pub fn settle(&mut self, conns: &mut [Conn], round: &mut Round, deadline: Instant) -> usize {
+        let mut now = Instant::now();
+        loop {
+            self.flush(conns, round, now);
+            let waiting = conns
+                .iter()
+                .filter(|c| !c.is_down())
+                .map(Conn::in_flight)
+                .sum();
+            if waiting == 0 || now >= deadline {
+                return waiting;
+            }
+            let timeout = conns
+                .iter()
+                .filter_map(Conn::poll_timeout)
+                .fold(deadline, Instant::min)
+                .saturating_duration_since(now);
+            if let Err(e) = self.poll.poll(&mut self.events, Some(timeout))
+                && e.kind() != io::ErrorKind::Interrupted
+            {
+                return waiting;
+            }
+            now = Instant::now();
+            self.handle_events(conns, round, now);
+            round.handle_timeout(conns, now);
+            self.close_failed(conns);
         }
     }
 

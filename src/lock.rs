@@ -24,7 +24,7 @@ use bytes::Bytes;
 use crate::addr::{AddrError, ServerAddr};
 use crate::conn::{Conn, Op, Request, Timing};
 use crate::driver::Driver;
-use crate::quorum::{Decision, Round, Validity, Vote};
+use crate::quorum::{Decision, Loss, Round, Validity, Vote};
 use crate::resp::Limits;
 use crate::script::Scripts;
 use crate::token::{Token, TokenSource};
@@ -705,6 +705,24 @@ impl Redlock {
         Err(self.verdict(Op::Extend, decision, first, 1))
     }
 
+    /// Finishes what earlier operations left in flight: reads every late
+    /// reply and answers a late `-NOSCRIPT` (after `SCRIPT FLUSH` on a
+    /// master) with EVAL, waiting at most `timeout`. Returns how many
+    /// requests were still unanswered, 0 when all masters are done.
+    ///
+    /// An operation returns as soon as its quorum outcome is known, so the
+    /// slowest masters may still be answering when it returns; their
+    /// replies are read at the client's next operation. A release that met
+    /// with `-NOSCRIPT` on a slow master takes effect there only then.
+    /// Callers about to go idle or exit, who want every master done, call
+    /// this.
+    pub fn settle(&mut self, timeout: Duration) -> usize {
+        let deadline = Instant::now().checked_add(timeout);
+        let deadline = deadline.unwrap_or_else(|| Instant::now() + Duration::from_secs(86_400));
+        self.driver
+            .settle(&mut self.conns, &mut self.round, deadline)
+    }
+
     fn run_round(&mut self, request: &Request, timeout: Duration) -> Instant {
         let now = Instant::now();
         self.driver.prepare(&mut self.conns, now);
@@ -724,10 +742,8 @@ impl Redlock {
     }
 
     /// Turns a round that did not produce a lock into the error that says
-    /// why. Failures alone explain the loss when more than `N - Q` masters
-    /// failed; otherwise refusals do.
+    /// why.
     fn verdict(&self, op: Op, decision: Option<Decision>, first: Instant, attempts: u32) -> Error {
-        let votes = self.round.votes();
         let failure = Failure {
             quorum: self.round.quorum(),
             granted: self.round.granted(),
@@ -735,7 +751,7 @@ impl Redlock {
             votes: self
                 .names
                 .iter()
-                .zip(votes)
+                .zip(self.round.votes())
                 .map(|(server, vote)| MasterVote {
                     server: Arc::clone(server),
                     vote: vote.clone(),
@@ -747,20 +763,11 @@ impl Redlock {
         if decision == Some(Decision::Won) {
             return Error::ValidityExpired(failure);
         }
-        let n = votes.len();
-        if self.round.failed() > n - self.round.quorum() {
-            let broke = votes
-                .iter()
-                .any(|v| matches!(v, Vote::Failed(cause) if cause.is_protocol()));
-            if broke {
-                Error::Protocol(failure)
-            } else {
-                Error::NoQuorum(failure)
-            }
-        } else if op == Op::Acquire {
-            Error::Held(failure)
-        } else {
-            Error::NotHeld(failure)
+        match self.round.loss() {
+            Loss::Protocol => Error::Protocol(failure),
+            Loss::Unreachable => Error::NoQuorum(failure),
+            Loss::Refused if op == Op::Acquire => Error::Held(failure),
+            Loss::Refused => Error::NotHeld(failure),
         }
     }
 }

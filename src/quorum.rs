@@ -47,6 +47,18 @@ pub enum Decision {
     Lost,
 }
 
+/// Why a lost round was lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Loss {
+    /// Enough masters answered, but too many refused: the key holds
+    /// another token there.
+    Refused,
+    /// More than `N - Q` masters failed to answer usably.
+    Unreachable,
+    /// As `Unreachable`, and at least one failure was a protocol violation.
+    Protocol,
+}
+
 /// The lock validity left after a successful round.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Validity {
@@ -196,6 +208,23 @@ impl Round {
             Some(Decision::Lost)
         } else {
             None
+        }
+    }
+
+    /// Why the round was lost: failures alone explain the loss when more
+    /// than `N - Q` masters failed; otherwise refusals do. Meaningful once
+    /// [`Round::poll_decision`] is [`Decision::Lost`].
+    pub fn loss(&self) -> Loss {
+        if self.failed <= self.votes.len() - self.quorum {
+            Loss::Refused
+        } else if self
+            .votes
+            .iter()
+            .any(|v| matches!(v, Vote::Failed(cause) if cause.is_protocol()))
+        {
+            Loss::Protocol
+        } else {
+            Loss::Unreachable
         }
     }
 

@@ -70,7 +70,9 @@ impl Reply {
     }
 
     /// Appends this reply, in RESP2, to `dst`. Parsing the result gives back
-    /// an equal reply.
+    /// an equal reply, for every reply the parser produced; a hand-built
+    /// `Status` or `Error` holding CR or LF has no RESP2 form and does not
+    /// round-trip.
     pub fn encode(&self, dst: &mut BytesMut) {
         match self {
             Reply::Status(s) => put_line(dst, b'+', s),
@@ -316,11 +318,12 @@ fn walk<S: Sink>(
                 return Ok(Some((sink.nil(false), next)));
             };
             let end = next + len;
-            match src.get(end..end + 2) {
-                None => Ok(None),
-                Some(b"\r\n") => Ok(Some((sink.bulk(next..end), end + 2))),
-                Some(_) if src.len() < end + 2 => Ok(None),
-                Some(_) => Err(ProtocolError::BadLineEnding),
+            // The trailer is checked byte by byte, so that a wrong first
+            // byte is an error even before the second arrives.
+            match (src.get(end), src.get(end + 1)) {
+                (None, _) | (Some(b'\r'), None) => Ok(None),
+                (Some(b'\r'), Some(b'\n')) => Ok(Some((sink.bulk(next..end), end + 2))),
+                _ => Err(ProtocolError::BadLineEnding),
             }
         }
         b'*' => {
@@ -357,7 +360,7 @@ fn find_line(
     limits: &Limits,
 ) -> Result<Option<(Range<usize>, usize)>, ProtocolError> {
     let rest = src.get(start..).unwrap_or_default();
-    let window = &rest[..rest.len().min(limits.max_line_len + 1)];
+    let window = &rest[..rest.len().min(limits.max_line_len.saturating_add(1))];
     match memchr::memchr2(b'\r', b'\n', window) {
         Some(i) if window[i] == b'\n' => Err(ProtocolError::BadLineEnding),
         Some(i) => match rest.get(i + 1) {
@@ -699,6 +702,11 @@ mod tests {
                 ProtocolError::BadLineEnding,
             ),
             (
+                "bulk trailer wrong before it is complete",
+                b"$2\r\nabc",
+                ProtocolError::BadLineEnding,
+            ),
+            (
                 "bad element inside an array",
                 b"*2\r\n:1\r\n?\r\n",
                 ProtocolError::UnknownType(b'?'),
@@ -757,6 +765,21 @@ mod tests {
                 Some(limit) => assert_eq!(got, Err(ProtocolError::LimitExceeded(*limit)), "{name}"),
             }
         }
+    }
+
+    #[test]
+    fn limits_at_their_maximum_mean_no_limit_and_never_overflow() {
+        let limits = Limits {
+            max_bulk_len: usize::MAX,
+            max_array_len: usize::MAX,
+            max_depth: usize::MAX,
+            max_line_len: usize::MAX,
+        };
+        let got = parse(&Bytes::from_static(b"*1\r\n+OK\r\n"), &limits);
+        assert!(
+            matches!(got, Ok(Status::Complete { used: 9, .. })),
+            "{got:?}"
+        );
     }
 
     #[test]

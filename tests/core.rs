@@ -1,0 +1,744 @@
+//! Deterministic tests of the sans-IO core: a fake cluster of N scripted
+//! masters, in virtual time and without sockets, drives the real
+//! connection ([`Conn`]) and round ([`Round`]) logic through reply
+//! orderings, partial replies, late replies, NOSCRIPT, silence, disconnects
+//! and garbage, and checks every decision and validity figure.
+//!
+//! The fake masters answer the handshake (AUTH, SELECT, SCRIPT LOAD) as
+//! Redis does and answer each lock command as their script says. Time is a
+//! fixed base `Instant` plus virtual offsets: nothing here reads the clock
+//! after the start, so every run is the same.
+
+use std::collections::VecDeque;
+use std::io;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use redlock_mio::conn::{Cause, Conn, Op, Request, Timing};
+use redlock_mio::quorum::{Decision, Loss, Round, Validity, Vote};
+use redlock_mio::resp::{self, Limits, Reply};
+use redlock_mio::script::Scripts;
+use redlock_mio::token::TokenSource;
+
+const MS: Duration = Duration::from_millis(1);
+const TTL: Duration = Duration::from_secs(10);
+const ROUND_TIMEOUT: Duration = Duration::from_millis(50);
+
+/// What a fake master does with the next lock command it receives.
+#[derive(Debug, Clone)]
+enum Act {
+    /// Reply with these bytes after this delay, in pieces of `chunk` bytes
+    /// (each piece one more microsecond later).
+    Reply(&'static [u8], Duration, usize),
+    /// Never reply.
+    Silent,
+    /// Close the connection after this delay.
+    Close(Duration),
+}
+
+fn reply(bytes: &'static [u8], delay_ms: u64) -> Act {
+    Act::Reply(bytes, Duration::from_millis(delay_ms), usize::MAX)
+}
+
+const OK: &[u8] = b"+OK\r\n";
+const NIL: &[u8] = b"$-1\r\n";
+const ONE: &[u8] = b":1\r\n";
+const ZERO: &[u8] = b":0\r\n";
+const NOSCRIPT: &[u8] = b"-NOSCRIPT No matching script. Please use EVAL.\r\n";
+
+enum Delivery {
+    Bytes(Vec<u8>),
+    Close,
+}
+
+/// One scripted master.
+struct Master {
+    up: bool,
+    connect_delay: Duration,
+    script: VecDeque<Act>,
+    /// Bytes received and not yet parsed as commands.
+    inbox: BytesMut,
+    /// Every command received, first word upper-cased.
+    log: Vec<String>,
+    /// Bytes to deliver to the client, at virtual instants.
+    outbox: Vec<(Instant, Delivery)>,
+    connect_at: Option<Instant>,
+    connects: usize,
+    /// When the last reply was scheduled.
+    last_at: Instant,
+}
+
+impl Master {
+    fn new(script: Vec<Act>) -> Master {
+        Master {
+            up: true,
+            connect_delay: Duration::ZERO,
+            script: script.into(),
+            inbox: BytesMut::new(),
+            log: Vec::new(),
+            outbox: Vec::new(),
+            connect_at: None,
+            connects: 0,
+            last_at: Instant::now(),
+        }
+    }
+
+    fn receive(&mut self, bytes: &[u8], now: Instant) {
+        self.inbox.extend_from_slice(bytes);
+        let limits = Limits {
+            max_bulk_len: 1 << 20,
+            ..Limits::default()
+        };
+        while let Some(Reply::Array(args)) = resp::decode(&mut self.inbox, &limits).unwrap() {
+            let word = |i: usize| match args.get(i) {
+                Some(Reply::Bulk(b)) => String::from_utf8_lossy(b).to_uppercase(),
+                _ => String::new(),
+            };
+            let verb = word(0);
+            let name = if verb == "SCRIPT" {
+                format!("SCRIPT {}", word(1))
+            } else {
+                verb.clone()
+            };
+            self.log.push(name.clone());
+            let act = match name.as_str() {
+                "AUTH" | "SELECT" => reply(OK, 0),
+                "SCRIPT LOAD" => {
+                    let sha = sha_of(&args);
+                    self.outbox.push((now, Delivery::Bytes(sha)));
+                    continue;
+                }
+                _ => self.script.pop_front().unwrap_or(Act::Silent),
+            };
+            match act {
+                Act::Reply(bytes, delay, chunk) => {
+                    for (k, piece) in bytes.chunks(chunk.min(bytes.len()).max(1)).enumerate() {
+                        // A stream is FIFO: no reply overtakes an earlier one.
+                        let at = (now + delay + Duration::from_micros(k as u64)).max(self.last_at);
+                        self.last_at = at;
+                        self.outbox.push((at, Delivery::Bytes(piece.to_vec())));
+                    }
+                }
+                Act::Silent => {}
+                Act::Close(delay) => self.outbox.push((now + delay, Delivery::Close)),
+            }
+        }
+    }
+
+    fn next_delivery(&self) -> Option<Instant> {
+        self.outbox.iter().map(|(t, _)| *t).min()
+    }
+}
+
+/// The bulk reply SCRIPT LOAD gives: the SHA1 of the script source.
+fn sha_of(args: &[Reply]) -> Vec<u8> {
+    let Some(Reply::Bulk(source)) = args.get(2) else {
+        return b"-ERR bad\r\n".to_vec();
+    };
+    let text = String::from_utf8_lossy(source).into_owned();
+    let script = redlock_mio::script::Script::new(Box::leak(text.into_boxed_str()));
+    let mut out = b"$40\r\n".to_vec();
+    out.extend_from_slice(script.sha());
+    out.extend_from_slice(b"\r\n");
+    out
+}
+
+/// N scripted masters, their connections and a round, in virtual time.
+struct Sim {
+    now: Instant,
+    masters: Vec<Master>,
+    conns: Vec<Conn>,
+    round: Round,
+    tokens: TokenSource,
+}
+
+fn timing() -> Timing {
+    Timing {
+        connect: Duration::from_millis(200),
+        stall: Duration::from_millis(500),
+        backoff_min: Duration::from_millis(10),
+        backoff_max: Duration::from_millis(80),
+    }
+}
+
+impl Sim {
+    fn new(scripts: Vec<Vec<Act>>) -> Sim {
+        let now = Instant::now();
+        let masters: Vec<Master> = scripts.into_iter().map(Master::new).collect();
+        let conns = (0..masters.len())
+            .map(|i| {
+                let addr = format!("redis://127.0.0.1:{}", 7000 + i).parse().unwrap();
+                Conn::new(addr, Scripts::new(), Limits::default(), timing(), now)
+            })
+            .collect();
+        Sim {
+            now,
+            round: Round::new(masters.len(), Scripts::new(), now),
+            masters,
+            conns,
+            tokens: TokenSource::from_seed([7; 16]),
+        }
+    }
+
+    fn request(&mut self, op: Op) -> Request {
+        Request {
+            op,
+            resource: Bytes::from_static(b"sim:lock"),
+            token: self.tokens.next_token(),
+            ttl_ms: TTL.as_millis() as i64,
+        }
+    }
+
+    /// What the real driver's `prepare` does, with fake sockets.
+    fn prepare(&mut self) {
+        for (conn, master) in self.conns.iter_mut().zip(&mut self.masters) {
+            if conn.poll_connect(self.now) {
+                master.connects += 1;
+                if master.up {
+                    conn.handle_connect_started(self.now);
+                    master.connect_at = Some(self.now + master.connect_delay);
+                    master.inbox.clear();
+                    master.outbox.clear();
+                } else {
+                    conn.handle_failure(self.now, Cause::Connect(io::ErrorKind::ConnectionRefused));
+                }
+            }
+        }
+    }
+
+    /// Moves queued bytes from connections to their masters.
+    fn transmit(&mut self) {
+        for (i, (conn, master)) in self.conns.iter_mut().zip(&mut self.masters).enumerate() {
+            if conn.is_connecting() && master.connect_at.is_some_and(|t| t <= self.now) {
+                conn.handle_connected();
+            }
+            let bytes = conn.poll_transmit().to_vec();
+            if !bytes.is_empty() {
+                conn.handle_written(bytes.len());
+                master.receive(&bytes, self.now);
+            }
+            let _ = i;
+        }
+    }
+
+    /// Runs one round of `request` to its decision, as the real driver does.
+    /// Returns the virtual instant it ended.
+    fn run(&mut self, request: &Request) -> Instant {
+        self.run_for(request, ROUND_TIMEOUT)
+    }
+
+    /// As [`Sim::run`], with a round deadline of `timeout`.
+    fn run_for(&mut self, request: &Request, timeout: Duration) -> Instant {
+        self.prepare();
+        self.round
+            .start(&mut self.conns, request, self.now, timeout);
+        loop {
+            self.transmit();
+            if self.round.poll_decision().is_some() {
+                break;
+            }
+            let deadline = self.round.poll_timeout(&self.conns);
+            let next = self
+                .masters
+                .iter()
+                .filter_map(Master::next_delivery)
+                .chain(
+                    self.masters
+                        .iter()
+                        .filter_map(|m| m.connect_at.filter(|t| *t > self.now)),
+                )
+                .fold(deadline, Instant::min);
+            self.now = self.now.max(next);
+            self.deliver();
+            self.round.handle_timeout(&mut self.conns, self.now);
+        }
+        self.round.finish(&mut self.conns);
+        self.now
+    }
+
+    /// Lets virtual time pass between operations. As with the real driver,
+    /// nothing is read meanwhile: replies wait in the "socket" (the master's
+    /// outbox) until the next round polls.
+    fn advance(&mut self, by: Duration) {
+        self.now += by;
+    }
+
+    fn deliver(&mut self) {
+        for i in 0..self.masters.len() {
+            let due: Vec<Delivery> = {
+                let outbox = &mut self.masters[i].outbox;
+                let (due, later): (Vec<_>, Vec<_>) =
+                    outbox.drain(..).partition(|(t, _)| *t <= self.now);
+                *outbox = later;
+                due.into_iter().map(|(_, d)| d).collect()
+            };
+            for delivery in due {
+                match delivery {
+                    Delivery::Bytes(bytes) => {
+                        if !self.conns[i].is_down() {
+                            self.conns[i].handle_input(&bytes);
+                            self.round.handle_input(&mut self.conns, i, self.now);
+                        }
+                    }
+                    Delivery::Close => {
+                        self.masters[i].outbox.clear();
+                        if !self.conns[i].is_down() {
+                            self.round
+                                .handle_failure(&mut self.conns, i, self.now, Cause::Closed);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn votes(&self) -> Vec<Vote> {
+        self.round.votes().to_vec()
+    }
+}
+
+fn acquire_round(scripts: Vec<Vec<Act>>) -> (Sim, Instant, Instant) {
+    let mut sim = Sim::new(scripts);
+    let started = sim.now;
+    let request = sim.request(Op::Acquire);
+    let ended = sim.run(&request);
+    (sim, started, ended)
+}
+
+#[test]
+fn a_quorum_of_grants_wins_at_the_second_reply_with_the_spec_validity() {
+    let (sim, started, ended) = acquire_round(vec![
+        vec![reply(OK, 1)],
+        vec![reply(OK, 3)],
+        vec![reply(OK, 9)],
+    ]);
+    assert_eq!(sim.round.poll_decision(), Some(Decision::Won));
+    assert_eq!(
+        ended - started,
+        3 * MS,
+        "decided at the quorum, not the last reply"
+    );
+    assert_eq!(
+        sim.votes(),
+        vec![Vote::Granted, Vote::Granted, Vote::Pending]
+    );
+    // validity = ttl - elapsed - (ttl * 0.01 + 2 ms) = 10000 - 3 - 102 ms.
+    let validity = Validity::compute(TTL, started, ended, 0.01).unwrap();
+    assert_eq!(validity.remaining, Duration::from_millis(9_895));
+    assert_eq!(validity.deadline, started + Duration::from_millis(9_898));
+}
+
+#[test]
+fn every_ordering_of_replies_gives_the_same_decision() {
+    let cases: &[(&str, [&'static [u8]; 3], Decision, Option<Loss>)] = &[
+        ("three grants", [OK, OK, OK], Decision::Won, None),
+        (
+            "two grants and a refusal",
+            [OK, OK, NIL],
+            Decision::Won,
+            None,
+        ),
+        (
+            "one grant and two refusals",
+            [OK, NIL, NIL],
+            Decision::Lost,
+            Some(Loss::Refused),
+        ),
+        (
+            "three refusals",
+            [NIL, NIL, NIL],
+            Decision::Lost,
+            Some(Loss::Refused),
+        ),
+        (
+            "one grant, one refusal, one error",
+            [OK, NIL, b"-OOM command not allowed\r\n"],
+            Decision::Lost,
+            Some(Loss::Refused),
+        ),
+        (
+            "one grant, two errors",
+            [OK, b"-ERR x\r\n", b"-ERR y\r\n"],
+            Decision::Lost,
+            Some(Loss::Unreachable),
+        ),
+    ];
+    let orders = [
+        [1, 2, 3],
+        [1, 3, 2],
+        [2, 1, 3],
+        [2, 3, 1],
+        [3, 1, 2],
+        [3, 2, 1],
+    ];
+    for (name, replies, want, loss) in cases {
+        for order in orders {
+            let scripts = (0..3).map(|i| vec![reply(replies[i], order[i])]).collect();
+            let (sim, _, _) = acquire_round(scripts);
+            assert_eq!(
+                sim.round.poll_decision(),
+                Some(*want),
+                "{name}, order {order:?}"
+            );
+            if let Some(loss) = loss {
+                assert_eq!(sim.round.loss(), *loss, "{name}, order {order:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn replies_split_into_single_bytes_decide_the_same() {
+    let split = |bytes| Act::Reply(bytes, MS, 1);
+    let (sim, started, ended) =
+        acquire_round(vec![vec![split(OK)], vec![split(NIL)], vec![split(OK)]]);
+    assert_eq!(sim.round.poll_decision(), Some(Decision::Won));
+    assert_eq!(
+        sim.votes(),
+        vec![Vote::Granted, Vote::Refused, Vote::Granted]
+    );
+    // The last byte of "+OK\r\n" arrives 4 µs after the first.
+    assert_eq!(ended - started, MS + Duration::from_micros(4));
+}
+
+#[test]
+fn silent_masters_time_out_at_the_round_deadline() {
+    let (sim, started, ended) = acquire_round(vec![
+        vec![reply(OK, 1)],
+        vec![Act::Silent],
+        vec![Act::Silent],
+    ]);
+    assert_eq!(sim.round.poll_decision(), Some(Decision::Lost));
+    assert_eq!(ended - started, ROUND_TIMEOUT);
+    assert_eq!(
+        sim.votes(),
+        vec![
+            Vote::Granted,
+            Vote::Failed(Cause::Timeout),
+            Vote::Failed(Cause::Timeout)
+        ]
+    );
+    assert_eq!(sim.round.loss(), Loss::Unreachable);
+}
+
+#[test]
+fn one_silent_master_does_not_hold_the_caller() {
+    let (sim, started, ended) = acquire_round(vec![
+        vec![Act::Silent],
+        vec![reply(OK, 2)],
+        vec![reply(OK, 4)],
+    ]);
+    assert_eq!(sim.round.poll_decision(), Some(Decision::Won));
+    assert_eq!(ended - started, 4 * MS);
+}
+
+#[test]
+fn a_reply_after_the_decision_is_dropped_not_matched_to_the_next_request() {
+    // Master 2 grants the acquire late, during the release that follows,
+    // and then answers that release with 0.
+    let mut sim = Sim::new(vec![
+        vec![reply(OK, 1), reply(ONE, 40)],
+        vec![reply(OK, 2), reply(ONE, 40)],
+        vec![reply(OK, 30), reply(ZERO, 1)],
+    ]);
+    let acquire = sim.request(Op::Acquire);
+    sim.run(&acquire);
+    assert_eq!(sim.votes()[2], Vote::Pending);
+    let release = Request {
+        op: Op::Release,
+        ..acquire.clone()
+    };
+    let started = sim.now;
+    let ended = sim.run(&release);
+    assert_eq!(ended - started, 40 * MS);
+    // Had the late +OK been matched to the release, master 2 would read as
+    // a failure (an unexpected reply to a script), not as the 0 it sent.
+    assert_eq!(
+        sim.votes(),
+        vec![Vote::Granted, Vote::Granted, Vote::Refused]
+    );
+    assert_eq!(sim.conns[2].in_flight(), 0);
+}
+
+#[test]
+fn noscript_is_answered_with_eval_on_that_connection_only() {
+    let mut sim = Sim::new(vec![
+        vec![reply(NOSCRIPT, 1), reply(ONE, 1)],
+        vec![reply(ONE, 1)],
+        vec![reply(ONE, 5)],
+    ]);
+    let release = sim.request(Op::Release);
+    sim.run(&release);
+    assert_eq!(sim.round.poll_decision(), Some(Decision::Won));
+    assert_eq!(
+        sim.votes()[0],
+        Vote::Granted,
+        "the caller never sees NOSCRIPT"
+    );
+    let commands = |i: usize| {
+        sim.masters[i]
+            .log
+            .iter()
+            .filter(|c| c.starts_with("EVAL"))
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(commands(0), vec!["EVALSHA", "EVAL"]);
+    assert_eq!(commands(1), vec!["EVALSHA"]);
+}
+
+#[test]
+fn a_second_noscript_is_a_failed_vote_not_a_loop() {
+    // A broken master that answers NOSCRIPT even to EVAL.
+    let mut sim = Sim::new(vec![
+        vec![reply(NOSCRIPT, 1), reply(NOSCRIPT, 1)],
+        vec![reply(ONE, 10)],
+        vec![reply(ONE, 10)],
+    ]);
+    let extend = sim.request(Op::Extend);
+    sim.run(&extend);
+    assert_eq!(sim.round.poll_decision(), Some(Decision::Won));
+    assert!(
+        matches!(&sim.votes()[0], Vote::Failed(Cause::Server(msg)) if msg.starts_with(b"NOSCRIPT")),
+        "{:?}",
+        sim.votes()
+    );
+    let sent: Vec<&String> = sim.masters[0]
+        .log
+        .iter()
+        .filter(|c| c.starts_with("EVAL"))
+        .collect();
+    assert_eq!(sent, ["EVALSHA", "EVAL"]);
+}
+
+#[test]
+fn the_handshake_goes_out_in_the_first_write_with_the_request() {
+    let (sim, _, _) = acquire_round(vec![vec![reply(OK, 1)]]);
+    assert_eq!(
+        sim.masters[0].log,
+        vec!["SCRIPT LOAD", "SCRIPT LOAD", "SET"]
+    );
+    let mut with_auth = Sim::new(vec![vec![reply(OK, 1)]]);
+    with_auth.conns[0] = Conn::new(
+        "redis://alice:pw@127.0.0.1:7000/3".parse().unwrap(),
+        Scripts::new(),
+        Limits::default(),
+        timing(),
+        with_auth.now,
+    );
+    let request = with_auth.request(Op::Acquire);
+    with_auth.run(&request);
+    assert_eq!(
+        with_auth.masters[0].log,
+        vec!["AUTH", "SELECT", "SCRIPT LOAD", "SCRIPT LOAD", "SET"]
+    );
+    assert_eq!(with_auth.round.poll_decision(), Some(Decision::Won));
+}
+
+#[test]
+fn a_disconnect_is_one_failed_vote_and_the_next_use_reconnects() {
+    let mut sim = Sim::new(vec![
+        vec![Act::Close(MS), reply(OK, 1)],
+        vec![reply(OK, 2)],
+        vec![reply(OK, 3)],
+    ]);
+    let first = sim.request(Op::Acquire);
+    sim.run(&first);
+    assert_eq!(
+        sim.votes(),
+        vec![Vote::Failed(Cause::Closed), Vote::Granted, Vote::Granted]
+    );
+    assert!(sim.conns[0].is_down());
+    let second = sim.request(Op::Acquire);
+    sim.run(&second);
+    assert_eq!(
+        sim.masters[0].connects, 2,
+        "reconnected at once: it had been healthy"
+    );
+    assert_eq!(sim.votes()[0], Vote::Granted);
+}
+
+#[test]
+fn a_dead_master_costs_no_connect_attempt_during_its_backoff() {
+    let mut sim = Sim::new(vec![
+        vec![reply(OK, 1); 8],
+        vec![reply(OK, 1); 8],
+        vec![reply(OK, 1); 8],
+    ]);
+    sim.masters[2].up = false;
+    for _ in 0..4 {
+        let request = sim.request(Op::Acquire);
+        sim.run(&request);
+        assert_eq!(sim.round.poll_decision(), Some(Decision::Won));
+        sim.advance(MS);
+    }
+    // Four rounds within the first 10 ms backoff: one connect attempt.
+    assert_eq!(sim.masters[2].connects, 1);
+    assert!(
+        matches!(sim.votes()[2], Vote::Failed(Cause::Backoff(_))),
+        "{:?}",
+        sim.votes()[2]
+    );
+    // Once the backoff has run out the master is tried again, and it is back.
+    sim.masters[2].up = true;
+    sim.advance(20 * MS);
+    let request = sim.request(Op::Acquire);
+    sim.run(&request);
+    assert_eq!(sim.masters[2].connects, 2);
+    assert_eq!(sim.votes()[2], Vote::Granted);
+}
+
+#[test]
+fn garbage_from_a_master_is_a_protocol_failure() {
+    let garbage = Act::Reply(b"HTTP/1.1 400 Bad Request\r\n", MS, usize::MAX);
+    let (sim, _, _) = acquire_round(vec![
+        vec![garbage.clone()],
+        vec![reply(OK, 2)],
+        vec![reply(OK, 3)],
+    ]);
+    assert_eq!(sim.round.poll_decision(), Some(Decision::Won));
+    assert!(matches!(&sim.votes()[0], Vote::Failed(Cause::Protocol(_))));
+    assert!(sim.conns[0].is_down());
+    let (sim, _, _) = acquire_round(vec![vec![garbage], vec![Act::Silent]]);
+    assert_eq!(sim.round.poll_decision(), Some(Decision::Lost));
+    assert_eq!(sim.round.loss(), Loss::Protocol);
+}
+
+#[test]
+fn requests_queued_on_a_connection_still_connecting_are_dropped_when_the_round_ends() {
+    let mut sim = Sim::new(vec![
+        vec![reply(OK, 1)],
+        vec![reply(OK, 1)],
+        vec![reply(OK, 1)],
+    ]);
+    sim.masters[2].connect_delay = 100 * MS;
+    let request = sim.request(Op::Acquire);
+    sim.run(&request);
+    assert_eq!(sim.round.poll_decision(), Some(Decision::Won));
+    // The connect finishes long after the round: only the handshake goes out.
+    sim.advance(150 * MS);
+    sim.transmit();
+    assert_eq!(sim.masters[2].log, vec!["SCRIPT LOAD", "SCRIPT LOAD"]);
+}
+
+#[test]
+fn a_connect_slower_than_the_connect_timeout_fails() {
+    let mut sim = Sim::new(vec![vec![reply(OK, 1)]]);
+    sim.masters[0].connect_delay = 10 * ROUND_TIMEOUT;
+    let request = sim.request(Op::Acquire);
+    sim.run(&request);
+    assert_eq!(sim.votes(), vec![Vote::Failed(Cause::Timeout)]);
+    sim.advance(timing().connect);
+    // The limit is applied within the next round, after a poll.
+    let request = sim.request(Op::Acquire);
+    sim.run(&request);
+    assert_eq!(sim.votes(), vec![Vote::Failed(Cause::ConnectTimeout)]);
+    // The round after that finds the master in backoff, and tries nothing.
+    let request = sim.request(Op::Acquire);
+    sim.run(&request);
+    assert_eq!(sim.masters[0].connects, 1);
+    assert!(
+        matches!(&sim.votes()[0], Vote::Failed(Cause::Backoff(c)) if **c == Cause::ConnectTimeout),
+        "{:?}",
+        sim.votes()
+    );
+}
+
+#[test]
+fn a_stalled_connection_is_dropped_after_the_stall_limit() {
+    let mut sim = Sim::new(vec![vec![Act::Silent, reply(OK, 1), reply(OK, 1)]]);
+    let request = sim.request(Op::Acquire);
+    sim.run(&request);
+    assert_eq!(sim.votes(), vec![Vote::Failed(Cause::Timeout)]);
+    assert!(
+        !sim.conns[0].is_down(),
+        "one timeout alone keeps the connection"
+    );
+    sim.advance(timing().stall);
+    // The next round finds the first request still unanswered past the
+    // stall limit: that connection is dropped...
+    let request = sim.request(Op::Acquire);
+    sim.run(&request);
+    assert_eq!(sim.votes(), vec![Vote::Failed(Cause::Stalled)]);
+    // ... and the one after reconnects at once and is answered.
+    let request = sim.request(Op::Acquire);
+    sim.run(&request);
+    assert_eq!(
+        sim.masters[0].connects, 2,
+        "the stalled connection was replaced"
+    );
+    assert_eq!(sim.votes(), vec![Vote::Granted]);
+}
+
+#[test]
+fn replies_waiting_in_the_socket_are_read_before_the_stall_limit_is_applied() {
+    // The late reply arrives while the client is idle; the next round comes
+    // after the stall limit, and must read it rather than drop the
+    // connection as stalled.
+    let mut sim = Sim::new(vec![
+        vec![reply(OK, 1), reply(ONE, 1)],
+        vec![reply(OK, 1), reply(ONE, 1)],
+        vec![reply(OK, 20), reply(ONE, 1)],
+    ]);
+    let acquire = sim.request(Op::Acquire);
+    sim.run(&acquire);
+    sim.advance(2 * timing().stall);
+    let release = Request {
+        op: Op::Release,
+        ..acquire
+    };
+    sim.run(&release);
+    assert_eq!(sim.round.poll_decision(), Some(Decision::Won));
+    assert_eq!(
+        sim.masters.iter().map(|m| m.connects).collect::<Vec<_>>(),
+        vec![1, 1, 1]
+    );
+}
+
+#[test]
+fn a_quorum_that_arrives_too_late_leaves_no_validity() {
+    // ttl 10 s, drift 102 ms: replies after 9898 ms leave nothing. The
+    // round's own deadline is the per-instance timeout, so use one as long
+    // as the TTL to let the slow replies count.
+    let mut sim = Sim::new(vec![
+        vec![reply(OK, 9_899)],
+        vec![reply(OK, 9_899)],
+        vec![Act::Silent],
+    ]);
+    let patient = Timing {
+        stall: 2 * TTL,
+        ..timing()
+    };
+    for (i, conn) in sim.conns.iter_mut().enumerate() {
+        let addr = format!("redis://127.0.0.1:{}", 7000 + i).parse().unwrap();
+        *conn = Conn::new(addr, Scripts::new(), Limits::default(), patient, sim.now);
+    }
+    let started = sim.now;
+    let request = sim.request(Op::Acquire);
+    sim.run_for(&request, TTL);
+    assert_eq!(sim.round.poll_decision(), Some(Decision::Won));
+    assert_eq!(Validity::compute(TTL, started, sim.now, 0.01), None);
+    assert!(Validity::compute(TTL, started, sim.now - 2 * MS, 0.01).is_some());
+}
+
+#[test]
+fn five_masters_need_three() {
+    let (sim, _, _) = acquire_round(vec![
+        vec![reply(OK, 1)],
+        vec![reply(NIL, 1)],
+        vec![Act::Silent],
+        vec![reply(OK, 2)],
+        vec![reply(OK, 5)],
+    ]);
+    assert_eq!(sim.round.quorum(), 3);
+    assert_eq!(sim.round.poll_decision(), Some(Decision::Won));
+    let (sim, _, _) = acquire_round(vec![
+        vec![reply(OK, 1)],
+        vec![reply(NIL, 1)],
+        vec![Act::Close(MS)],
+        vec![reply(OK, 2)],
+        vec![reply(NIL, 5)],
+    ]);
+    assert_eq!(sim.round.poll_decision(), Some(Decision::Lost));
+    assert_eq!(sim.round.loss(), Loss::Refused);
+}
