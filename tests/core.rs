@@ -330,7 +330,9 @@ fn a_quorum_of_grants_wins_at_the_second_reply_with_the_spec_validity() {
 
 #[test]
 fn every_ordering_of_replies_gives_the_same_decision() {
-    let cases: &[(&str, [&'static [u8]; 3], Decision, Option<Loss>)] = &[
+    /// Name, each master's reply, the decision, and why it was lost.
+    type Case = (&'static str, [&'static [u8]; 3], Decision, Option<Loss>);
+    let cases: &[Case] = &[
         ("three grants", [OK, OK, OK], Decision::Won, None),
         (
             "two grants and a refusal",
