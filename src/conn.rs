@@ -291,6 +291,13 @@ impl Conn {
         matches!(self.state, State::Connecting { .. })
     }
 
+    /// Bytes of buffer memory this connection holds (read and write
+    /// buffers' capacities). Bounded: replies are parsed as they arrive and
+    /// a partial one cannot exceed the parser's limits.
+    pub fn buffer_capacity(&self) -> usize {
+        self.inbuf.capacity() + self.out.capacity()
+    }
+
     /// How many requests (handshake included) await a reply.
     pub fn in_flight(&self) -> usize {
         self.in_flight.len()

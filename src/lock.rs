@@ -705,6 +705,25 @@ impl Redlock {
         Err(self.verdict(Op::Extend, decision, first, 1))
     }
 
+    /// Connects every master that is not connected (and not in reconnect
+    /// backoff) and waits, at most `timeout`, for their handshakes, so that
+    /// the first operation does not spend its per-instance timeout on
+    /// connecting. Returns how many masters are connected afterwards.
+    pub fn warm_up(&mut self, timeout: Duration) -> usize {
+        self.driver.prepare(&mut self.conns, Instant::now());
+        self.settle(timeout);
+        self.conns
+            .iter()
+            .filter(|c| !c.is_down() && !c.is_connecting())
+            .count()
+    }
+
+    /// Bytes of buffer memory held by all connections: stays bounded
+    /// whatever the masters send.
+    pub fn buffer_capacity(&self) -> usize {
+        self.conns.iter().map(Conn::buffer_capacity).sum()
+    }
+
     /// Finishes what earlier operations left in flight: reads every late
     /// reply and answers a late `-NOSCRIPT` (after `SCRIPT FLUSH` on a
     /// master) with EVAL, waiting at most `timeout`. Returns how many

@@ -1436,3 +1436,15 @@ fn an_idle_client_keeps_its_connections() {
         );
     }
 }
+
+#[test]
+fn warm_up_connects_every_live_master_before_the_first_operation() {
+    let mut masters = cluster(3);
+    masters[2].kill().unwrap_or_else(|e| panic!("{e}"));
+    let mut redlock = client(&masters.urls());
+    assert_eq!(redlock.warm_up(WAIT), 2, "the two live masters");
+    let lock = redlock
+        .try_acquire("warm", TTL)
+        .unwrap_or_else(|e| panic!("{e}"));
+    redlock.release(&lock).unwrap_or_else(|e| panic!("{e}"));
+}
