@@ -464,10 +464,11 @@ impl Conn {
     /// The driver wrote the first `n` bytes of [`Conn::poll_transmit`].
     pub fn handle_written(&mut self, n: usize) {
         let n = n.min(self.out.len());
-        let _ = self.out.split_to(n);
-        if self.out.is_empty() {
-            // Keeps the buffer's allocation for the next request.
+        if n == self.out.len() {
+            // Rewinds to the start of the same allocation.
             self.out.clear();
+        } else {
+            bytes::Buf::advance(&mut self.out, n);
         }
     }
 

@@ -11,7 +11,7 @@
 
 use std::io::{self, Read, Write};
 use std::net::ToSocketAddrs;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use mio::net::{TcpStream, UnixStream};
 use mio::{Events, Interest, Poll, Token};
@@ -114,19 +114,25 @@ impl Driver {
         }
     }
 
-    /// Runs `round` until it is decided or its deadline passes, and returns
-    /// the instant it ended (for the validity arithmetic).
-    pub fn run(&mut self, conns: &mut [Conn], round: &mut Round) -> Instant {
+    /// Runs `round` until every slot is decided or its deadline passes, and
+    /// returns the instant it ended. With `spin`, polls with a zero timeout
+    /// (a busy wait on one core) instead of sleeping in the kernel until a
+    /// reply arrives: lower latency, a core's worth of CPU.
+    pub fn run(&mut self, conns: &mut [Conn], round: &mut Round, spin: bool) -> Instant {
         let mut now = Instant::now();
         loop {
             self.flush(conns, round, now);
-            if round.poll_decision().is_some() {
+            if round.is_decided() {
                 return now;
             }
             // A deadline already past polls with a zero timeout: replies
             // waiting in the sockets are read before any limit is applied.
             let deadline = round.poll_timeout(conns);
-            let timeout = deadline.saturating_duration_since(now);
+            let timeout = if spin {
+                Duration::ZERO
+            } else {
+                deadline.saturating_duration_since(now)
+            };
             if let Err(e) = self.poll.poll(&mut self.events, Some(timeout))
                 && e.kind() != io::ErrorKind::Interrupted
             {

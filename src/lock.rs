@@ -112,6 +112,10 @@ pub struct Config {
     pub max_extensions: Option<u32>,
     /// Parser limits for replies.
     pub limits: Limits,
+    /// Busy-wait for replies (poll with a zero timeout) instead of sleeping
+    /// in the kernel: lower latency for a core's worth of CPU while a round
+    /// waits. Default off.
+    pub spin: bool,
 }
 
 impl Config {
@@ -147,6 +151,7 @@ impl Config {
             retry: Retry::default(),
             max_extensions: None,
             limits: Limits::default(),
+            spin: false,
         })
     }
 
@@ -477,6 +482,8 @@ pub struct Redlock {
     driver: Driver,
     tokens: TokenSource,
     jitter: SplitMix64,
+    /// Reused request list for batches.
+    batch: Vec<Request>,
 }
 
 impl Redlock {
@@ -528,6 +535,7 @@ impl Redlock {
             driver: Driver::new(n).map_err(|e| Error::Os(e.kind()))?,
             tokens: TokenSource::new().map_err(|_| Error::Os(io::ErrorKind::Other))?,
             jitter: SplitMix64(u64::from_le_bytes(seed)),
+            batch: Vec::new(),
             config,
         })
     }
@@ -614,13 +622,11 @@ impl Redlock {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            let round_timeout = self.config.per_instance_timeout.min(ttl);
-            let ended = self.run_round(&request, round_timeout);
-            let decision = self.round.poll_decision();
-            if decision == Some(Decision::Won)
-                && let Some(validity) =
-                    Validity::compute(ttl, self.round.started(), ended, self.config.drift_factor)
-            {
+            self.run_round(
+                std::slice::from_ref(&request),
+                self.config.per_instance_timeout.min(ttl),
+            );
+            if let Some(validity) = self.validity(0, ttl) {
                 return Ok(Lock {
                     resource: request.resource,
                     token: request.token,
@@ -629,11 +635,11 @@ impl Redlock {
                     extensions: 0,
                 });
             }
-            let error = self.verdict(Op::Acquire, decision, first, attempt);
+            let error = self.verdict(Op::Acquire, 0, first, attempt);
             // The SET may have taken effect where no reply came back: release
             // on every master, without waiting for the answers.
             request.op = Op::Release;
-            self.send_only(&request);
+            self.send_only(std::slice::from_ref(&request));
             request.op = Op::Acquire;
             let now = Instant::now();
             let wait = self.jitter.between(retry.delay / 2, retry.delay);
@@ -644,6 +650,92 @@ impl Redlock {
             std::thread::sleep(wait);
             request.token = self.tokens.next_token();
         }
+    }
+
+    /// One attempt to acquire each of `resources` for `ttl`, all in one
+    /// pass: each master gets every `SET` in one write, and each resource
+    /// gets its own quorum decision, validity and result, in the order
+    /// given. Resources that were not acquired are released on every master
+    /// as after [`Redlock::try_acquire`].
+    ///
+    /// # Errors
+    /// The outer error is [`Error::Config`] for a TTL under 1 ms or over
+    /// [`MAX_TTL_MS`]; each inner result is as [`Redlock::try_acquire`]'s.
+    pub fn try_acquire_batch<I>(
+        &mut self,
+        resources: I,
+        ttl: Duration,
+    ) -> Result<Vec<Result<Lock, Error>>, Error>
+    where
+        I: IntoIterator,
+        I::Item: Into<Bytes>,
+    {
+        let ttl_ms = checked_ttl(ttl)?;
+        let ttl = Duration::from_millis(ttl_ms);
+        let mut requests = std::mem::take(&mut self.batch);
+        requests.clear();
+        for resource in resources {
+            requests.push(Request {
+                op: Op::Acquire,
+                resource: resource.into(),
+                token: self.tokens.next_token(),
+                ttl_ms: ttl_ms as i64,
+            });
+        }
+        let first = Instant::now();
+        let mut results = Vec::with_capacity(requests.len());
+        if !requests.is_empty() {
+            self.run_round(&requests, self.config.per_instance_timeout.min(ttl));
+        }
+        for (slot, request) in requests.iter().enumerate() {
+            results.push(match self.validity(slot, ttl) {
+                Some(validity) => Ok(Lock {
+                    resource: request.resource.clone(),
+                    token: request.token,
+                    ttl,
+                    deadline: validity.deadline,
+                    extensions: 0,
+                }),
+                None => Err(self.verdict(Op::Acquire, slot, first, 1)),
+            });
+        }
+        let mut slot = 0;
+        requests.retain_mut(|request| {
+            request.op = Op::Release;
+            slot += 1;
+            results[slot - 1].is_err()
+        });
+        if !requests.is_empty() {
+            self.send_only(&requests);
+        }
+        self.batch = requests;
+        Ok(results)
+    }
+
+    /// Releases each of `locks` on every master, all in one pass: one write
+    /// per master, one quorum decision per lock, one result per lock in the
+    /// order given (each as [`Redlock::release`]'s).
+    pub fn release_batch(&mut self, locks: &[Lock]) -> Vec<Result<(), Error>> {
+        let mut requests = std::mem::take(&mut self.batch);
+        requests.clear();
+        requests.extend(locks.iter().map(|lock| Request {
+            op: Op::Release,
+            resource: lock.resource.clone(),
+            token: lock.token,
+            ttl_ms: 0,
+        }));
+        let first = Instant::now();
+        if !requests.is_empty() {
+            self.run_round(&requests, self.config.per_instance_timeout);
+        }
+        let results = (0..requests.len())
+            .map(|slot| match self.round.decision(slot) {
+                Some(Decision::Won) => Ok(()),
+                _ => Err(self.verdict(Op::Release, slot, first, 1)),
+            })
+            .collect();
+        self.batch = requests;
+        results
     }
 
     /// Releases `lock` on every master, whatever each answered before.
@@ -660,10 +752,13 @@ impl Redlock {
             ttl_ms: 0,
         };
         let first = Instant::now();
-        self.run_round(&request, self.config.per_instance_timeout);
-        match self.round.poll_decision() {
+        self.run_round(
+            std::slice::from_ref(&request),
+            self.config.per_instance_timeout,
+        );
+        match self.round.decision(0) {
             Some(Decision::Won) => Ok(()),
-            decision => Err(self.verdict(Op::Release, decision, first, 1)),
+            _ => Err(self.verdict(Op::Release, 0, first, 1)),
         }
     }
 
@@ -691,18 +786,17 @@ impl Redlock {
             ttl_ms: ttl_ms as i64,
         };
         let first = Instant::now();
-        let ended = self.run_round(&request, self.config.per_instance_timeout.min(ttl));
-        let decision = self.round.poll_decision();
-        if decision == Some(Decision::Won)
-            && let Some(validity) =
-                Validity::compute(ttl, self.round.started(), ended, self.config.drift_factor)
-        {
+        self.run_round(
+            std::slice::from_ref(&request),
+            self.config.per_instance_timeout.min(ttl),
+        );
+        if let Some(validity) = self.validity(0, ttl) {
             lock.deadline = validity.deadline;
             lock.ttl = ttl;
             lock.extensions += 1;
             return Ok(());
         }
-        Err(self.verdict(Op::Extend, decision, first, 1))
+        Err(self.verdict(Op::Extend, 0, first, 1))
     }
 
     /// Connects every master that is not connected (and not in reconnect
@@ -742,35 +836,49 @@ impl Redlock {
             .settle(&mut self.conns, &mut self.round, deadline)
     }
 
-    fn run_round(&mut self, request: &Request, timeout: Duration) -> Instant {
+    fn run_round(&mut self, requests: &[Request], timeout: Duration) {
         let now = Instant::now();
         self.driver.prepare(&mut self.conns, now);
-        self.round.start(&mut self.conns, request, now, timeout);
-        let ended = self.driver.run(&mut self.conns, &mut self.round);
+        self.round.start(&mut self.conns, requests, now, timeout);
+        self.driver
+            .run(&mut self.conns, &mut self.round, self.config.spin);
         self.round.finish(&mut self.conns);
-        ended
     }
 
-    fn send_only(&mut self, request: &Request) {
+    fn send_only(&mut self, requests: &[Request]) {
         let now = Instant::now();
         self.driver.prepare(&mut self.conns, now);
         self.round
-            .start(&mut self.conns, request, now, Duration::ZERO);
+            .start(&mut self.conns, requests, now, Duration::ZERO);
         self.driver.send(&mut self.conns, &mut self.round);
         self.round.finish(&mut self.conns);
     }
 
-    /// Turns a round that did not produce a lock into the error that says
-    /// why.
-    fn verdict(&self, op: Op, decision: Option<Decision>, first: Instant, attempts: u32) -> Error {
+    /// The validity `slot` of the last round won, if it won with some left.
+    fn validity(&self, slot: usize, ttl: Duration) -> Option<Validity> {
+        if self.round.decision(slot) != Some(Decision::Won) {
+            return None;
+        }
+        let decided_at = self.round.decided_at(slot)?;
+        Validity::compute(
+            ttl,
+            self.round.started(),
+            decided_at,
+            self.config.drift_factor,
+        )
+    }
+
+    /// Turns a slot of the last round that did not produce a lock into the
+    /// error that says why.
+    fn verdict(&self, op: Op, slot: usize, first: Instant, attempts: u32) -> Error {
         let failure = Failure {
             quorum: self.round.quorum(),
-            granted: self.round.granted(),
-            refused: self.round.refused(),
+            granted: self.round.granted(slot),
+            refused: self.round.refused(slot),
             votes: self
                 .names
                 .iter()
-                .zip(self.round.votes())
+                .zip(self.round.votes(slot))
                 .map(|(server, vote)| MasterVote {
                     server: Arc::clone(server),
                     vote: vote.clone(),
@@ -779,10 +887,10 @@ impl Redlock {
             elapsed: first.elapsed(),
             attempts,
         };
-        if decision == Some(Decision::Won) {
+        if self.round.decision(slot) == Some(Decision::Won) {
             return Error::ValidityExpired(failure);
         }
-        match self.round.loss() {
+        match self.round.loss(slot) {
             Loss::Protocol => Error::Protocol(failure),
             Loss::Unreachable => Error::NoQuorum(failure),
             Loss::Refused if op == Op::Acquire => Error::Held(failure),

@@ -98,19 +98,39 @@ impl Validity {
     }
 }
 
-/// One request sent to every master, and the votes it collects. Reused
-/// from round to round so that a steady-state round allocates nothing.
+/// The votes one request (one slot of a round) collected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Tally {
+    granted: usize,
+    refused: usize,
+    failed: usize,
+    decided_at: Option<Instant>,
+}
+
+const EMPTY: Tally = Tally {
+    granted: 0,
+    refused: 0,
+    failed: 0,
+    decided_at: None,
+};
+
+/// K requests (slots) sent to every master in one pass, and the votes they
+/// collect: one quorum decision per slot. A single operation is a round of
+/// one slot; a batch puts K pipelined commands in one write per master.
+/// Reused from round to round so that a steady-state round allocates
+/// nothing.
 #[derive(Debug)]
 pub struct Round {
     id: u64,
     op: Op,
+    n: usize,
     quorum: usize,
     started: Instant,
     deadline: Instant,
+    /// `votes[slot * n + master]`.
     votes: Vec<Vote>,
-    granted: usize,
-    refused: usize,
-    failed: usize,
+    tallies: Vec<Tally>,
+    undecided: usize,
     wire: BytesMut,
     scripts: Scripts,
 }
@@ -121,45 +141,50 @@ impl Round {
         Round {
             id: 0,
             op: Op::Acquire,
+            n,
             quorum: quorum(n),
             started: now,
             deadline: now,
             votes: vec![Vote::Pending; n],
-            granted: 0,
-            refused: 0,
-            failed: 0,
+            tallies: vec![EMPTY],
+            undecided: 0,
             wire: BytesMut::with_capacity(512),
             scripts,
         }
     }
 
-    /// Encodes `request` once and queues it on every connection. A master
-    /// that is down gets its failed vote at once. Replies are awaited until
-    /// `now + timeout`.
+    /// Encodes `requests` once and queues all of them on every connection,
+    /// so that each master gets them in one write. A master that is down
+    /// gets its failed votes at once. Replies are awaited until
+    /// `now + timeout`. All requests must have the same [`Op`].
     pub fn start(
         &mut self,
         conns: &mut [Conn],
-        request: &Request,
+        requests: &[Request],
         now: Instant,
         timeout: Duration,
     ) {
         self.id = self.id.wrapping_add(1);
-        self.op = request.op;
+        self.op = requests.first().map_or(Op::Acquire, |r| r.op);
         self.started = now;
         self.deadline = now.checked_add(timeout).unwrap_or(now);
-        self.granted = 0;
-        self.refused = 0;
-        self.failed = 0;
-        self.wire.clear();
-        request.encode(&self.scripts, &mut self.wire);
-        let tag = Tag {
-            round: self.id,
-            slot: 0,
-        };
-        for (i, conn) in conns.iter_mut().enumerate() {
-            self.votes[i] = Vote::Pending;
-            if let Err(cause) = conn.send(tag, request, &self.wire, now) {
-                self.record(i, Vote::Failed(cause));
+        let k = requests.len();
+        self.votes.clear();
+        self.votes.resize(k * self.n, Vote::Pending);
+        self.tallies.clear();
+        self.tallies.resize(k, EMPTY);
+        self.undecided = k;
+        for (slot, request) in requests.iter().enumerate() {
+            self.wire.clear();
+            request.encode(&self.scripts, &mut self.wire);
+            let tag = Tag {
+                round: self.id,
+                slot: slot as u32,
+            };
+            for (i, conn) in conns.iter_mut().enumerate() {
+                if let Err(cause) = conn.send(tag, request, &self.wire, now) {
+                    self.record(slot, i, Vote::Failed(cause), now);
+                }
             }
         }
     }
@@ -179,46 +204,67 @@ impl Round {
         self.quorum
     }
 
-    /// Each master's vote, in master order.
-    pub fn votes(&self) -> &[Vote] {
-        &self.votes
+    /// How many slots (requests) the round carries.
+    pub fn slots(&self) -> usize {
+        self.tallies.len()
     }
 
-    /// How many masters granted.
-    pub fn granted(&self) -> usize {
-        self.granted
+    /// True once every slot is decided.
+    pub fn is_decided(&self) -> bool {
+        self.undecided == 0
     }
 
-    /// How many masters refused (the key holds another token).
-    pub fn refused(&self) -> usize {
-        self.refused
+    /// Each master's vote on `slot`, in master order.
+    pub fn votes(&self, slot: usize) -> &[Vote] {
+        self.votes
+            .get(slot * self.n..(slot + 1) * self.n)
+            .unwrap_or_default()
     }
 
-    /// How many masters failed to answer usably.
-    pub fn failed(&self) -> usize {
-        self.failed
+    /// How many masters granted `slot`.
+    pub fn granted(&self, slot: usize) -> usize {
+        self.tally(slot).granted
     }
 
-    /// The outcome, once known.
-    pub fn poll_decision(&self) -> Option<Decision> {
-        let n = self.votes.len();
-        if self.granted >= self.quorum {
+    /// How many masters refused `slot` (the key holds another token).
+    pub fn refused(&self, slot: usize) -> usize {
+        self.tally(slot).refused
+    }
+
+    /// How many masters failed to answer `slot` usably.
+    pub fn failed(&self, slot: usize) -> usize {
+        self.tally(slot).failed
+    }
+
+    /// When `slot` was decided: the instant its validity is measured to.
+    pub fn decided_at(&self, slot: usize) -> Option<Instant> {
+        self.tally(slot).decided_at
+    }
+
+    fn tally(&self, slot: usize) -> Tally {
+        self.tallies.get(slot).copied().unwrap_or(EMPTY)
+    }
+
+    /// The outcome of `slot`, once known.
+    pub fn decision(&self, slot: usize) -> Option<Decision> {
+        let t = self.tally(slot);
+        if t.granted >= self.quorum {
             Some(Decision::Won)
-        } else if self.refused + self.failed > n - self.quorum {
+        } else if t.refused + t.failed > self.n - self.quorum {
             Some(Decision::Lost)
         } else {
             None
         }
     }
 
-    /// Why the round was lost: failures alone explain the loss when more
-    /// than `N - Q` masters failed; otherwise refusals do. Meaningful once
-    /// [`Round::poll_decision`] is [`Decision::Lost`].
-    pub fn loss(&self) -> Loss {
-        if self.failed <= self.votes.len() - self.quorum {
+    /// Why `slot` was lost: failures alone explain the loss when more than
+    /// `N - Q` masters failed; otherwise refusals do. Meaningful once
+    /// [`Round::decision`] is [`Decision::Lost`].
+    pub fn loss(&self, slot: usize) -> Loss {
+        if self.failed(slot) <= self.n - self.quorum {
             Loss::Refused
         } else if self
-            .votes
+            .votes(slot)
             .iter()
             .any(|v| matches!(v, Vote::Failed(cause) if cause.is_protocol()))
         {
@@ -242,9 +288,10 @@ impl Round {
         loop {
             match conns[i].poll_reply() {
                 Ok(Some((tag, reply))) => {
-                    if tag.round == self.id && self.votes[i] == Vote::Pending {
+                    let slot = tag.slot as usize;
+                    if tag.round == self.id && self.vote(slot, i) == Some(&Vote::Pending) {
                         let vote = classify(self.op, reply);
-                        self.record(i, vote);
+                        self.record(slot, i, vote, now);
                     }
                 }
                 Ok(None) => return,
@@ -253,12 +300,10 @@ impl Round {
         }
     }
 
-    /// Connection `i` failed: its vote, if still pending, fails with `cause`.
+    /// Connection `i` failed: its pending votes fail with `cause`.
     pub fn handle_failure(&mut self, conns: &mut [Conn], i: usize, now: Instant, cause: Cause) {
         conns[i].handle_failure(now, cause.clone());
-        if self.votes[i] == Vote::Pending {
-            self.record(i, Vote::Failed(cause));
-        }
+        self.fail_pending(i, &cause, now);
     }
 
     /// Applies the connections' connect and stall limits and, once the
@@ -266,17 +311,13 @@ impl Round {
     /// [`Cause::Timeout`].
     pub fn handle_timeout(&mut self, conns: &mut [Conn], now: Instant) {
         for (i, conn) in conns.iter_mut().enumerate() {
-            if let Some(cause) = conn.handle_timeout(now)
-                && self.votes[i] == Vote::Pending
-            {
-                self.record(i, Vote::Failed(cause));
+            if let Some(cause) = conn.handle_timeout(now) {
+                self.fail_pending(i, &cause, now);
             }
         }
         if now >= self.deadline {
-            for i in 0..self.votes.len() {
-                if self.votes[i] == Vote::Pending {
-                    self.record(i, Vote::Failed(Cause::Timeout));
-                }
+            for i in 0..self.n {
+                self.fail_pending(i, &Cause::Timeout, now);
             }
         }
     }
@@ -289,14 +330,38 @@ impl Round {
         }
     }
 
-    fn record(&mut self, i: usize, vote: Vote) {
+    fn vote(&self, slot: usize, i: usize) -> Option<&Vote> {
+        self.votes.get(slot * self.n + i)
+    }
+
+    fn fail_pending(&mut self, i: usize, cause: &Cause, now: Instant) {
+        for slot in 0..self.tallies.len() {
+            if self.vote(slot, i) == Some(&Vote::Pending) {
+                self.record(slot, i, Vote::Failed(cause.clone()), now);
+            }
+        }
+    }
+
+    fn record(&mut self, slot: usize, i: usize, vote: Vote, now: Instant) {
+        let was_decided = self.decision(slot).is_some();
+        let Some(tally) = self.tallies.get_mut(slot) else {
+            return;
+        };
         match vote {
             Vote::Pending => return,
-            Vote::Granted => self.granted += 1,
-            Vote::Refused => self.refused += 1,
-            Vote::Failed(_) => self.failed += 1,
+            Vote::Granted => tally.granted += 1,
+            Vote::Refused => tally.refused += 1,
+            Vote::Failed(_) => tally.failed += 1,
         }
-        self.votes[i] = vote;
+        if let Some(v) = self.votes.get_mut(slot * self.n + i) {
+            *v = vote;
+        }
+        if !was_decided && self.decision(slot).is_some() {
+            if let Some(tally) = self.tallies.get_mut(slot) {
+                tally.decided_at = Some(now);
+            }
+            self.undecided = self.undecided.saturating_sub(1);
+        }
     }
 }
 

@@ -66,6 +66,8 @@ struct Master {
     connects: usize,
     /// When the last reply was scheduled.
     last_at: Instant,
+    /// How many writes the client made to this master.
+    writes: usize,
 }
 
 impl Master {
@@ -80,10 +82,12 @@ impl Master {
             connect_at: None,
             connects: 0,
             last_at: Instant::now(),
+            writes: 0,
         }
     }
 
     fn receive(&mut self, bytes: &[u8], now: Instant) {
+        self.writes += 1;
         self.inbox.extend_from_slice(bytes);
         let limits = Limits {
             max_bulk_len: 1 << 20,
@@ -229,12 +233,18 @@ impl Sim {
 
     /// As [`Sim::run`], with a round deadline of `timeout`.
     fn run_for(&mut self, request: &Request, timeout: Duration) -> Instant {
+        self.run_batch(std::slice::from_ref(request), timeout)
+    }
+
+    /// Runs one round carrying all of `requests`, until every slot is
+    /// decided.
+    fn run_batch(&mut self, requests: &[Request], timeout: Duration) -> Instant {
         self.prepare();
         self.round
-            .start(&mut self.conns, request, self.now, timeout);
+            .start(&mut self.conns, requests, self.now, timeout);
         loop {
             self.transmit();
-            if self.round.poll_decision().is_some() {
+            if self.round.is_decided() {
                 break;
             }
             let deadline = self.round.poll_timeout(&self.conns);
@@ -293,7 +303,7 @@ impl Sim {
     }
 
     fn votes(&self) -> Vec<Vote> {
-        self.round.votes().to_vec()
+        self.round.votes(0).to_vec()
     }
 }
 
@@ -312,7 +322,7 @@ fn a_quorum_of_grants_wins_at_the_second_reply_with_the_spec_validity() {
         vec![reply(OK, 3)],
         vec![reply(OK, 9)],
     ]);
-    assert_eq!(sim.round.poll_decision(), Some(Decision::Won));
+    assert_eq!(sim.round.decision(0), Some(Decision::Won));
     assert_eq!(
         ended - started,
         3 * MS,
@@ -378,12 +388,12 @@ fn every_ordering_of_replies_gives_the_same_decision() {
             let scripts = (0..3).map(|i| vec![reply(replies[i], order[i])]).collect();
             let (sim, _, _) = acquire_round(scripts);
             assert_eq!(
-                sim.round.poll_decision(),
+                sim.round.decision(0),
                 Some(*want),
                 "{name}, order {order:?}"
             );
             if let Some(loss) = loss {
-                assert_eq!(sim.round.loss(), *loss, "{name}, order {order:?}");
+                assert_eq!(sim.round.loss(0), *loss, "{name}, order {order:?}");
             }
         }
     }
@@ -394,7 +404,7 @@ fn replies_split_into_single_bytes_decide_the_same() {
     let split = |bytes| Act::Reply(bytes, MS, 1);
     let (sim, started, ended) =
         acquire_round(vec![vec![split(OK)], vec![split(NIL)], vec![split(OK)]]);
-    assert_eq!(sim.round.poll_decision(), Some(Decision::Won));
+    assert_eq!(sim.round.decision(0), Some(Decision::Won));
     assert_eq!(
         sim.votes(),
         vec![Vote::Granted, Vote::Refused, Vote::Granted]
@@ -410,7 +420,7 @@ fn silent_masters_time_out_at_the_round_deadline() {
         vec![Act::Silent],
         vec![Act::Silent],
     ]);
-    assert_eq!(sim.round.poll_decision(), Some(Decision::Lost));
+    assert_eq!(sim.round.decision(0), Some(Decision::Lost));
     assert_eq!(ended - started, ROUND_TIMEOUT);
     assert_eq!(
         sim.votes(),
@@ -420,7 +430,7 @@ fn silent_masters_time_out_at_the_round_deadline() {
             Vote::Failed(Cause::Timeout)
         ]
     );
-    assert_eq!(sim.round.loss(), Loss::Unreachable);
+    assert_eq!(sim.round.loss(0), Loss::Unreachable);
 }
 
 #[test]
@@ -430,7 +440,7 @@ fn one_silent_master_does_not_hold_the_caller() {
         vec![reply(OK, 2)],
         vec![reply(OK, 4)],
     ]);
-    assert_eq!(sim.round.poll_decision(), Some(Decision::Won));
+    assert_eq!(sim.round.decision(0), Some(Decision::Won));
     assert_eq!(ended - started, 4 * MS);
 }
 
@@ -471,7 +481,7 @@ fn noscript_is_answered_with_eval_on_that_connection_only() {
     ]);
     let release = sim.request(Op::Release);
     sim.run(&release);
-    assert_eq!(sim.round.poll_decision(), Some(Decision::Won));
+    assert_eq!(sim.round.decision(0), Some(Decision::Won));
     assert_eq!(
         sim.votes()[0],
         Vote::Granted,
@@ -499,7 +509,7 @@ fn a_second_noscript_is_a_failed_vote_not_a_loop() {
     ]);
     let extend = sim.request(Op::Extend);
     sim.run(&extend);
-    assert_eq!(sim.round.poll_decision(), Some(Decision::Won));
+    assert_eq!(sim.round.decision(0), Some(Decision::Won));
     assert!(
         matches!(&sim.votes()[0], Vote::Failed(Cause::Server(msg)) if msg.starts_with(b"NOSCRIPT")),
         "{:?}",
@@ -534,7 +544,7 @@ fn the_handshake_goes_out_in_the_first_write_with_the_request() {
         with_auth.masters[0].log,
         vec!["AUTH", "SELECT", "SCRIPT LOAD", "SCRIPT LOAD", "SET"]
     );
-    assert_eq!(with_auth.round.poll_decision(), Some(Decision::Won));
+    assert_eq!(with_auth.round.decision(0), Some(Decision::Won));
 }
 
 #[test]
@@ -571,7 +581,7 @@ fn a_dead_master_costs_no_connect_attempt_during_its_backoff() {
     for _ in 0..4 {
         let request = sim.request(Op::Acquire);
         sim.run(&request);
-        assert_eq!(sim.round.poll_decision(), Some(Decision::Won));
+        assert_eq!(sim.round.decision(0), Some(Decision::Won));
         sim.advance(MS);
     }
     // Four rounds within the first 10 ms backoff: one connect attempt.
@@ -598,12 +608,12 @@ fn garbage_from_a_master_is_a_protocol_failure() {
         vec![reply(OK, 2)],
         vec![reply(OK, 3)],
     ]);
-    assert_eq!(sim.round.poll_decision(), Some(Decision::Won));
+    assert_eq!(sim.round.decision(0), Some(Decision::Won));
     assert!(matches!(&sim.votes()[0], Vote::Failed(Cause::Protocol(_))));
     assert!(sim.conns[0].is_down());
     let (sim, _, _) = acquire_round(vec![vec![garbage], vec![Act::Silent]]);
-    assert_eq!(sim.round.poll_decision(), Some(Decision::Lost));
-    assert_eq!(sim.round.loss(), Loss::Protocol);
+    assert_eq!(sim.round.decision(0), Some(Decision::Lost));
+    assert_eq!(sim.round.loss(0), Loss::Protocol);
 }
 
 #[test]
@@ -616,7 +626,7 @@ fn requests_queued_on_a_connection_still_connecting_are_dropped_when_the_round_e
     sim.masters[2].connect_delay = 100 * MS;
     let request = sim.request(Op::Acquire);
     sim.run(&request);
-    assert_eq!(sim.round.poll_decision(), Some(Decision::Won));
+    assert_eq!(sim.round.decision(0), Some(Decision::Won));
     // The connect finishes long after the round: only the handshake goes out.
     sim.advance(150 * MS);
     sim.transmit();
@@ -690,7 +700,7 @@ fn replies_waiting_in_the_socket_are_read_before_the_stall_limit_is_applied() {
         ..acquire
     };
     sim.run(&release);
-    assert_eq!(sim.round.poll_decision(), Some(Decision::Won));
+    assert_eq!(sim.round.decision(0), Some(Decision::Won));
     assert_eq!(
         sim.masters.iter().map(|m| m.connects).collect::<Vec<_>>(),
         vec![1, 1, 1]
@@ -718,7 +728,7 @@ fn a_quorum_that_arrives_too_late_leaves_no_validity() {
     let started = sim.now;
     let request = sim.request(Op::Acquire);
     sim.run_for(&request, TTL);
-    assert_eq!(sim.round.poll_decision(), Some(Decision::Won));
+    assert_eq!(sim.round.decision(0), Some(Decision::Won));
     assert_eq!(Validity::compute(TTL, started, sim.now, 0.01), None);
     assert!(Validity::compute(TTL, started, sim.now - 2 * MS, 0.01).is_some());
 }
@@ -733,7 +743,7 @@ fn five_masters_need_three() {
         vec![reply(OK, 5)],
     ]);
     assert_eq!(sim.round.quorum(), 3);
-    assert_eq!(sim.round.poll_decision(), Some(Decision::Won));
+    assert_eq!(sim.round.decision(0), Some(Decision::Won));
     let (sim, _, _) = acquire_round(vec![
         vec![reply(OK, 1)],
         vec![reply(NIL, 1)],
@@ -741,6 +751,66 @@ fn five_masters_need_three() {
         vec![reply(OK, 2)],
         vec![reply(NIL, 5)],
     ]);
-    assert_eq!(sim.round.poll_decision(), Some(Decision::Lost));
-    assert_eq!(sim.round.loss(), Loss::Refused);
+    assert_eq!(sim.round.decision(0), Some(Decision::Lost));
+    assert_eq!(sim.round.loss(0), Loss::Refused);
+}
+
+#[test]
+fn a_batch_goes_out_in_one_write_per_master_and_decides_each_resource_alone() {
+    // Each master's first act answers the warm-up; then one act per slot:
+    // slot 0 granted by masters 0 and 1 (the latter at 2 ms), slot 1
+    // refused by two, slot 2 granted by masters 0 and 2 while 1 is silent.
+    let mut sim = Sim::new(vec![
+        vec![reply(OK, 1), reply(OK, 1), reply(NIL, 1), reply(OK, 1)],
+        vec![reply(OK, 1), reply(OK, 2), reply(NIL, 1), Act::Silent],
+        vec![reply(OK, 1), reply(NIL, 1), reply(OK, 1), reply(OK, 1)],
+    ]);
+    let warm = sim.request(Op::Acquire);
+    sim.run(&warm);
+    let writes: Vec<usize> = sim.masters.iter().map(|m| m.writes).collect();
+    let batch: Vec<Request> = (0..3).map(|_| sim.request(Op::Acquire)).collect();
+    let started = sim.now;
+    sim.run_batch(&batch, ROUND_TIMEOUT);
+    for (master, before) in sim.masters.iter().zip(writes) {
+        assert_eq!(
+            master.writes,
+            before + 1,
+            "one write carries the whole batch"
+        );
+    }
+    assert_eq!(sim.round.slots(), 3);
+    assert_eq!(sim.round.decision(0), Some(Decision::Won));
+    assert_eq!(sim.round.votes(0)[2], Vote::Refused);
+    assert_eq!(sim.round.decision(1), Some(Decision::Lost));
+    assert_eq!(sim.round.loss(1), Loss::Refused);
+    assert_eq!(sim.round.decision(2), Some(Decision::Won));
+    assert_eq!(
+        sim.round.votes(2)[1],
+        Vote::Pending,
+        "decided without the silent master"
+    );
+    // Each slot's validity runs to its own decision: slot 0 waited for
+    // master 1's reply at 2 ms, slot 2 had its two grants at 1 ms.
+    assert_eq!(sim.round.decided_at(0), Some(started + 2 * MS));
+    assert_eq!(sim.round.decided_at(2), Some(started + MS));
+}
+
+#[test]
+fn a_connection_failure_fails_every_pending_slot_of_that_master() {
+    let mut sim = Sim::new(vec![
+        vec![Act::Close(MS)],
+        vec![reply(OK, 2), reply(OK, 2)],
+        vec![reply(NIL, 2), reply(OK, 2)],
+    ]);
+    let batch: Vec<Request> = (0..2).map(|_| sim.request(Op::Acquire)).collect();
+    sim.run_batch(&batch, ROUND_TIMEOUT);
+    for slot in 0..2 {
+        assert_eq!(
+            sim.round.votes(slot)[0],
+            Vote::Failed(Cause::Closed),
+            "slot {slot}"
+        );
+    }
+    assert_eq!(sim.round.decision(0), Some(Decision::Lost));
+    assert_eq!(sim.round.decision(1), Some(Decision::Won));
 }

@@ -1448,3 +1448,83 @@ fn warm_up_connects_every_live_master_before_the_first_operation() {
         .unwrap_or_else(|e| panic!("{e}"));
     redlock.release(&lock).unwrap_or_else(|e| panic!("{e}"));
 }
+
+#[test]
+fn a_batch_locks_each_free_resource_and_reports_each_held_one() {
+    let masters = cluster(3);
+    let servers = masters.servers();
+    // Two of the sixteen are held elsewhere, on a majority.
+    for key in ["batch-3", "batch-11"] {
+        for server in &servers[..2] {
+            let reply = plain(server).cmd(&["SET".into(), key.into(), "other".into()]);
+            assert!(reply.is_ok(), "{reply:?}");
+        }
+    }
+    let mut redlock = client(&masters.urls());
+    let names: Vec<String> = (0..16).map(|i| format!("batch-{i}")).collect();
+    let results = redlock
+        .try_acquire_batch(names.iter().cloned(), TTL)
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(results.len(), 16);
+    let mut locks = Vec::new();
+    for (name, result) in names.iter().zip(results) {
+        match (name.as_str(), result) {
+            ("batch-3" | "batch-11", Err(Error::Held(fail))) => assert!(fail.refused >= 2),
+            ("batch-3" | "batch-11", other) => panic!("{name}: {other:?}"),
+            (_, Ok(lock)) => {
+                assert_eq!(lock.resource(), name.as_bytes());
+                assert!(lock.remaining() > Duration::ZERO && lock.remaining() <= TTL);
+                wait_held(servers, name, lock.token());
+                locks.push(lock);
+            }
+            (_, Err(e)) => panic!("{name}: {e}"),
+        }
+    }
+    // The held ones' third master got our SET, and the release after it.
+    for key in ["batch-3", "batch-11"] {
+        assert!(
+            eventually(WAIT, || get(&servers[2], key) == Reply::Nil),
+            "{key} left on the third master: {:?}",
+            get(&servers[2], key)
+        );
+    }
+    let released = redlock.release_batch(&locks);
+    assert_eq!(released.len(), 14);
+    assert!(released.iter().all(Result::is_ok), "{released:?}");
+    for lock in &locks {
+        wait_gone(
+            servers,
+            std::str::from_utf8(lock.resource()).unwrap_or_default(),
+        );
+    }
+    // Releasing them again: each lock reports that it is no longer held.
+    let again = redlock.release_batch(&locks);
+    assert!(
+        again.iter().all(|r| matches!(r, Err(Error::NotHeld(_)))),
+        "{again:?}"
+    );
+}
+
+#[test]
+fn spin_mode_locks_and_unlocks_like_the_default() {
+    let masters = cluster(3);
+    let mut config = config(&masters.urls());
+    config.spin = true;
+    let mut redlock = Redlock::new(config).unwrap_or_else(|e| panic!("{e}"));
+    for i in 0..50 {
+        let lock = redlock
+            .try_acquire(format!("spin-{}", i % 3), TTL)
+            .unwrap_or_else(|e| panic!("{e}"));
+        redlock.release(&lock).unwrap_or_else(|e| panic!("{e}"));
+    }
+    let lock = redlock
+        .try_acquire("spin-held", TTL)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut other = client(&masters.urls());
+    assert!(matches!(
+        other.try_acquire("spin-held", TTL),
+        Err(Error::Held(_))
+    ));
+    redlock.release(&lock).unwrap_or_else(|e| panic!("{e}"));
+    wait_gone(masters.servers(), "spin-held");
+}
