@@ -652,3 +652,29 @@ fn the_resource_is_the_redis_key_as_given() {
         bulk(&token)
     );
 }
+
+#[test]
+fn bench_batches_and_spins_on_request() {
+    let mut bench = redlock(&[]);
+    bench.args([
+        "bench",
+        "--spawn",
+        "3",
+        "--duration",
+        "1s",
+        "--threads",
+        "1",
+        "--batch",
+        "16",
+        "--spin",
+        "--json",
+    ]);
+    let out = finish(bench);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let text = stdout(&out);
+    let report: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+    assert_eq!(report["batch"].as_u64(), Some(16), "{text}");
+    assert_eq!(report["spin"].as_bool(), Some(true), "{text}");
+    assert!(report["cycles"].as_u64().is_some_and(|c| c >= 16), "{text}");
+    assert_eq!(report["errors"].as_u64(), Some(0), "{text}");
+}

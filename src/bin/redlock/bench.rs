@@ -78,6 +78,16 @@ pub struct BenchArgs {
     /// Print one JSON object on stdout instead of the report
     #[arg(long)]
     json: bool,
+
+    /// Lock K resources per pass (one write per master carrying K
+    /// commands), then release them in one pass; latencies are per batch
+    #[arg(long, value_name = "K", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    batch: u32,
+
+    /// Busy-wait for replies instead of sleeping in epoll (lower latency,
+    /// one core per thread)
+    #[arg(long)]
+    spin: bool,
 }
 
 /// What one thread measured; merged into one at the end.
@@ -200,6 +210,7 @@ pub fn bench(
     if let Some(timeout) = timeout {
         config.per_instance_timeout = timeout;
     }
+    config.spin = args.spin;
     let setup = Setup {
         masters: urls.len(),
         spawned: cluster.is_some(),
@@ -343,8 +354,12 @@ fn worker(
 ) -> Result<Tally, Failure> {
     // Every thread must reach the barrier, even one that cannot work.
     let client = Redlock::new(config);
+    let batch = args.batch as usize;
     let names: Vec<Bytes> = match args.resources {
-        None => vec![Bytes::from(format!("bench:{index}"))],
+        None if batch == 1 => vec![Bytes::from(format!("bench:{index}"))],
+        None => (0..batch)
+            .map(|j| Bytes::from(format!("bench:{index}:{j}")))
+            .collect(),
         Some(r) => (0..r).map(|i| Bytes::from(format!("bench:{i}"))).collect(),
     };
     let mut client = match client {
@@ -365,6 +380,19 @@ fn worker(
     let mut tally = Tally::new();
     // Odd, hence never the all-zero state xorshift cannot leave.
     let mut pick = Pick((index as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+    if batch > 1 {
+        let mut chosen = Vec::with_capacity(batch);
+        while !stop.load(Ordering::Relaxed) {
+            chosen.clear();
+            if args.resources.is_none() {
+                chosen.extend(names.iter().cloned());
+            } else {
+                chosen.extend((0..batch).map(|_| names[pick.below(names.len())].clone()));
+            }
+            batch_cycle(&mut client, &chosen, args.ttl, &mut tally, progress);
+        }
+        return Ok(tally);
+    }
     while !stop.load(Ordering::Relaxed) {
         let resource = names[if names.len() == 1 {
             0
@@ -400,6 +428,61 @@ fn worker(
         }
     }
     Ok(tally)
+}
+
+/// One batch: lock every resource in one pass, release those taken in one
+/// pass. Each lock taken and released counts as one cycle; latencies are
+/// per batch.
+fn batch_cycle(
+    client: &mut Redlock,
+    resources: &[Bytes],
+    ttl: Duration,
+    tally: &mut Tally,
+    progress: &AtomicU64,
+) {
+    let t0 = Instant::now();
+    let acquired = client.try_acquire_batch(resources.iter().cloned(), ttl);
+    let t1 = Instant::now();
+    let results = match acquired {
+        Ok(results) => results,
+        Err(e) => {
+            tally.error("acquire", &e);
+            thread::sleep(ERROR_PAUSE);
+            return;
+        }
+    };
+    tally.acquire.saturating_record(micros(t1 - t0));
+    let mut locks = Vec::with_capacity(results.len());
+    let mut failed = false;
+    for result in results {
+        match result {
+            Ok(lock) => locks.push(lock),
+            Err(Error::Held(_)) => tally.acquire_failed += 1,
+            Err(e) => {
+                tally.error("acquire", &e);
+                failed = true;
+            }
+        }
+    }
+    if !locks.is_empty() {
+        let released = client.release_batch(&locks);
+        tally.release.saturating_record(micros(t1.elapsed()));
+        for result in released {
+            match result {
+                Ok(()) => {
+                    tally.cycles += 1;
+                    progress.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    tally.error("release", &e);
+                    failed = true;
+                }
+            }
+        }
+    }
+    if failed {
+        thread::sleep(ERROR_PAUSE);
+    }
 }
 
 /// p50, p90, p99, p99.9, max.
@@ -451,6 +534,8 @@ fn json_report(
         "threads": args.threads,
         "resources": args.resources.unwrap_or(args.threads),
         "ttl_ms": u64::try_from(args.ttl.as_millis()).unwrap_or(u64::MAX),
+        "batch": args.batch,
+        "spin": args.spin,
         "duration_s": elapsed.as_secs_f64(),
         "interrupted": interrupted.is_some(),
         "cycles": tally.cycles,
@@ -473,6 +558,11 @@ fn text_report(
 ) -> String {
     let mut out = String::new();
     let resources = match args.resources {
+        None if args.batch > 1 => format!(
+            "{} ({} per thread)",
+            counted(args.threads * args.batch as usize, "resource"),
+            args.batch
+        ),
         None => format!("{} (one per thread)", counted(args.threads, "resource")),
         Some(r) => format!("{} shared by the threads", counted(r, "resource")),
     };
@@ -490,6 +580,19 @@ fn text_report(
         resources,
         humantime::format_duration(args.ttl),
     );
+    let mut modes = Vec::new();
+    if args.batch > 1 {
+        modes.push(format!(
+            "batches of {} locks per pass; latencies are per batch",
+            args.batch
+        ));
+    }
+    if args.spin {
+        modes.push("spin mode (busy-wait for replies)".to_owned());
+    }
+    if !modes.is_empty() {
+        let _ = writeln!(out, "{}", modes.join("; "));
+    }
     if interrupted.is_some() {
         let _ = writeln!(
             out,
