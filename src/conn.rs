@@ -113,6 +113,8 @@ pub enum Step {
     Select,
     /// `SCRIPT LOAD`.
     ScriptLoad,
+    /// `INFO server`, for restart quarantine.
+    Info,
 }
 
 /// Why one master gave no usable answer. One failed vote, never by itself
@@ -145,6 +147,9 @@ pub enum Cause {
     /// The command got an error reply (or a reply of an unexpected type,
     /// described in the message).
     Server(Bytes),
+    /// The master restarted recently and stays out of the quorum for this
+    /// much longer (restart quarantine).
+    Quarantined(Duration),
 }
 
 impl Cause {
@@ -173,10 +178,16 @@ impl fmt::Display for Cause {
                     Step::Auth => "AUTH",
                     Step::Select => "SELECT",
                     Step::ScriptLoad => "SCRIPT LOAD",
+                    Step::Info => "INFO server",
                 };
                 write!(f, "{step} failed: {}", String::from_utf8_lossy(msg))
             }
             Cause::Server(msg) => write!(f, "error reply: {}", String::from_utf8_lossy(msg)),
+            Cause::Quarantined(left) => write!(
+                f,
+                "restarted recently: out of the quorum for another {} ms (restart quarantine)",
+                left.as_millis()
+            ),
         }
     }
 }
@@ -200,6 +211,12 @@ pub struct Timing {
     pub backoff_min: Duration,
     /// Cap on that wait.
     pub backoff_max: Duration,
+    /// Restart quarantine: the largest TTL in use. When set, each
+    /// (re)connect reads `INFO server`, and a master restarted less than
+    /// this long ago (or whose `run_id` changed while it held this client's
+    /// locks) does not count toward the quorum until this long after its
+    /// restart. `None` turns it off.
+    pub quarantine: Option<Duration>,
 }
 
 /// The most requests one connection keeps in flight before it is judged
@@ -242,6 +259,12 @@ pub struct Conn {
     in_flight: VecDeque<Expect>,
     handshake_left: usize,
     backoff: Duration,
+    /// The master's `run_id`, as last read.
+    run_id: Option<Bytes>,
+    /// Until when the master does not count toward the quorum.
+    quarantined_until: Option<Instant>,
+    /// When the master last granted a lock to this client.
+    last_grant: Option<Instant>,
 }
 
 impl Conn {
@@ -267,6 +290,9 @@ impl Conn {
             in_flight: VecDeque::with_capacity(64),
             handshake_left: 0,
             backoff: timing.backoff_min,
+            run_id: None,
+            quarantined_until: None,
+            last_grant: None,
         }
     }
 
@@ -340,6 +366,10 @@ impl Conn {
             );
             self.in_flight
                 .push_back(Expect::Handshake(Step::ScriptLoad));
+        }
+        if self.timing.quarantine.is_some() {
+            resp::encode_command(&mut self.out, &[Arg::Bytes(b"INFO"), Arg::Bytes(b"server")]);
+            self.in_flight.push_back(Expect::Handshake(Step::Info));
         }
         self.handshake_left = self.in_flight.len();
     }
@@ -453,6 +483,58 @@ impl Conn {
         }
     }
 
+    /// Reads `uptime_in_seconds` and `run_id` from an `INFO server` reply
+    /// and starts the quarantine they call for.
+    fn handle_info(&mut self, info: &Bytes, now: Instant) -> Result<(), Cause> {
+        let Some(max_ttl) = self.timing.quarantine else {
+            return Ok(());
+        };
+        let mut uptime = None;
+        let mut run_id = None;
+        for line in info.split(|&b| b == b'\n') {
+            let line = line.strip_suffix(b"\r").unwrap_or(line);
+            if let Some(v) = line.strip_prefix(b"uptime_in_seconds:") {
+                uptime = std::str::from_utf8(v)
+                    .ok()
+                    .and_then(|v| v.parse::<u64>().ok());
+            } else if let Some(v) = line.strip_prefix(b"run_id:") {
+                run_id = Some(info.slice_ref(v));
+            }
+        }
+        let (Some(uptime), Some(run_id)) = (uptime, run_id) else {
+            let msg = Bytes::from_static(b"no uptime_in_seconds or run_id in INFO server");
+            return Err(Cause::Handshake(Step::Info, msg));
+        };
+        // uptime_in_seconds rounds down, so the restart was at most
+        // `uptime + 1` s ago... and at least `uptime` s: waiting out
+        // `max_ttl - uptime` is the conservative choice.
+        let mut until = max_ttl
+            .checked_sub(Duration::from_secs(uptime))
+            .and_then(|left| now.checked_add(left));
+        let restarted = self.run_id.as_ref().is_some_and(|old| *old != run_id);
+        let held = self
+            .last_grant
+            .is_some_and(|t| now.saturating_duration_since(t) < max_ttl);
+        if restarted && held {
+            until = until.max(now.checked_add(max_ttl));
+        }
+        self.quarantined_until = until.max(self.quarantined_until.filter(|t| *t > now));
+        self.run_id = Some(run_id);
+        Ok(())
+    }
+
+    /// How much longer the master stays out of the quorum, if at all.
+    pub fn quarantine_left(&self, now: Instant) -> Option<Duration> {
+        self.quarantined_until
+            .and_then(|until| until.checked_duration_since(now))
+            .filter(|left| !left.is_zero())
+    }
+
+    /// The master granted a lock: a restart from now on may lose it.
+    pub fn handle_grant(&mut self, now: Instant) {
+        self.last_grant = Some(now);
+    }
+
     /// Bytes waiting to be written; empty while connecting.
     pub fn poll_transmit(&self) -> &[u8] {
         match self.state {
@@ -487,7 +569,7 @@ impl Conn {
     /// A [`Cause`] when the connection must be dropped: malformed bytes, a
     /// reply with nothing in flight, or a failed handshake step. The caller
     /// then calls [`Conn::handle_failure`].
-    pub fn poll_reply(&mut self) -> Result<Option<(Tag, Reply)>, Cause> {
+    pub fn poll_reply(&mut self, now: Instant) -> Result<Option<(Tag, Reply)>, Cause> {
         loop {
             let Some(reply) =
                 resp::decode(&mut self.inbuf, &self.limits).map_err(Cause::Protocol)?
@@ -497,8 +579,10 @@ impl Conn {
             match self.in_flight.pop_front() {
                 None => return Err(Cause::Unsolicited),
                 Some(Expect::Handshake(step)) => {
-                    if let Reply::Error(msg) = reply {
-                        return Err(Cause::Handshake(step, msg));
+                    match reply {
+                        Reply::Error(msg) => return Err(Cause::Handshake(step, msg)),
+                        Reply::Bulk(info) if step == Step::Info => self.handle_info(&info, now)?,
+                        _ => {}
                     }
                     self.handshake_left = self.handshake_left.saturating_sub(1);
                 }

@@ -112,6 +112,18 @@ pub struct Config {
     pub max_extensions: Option<u32>,
     /// Parser limits for replies.
     pub limits: Limits,
+    /// Restart quarantine, crash-recovery safety without `appendfsync
+    /// always`: the largest TTL this client will use. On every (re)connect
+    /// the client reads the master's `INFO server`; a master whose uptime is
+    /// shorter than this, or whose `run_id` changed while it held this
+    /// client's locks, does not count toward the quorum until this long
+    /// after its restart (its votes read as [`Cause::Quarantined`]). An
+    /// acquire or extend with a longer TTL is refused. `None` turns it off,
+    /// for masters that persist every write (`appendfsync always`).
+    /// Default: 60 s.
+    ///
+    /// [`Cause::Quarantined`]: crate::conn::Cause::Quarantined
+    pub quarantine: Option<Duration>,
     /// Busy-wait for replies (poll with a zero timeout) instead of sleeping
     /// in the kernel: lower latency for a core's worth of CPU while a round
     /// waits. Default off.
@@ -151,6 +163,7 @@ impl Config {
             retry: Retry::default(),
             max_extensions: None,
             limits: Limits::default(),
+            quarantine: None,
             spin: false,
         })
     }
@@ -195,6 +208,9 @@ pub enum ConfigError {
     ZeroTtl,
     /// A TTL over [`MAX_TTL_MS`].
     TtlTooLarge,
+    /// A TTL over the restart quarantine's maximum ([`Config::quarantine`]):
+    /// a restart could lose such a lock after the quarantine ended.
+    TtlOverQuarantine(Duration),
 }
 
 impl fmt::Display for ConfigError {
@@ -207,6 +223,11 @@ impl fmt::Display for ConfigError {
             ConfigError::ZeroAttempts => f.write_str("a retry policy needs at least one attempt"),
             ConfigError::ZeroTtl => f.write_str("TTL must be at least 1 ms"),
             ConfigError::TtlTooLarge => write!(f, "TTL exceeds the maximum of {MAX_TTL_MS} ms"),
+            ConfigError::TtlOverQuarantine(max) => write!(
+                f,
+                "TTL exceeds the restart quarantine's maximum TTL of {} ms (raise Config::quarantine, or turn it off for masters with appendfsync always)",
+                max.as_millis()
+            ),
         }
     }
 }
@@ -514,6 +535,7 @@ impl Redlock {
             stall: config.connect_timeout.max(config.per_instance_timeout),
             backoff_min: Duration::from_millis(10).min(config.reconnect_backoff_max),
             backoff_max: config.reconnect_backoff_max,
+            quarantine: config.quarantine,
         };
         let conns = config
             .servers
@@ -606,7 +628,7 @@ impl Redlock {
         ttl: Duration,
         retry: &Retry,
     ) -> Result<Lock, Error> {
-        let ttl_ms = checked_ttl(ttl)?;
+        let ttl_ms = self.checked_ttl(ttl)?;
         if retry.attempts == 0 {
             return Err(ConfigError::ZeroAttempts.into());
         }
@@ -670,7 +692,7 @@ impl Redlock {
         I: IntoIterator,
         I::Item: Into<Bytes>,
     {
-        let ttl_ms = checked_ttl(ttl)?;
+        let ttl_ms = self.checked_ttl(ttl)?;
         let ttl = Duration::from_millis(ttl_ms);
         let mut requests = std::mem::take(&mut self.batch);
         requests.clear();
@@ -772,7 +794,7 @@ impl Redlock {
     /// as [`Redlock::try_acquire`]. On error the lock's deadline is left as
     /// it was.
     pub fn extend(&mut self, lock: &mut Lock, ttl: Duration) -> Result<(), Error> {
-        let ttl_ms = checked_ttl(ttl)?;
+        let ttl_ms = self.checked_ttl(ttl)?;
         if let Some(max) = self.config.max_extensions
             && lock.extensions >= max
         {
@@ -852,6 +874,17 @@ impl Redlock {
             .start(&mut self.conns, requests, now, Duration::ZERO);
         self.driver.send(&mut self.conns, &mut self.round);
         self.round.finish(&mut self.conns);
+    }
+
+    /// The TTL in whole milliseconds, if Redis and the quarantine accept it.
+    fn checked_ttl(&self, ttl: Duration) -> Result<u64, ConfigError> {
+        let ms = checked_ttl(ttl)?;
+        match self.config.quarantine {
+            Some(max) if Duration::from_millis(ms) > max => {
+                Err(ConfigError::TtlOverQuarantine(max))
+            }
+            _ => Ok(ms),
+        }
     }
 
     /// The validity `slot` of the last round won, if it won with some left.

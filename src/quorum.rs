@@ -286,11 +286,21 @@ impl Round {
     /// Reads every complete reply that connection `i` holds.
     pub fn handle_input(&mut self, conns: &mut [Conn], i: usize, now: Instant) {
         loop {
-            match conns[i].poll_reply() {
+            match conns[i].poll_reply(now) {
                 Ok(Some((tag, reply))) => {
                     let slot = tag.slot as usize;
                     if tag.round == self.id && self.vote(slot, i) == Some(&Vote::Pending) {
-                        let vote = classify(self.op, reply);
+                        let mut vote = classify(self.op, reply);
+                        if vote == Vote::Granted && self.op == Op::Acquire {
+                            conns[i].handle_grant(now);
+                        }
+                        // A quarantined master's answer is read, never
+                        // counted: it may have lost keys in a restart.
+                        if let (Vote::Granted | Vote::Refused, Some(left)) =
+                            (&vote, conns[i].quarantine_left(now))
+                        {
+                            vote = Vote::Failed(Cause::Quarantined(left));
+                        }
                         self.record(slot, i, vote, now);
                     }
                 }

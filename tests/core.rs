@@ -68,6 +68,9 @@ struct Master {
     last_at: Instant,
     /// How many writes the client made to this master.
     writes: usize,
+    /// What `INFO server` reports.
+    uptime: u64,
+    run_id: String,
 }
 
 impl Master {
@@ -83,6 +86,8 @@ impl Master {
             connects: 0,
             last_at: Instant::now(),
             writes: 0,
+            uptime: 86_400,
+            run_id: "a".repeat(40),
         }
     }
 
@@ -107,6 +112,17 @@ impl Master {
             self.log.push(name.clone());
             let act = match name.as_str() {
                 "AUTH" | "SELECT" => reply(OK, 0),
+                "INFO" => {
+                    let text = format!(
+                        "# Server\r\nredis_version:7.0.15\r\nrun_id:{}\r\nuptime_in_seconds:{}\r\n",
+                        self.run_id, self.uptime
+                    );
+                    let mut out = format!("${}\r\n", text.len()).into_bytes();
+                    out.extend_from_slice(text.as_bytes());
+                    out.extend_from_slice(b"\r\n");
+                    self.outbox.push((now, Delivery::Bytes(out)));
+                    continue;
+                }
                 "SCRIPT LOAD" => {
                     let sha = sha_of(&args);
                     self.outbox.push((now, Delivery::Bytes(sha)));
@@ -162,6 +178,7 @@ fn timing() -> Timing {
         stall: Duration::from_millis(500),
         backoff_min: Duration::from_millis(10),
         backoff_max: Duration::from_millis(80),
+        quarantine: None,
     }
 }
 
@@ -813,4 +830,114 @@ fn a_connection_failure_fails_every_pending_slot_of_that_master() {
     }
     assert_eq!(sim.round.decision(0), Some(Decision::Lost));
     assert_eq!(sim.round.decision(1), Some(Decision::Won));
+}
+
+/// A simulation whose connections run restart quarantine with `max_ttl`.
+fn quarantined(scripts: Vec<Vec<Act>>, max_ttl: Duration) -> Sim {
+    let mut sim = Sim::new(scripts);
+    let careful = Timing {
+        quarantine: Some(max_ttl),
+        stall: 10 * max_ttl,
+        ..timing()
+    };
+    for (i, conn) in sim.conns.iter_mut().enumerate() {
+        let addr = format!("redis://127.0.0.1:{}", 7000 + i).parse().unwrap();
+        *conn = Conn::new(addr, Scripts::new(), Limits::default(), careful, sim.now);
+    }
+    sim
+}
+
+#[test]
+fn a_master_up_for_less_than_the_max_ttl_does_not_count_until_it_has_been() {
+    let max_ttl = Duration::from_secs(60);
+    let mut sim = quarantined(
+        vec![
+            vec![reply(OK, 1); 3],
+            vec![reply(OK, 1); 3],
+            vec![reply(OK, 1); 3],
+        ],
+        max_ttl,
+    );
+    sim.masters[1].uptime = 5;
+    sim.masters[2].uptime = 59;
+    let request = sim.request(Op::Acquire);
+    sim.run(&request);
+    assert_eq!(
+        sim.masters[0].log[..3],
+        ["SCRIPT LOAD", "SCRIPT LOAD", "INFO"]
+    );
+    assert_eq!(sim.round.decision(0), Some(Decision::Lost));
+    assert_eq!(sim.round.loss(0), Loss::Unreachable);
+    assert_eq!(sim.round.votes(0)[0], Vote::Granted);
+    assert_eq!(
+        sim.round.votes(0)[1],
+        Vote::Failed(Cause::Quarantined(Duration::from_secs(55) - MS))
+    );
+    assert!(matches!(
+        sim.round.votes(0)[2],
+        Vote::Failed(Cause::Quarantined(_))
+    ));
+    // A second later master 2 has been up for 60 s: it counts again.
+    sim.advance(Duration::from_secs(1));
+    let request = sim.request(Op::Acquire);
+    sim.run(&request);
+    assert_eq!(sim.round.decision(0), Some(Decision::Won));
+    assert!(matches!(
+        sim.round.votes(0)[1],
+        Vote::Failed(Cause::Quarantined(_))
+    ));
+    sim.advance(Duration::from_secs(54));
+    let request = sim.request(Op::Acquire);
+    sim.run(&request);
+    assert_eq!(
+        sim.round.votes(0),
+        [Vote::Granted, Vote::Granted, Vote::Granted]
+    );
+}
+
+#[test]
+fn a_run_id_that_changed_while_it_held_our_locks_quarantines_for_the_max_ttl() {
+    let max_ttl = Duration::from_secs(30);
+    let mut sim = quarantined(
+        vec![
+            vec![reply(OK, 1), Act::Close(MS), reply(OK, 1)],
+            vec![reply(OK, 1); 3],
+            vec![reply(OK, 1); 3],
+        ],
+        max_ttl,
+    );
+    let request = sim.request(Op::Acquire);
+    sim.run(&request);
+    assert_eq!(sim.round.votes(0)[0], Vote::Granted);
+    // Master 0 crashes and comes back with a new run_id and (as a clock
+    // glitch or a replica promoted in its place would show) a long uptime.
+    let request = sim.request(Op::Acquire);
+    sim.run(&request);
+    assert_eq!(sim.round.votes(0)[0], Vote::Failed(Cause::Closed));
+    sim.masters[0].run_id = "b".repeat(40);
+    let request = sim.request(Op::Acquire);
+    sim.run(&request);
+    assert!(
+        matches!(sim.round.votes(0)[0], Vote::Failed(Cause::Quarantined(left)) if left >= max_ttl - MS),
+        "{:?}",
+        sim.round.votes(0)
+    );
+}
+
+#[test]
+fn a_new_run_id_on_a_master_that_held_nothing_of_ours_is_no_reason_to_wait() {
+    let mut sim = quarantined(
+        vec![
+            vec![Act::Close(MS), reply(NIL, 1)],
+            vec![reply(OK, 1); 2],
+            vec![reply(OK, 1); 2],
+        ],
+        Duration::from_secs(30),
+    );
+    let request = sim.request(Op::Acquire);
+    sim.run(&request);
+    sim.masters[0].run_id = "c".repeat(40);
+    let request = sim.request(Op::Acquire);
+    sim.run(&request);
+    assert_eq!(sim.round.votes(0)[0], Vote::Refused);
 }

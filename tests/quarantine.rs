@@ -1,0 +1,152 @@
+//! Restart quarantine against real masters: the crash-recovery hazard of
+//! the spec, reproduced with quarantine off and prevented with it on.
+//!
+//! The scenario: client A holds a lock on exactly a quorum (2 of 3) of
+//! masters; one of those crashes and comes back empty (no persistence);
+//! client B then finds the key on one master only and is granted by the
+//! two that hold nothing. Without quarantine B gets the lock while A's
+//! validity is still running: two holders. With quarantine, the restarted
+//! masters do not count toward B's quorum until the maximum TTL has passed
+//! since their restart, by which time A's lock has expired.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{cluster, connect};
+use redlock_mio::conn::Cause;
+use redlock_mio::resp::Arg;
+use redlock_mio::resp::Reply;
+use redlock_mio::spawn::{Cluster, Server};
+use redlock_mio::{Config, Error, Redlock, Vote};
+
+/// The largest TTL in use, and the TTL of the locks: short, so that the
+/// test waits little.
+const MAX_TTL: Duration = Duration::from_secs(2);
+
+fn client(urls: &[String], quarantine: Option<Duration>) -> Redlock {
+    let mut config = Config::new(urls).unwrap_or_else(|e| panic!("{e}"));
+    config.per_instance_timeout = Duration::from_millis(300);
+    config.quarantine = quarantine;
+    Redlock::new(config).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn uptime(server: &Server) -> u64 {
+    let Reply::Bulk(info) = connect(server).cmd(&[Arg::Bytes(b"INFO"), Arg::Bytes(b"server")])
+    else {
+        panic!("INFO server from {}", server.url());
+    };
+    String::from_utf8_lossy(&info)
+        .lines()
+        .find_map(|l| l.strip_prefix("uptime_in_seconds:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no uptime from {}", server.url()))
+}
+
+/// Waits until every master has been up for at least `MAX_TTL`, so that
+/// only the restart staged by the test triggers quarantine.
+fn wait_until_settled(masters: &Cluster) {
+    let deadline = Instant::now() + MAX_TTL + Duration::from_secs(10);
+    while masters
+        .iter()
+        .any(|s| Duration::from_secs(uptime(s)) < MAX_TTL)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "masters never reached their uptime"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A takes the lock on masters 0 and 1 only (2 is down), then master 1
+/// crashes and restarts empty and master 2 comes back empty. Returns A's
+/// lock and the instant the restarts were done.
+fn stage_crash_restart(masters: &mut Cluster, a: &mut Redlock) -> (redlock_mio::Lock, Instant) {
+    wait_until_settled(masters);
+    assert_eq!(a.warm_up(Duration::from_secs(5)), 3);
+    masters[2].kill().unwrap_or_else(|e| panic!("{e}"));
+    let lock = a
+        .try_acquire("crash", MAX_TTL)
+        .unwrap_or_else(|e| panic!("A's acquire on two masters: {e}"));
+    masters[1].restart().unwrap_or_else(|e| panic!("{e}"));
+    masters[2].restart().unwrap_or_else(|e| panic!("{e}"));
+    (lock, Instant::now())
+}
+
+#[test]
+fn without_quarantine_a_crash_restart_grants_the_lock_twice() {
+    let mut masters = cluster(3);
+    let urls = masters.urls();
+    let mut a = client(&urls, None);
+    let (held, _) = stage_crash_restart(&mut masters, &mut a);
+    let mut b = client(&urls, None);
+    let second = b.try_acquire("crash", MAX_TTL);
+    let now = Instant::now();
+    let both = held.deadline() > now && second.as_ref().is_ok_and(|l| l.deadline() > now);
+    assert!(
+        both,
+        "expected the spec's double grant: A valid for {:?}, B got {second:?}",
+        held.remaining_at(now)
+    );
+}
+
+#[test]
+fn with_quarantine_the_restarted_masters_do_not_count_until_the_max_ttl_has_passed() {
+    let mut masters = cluster(3);
+    let urls = masters.urls();
+    let mut a = client(&urls, Some(MAX_TTL));
+    let (held, restarted) = stage_crash_restart(&mut masters, &mut a);
+    let mut b = client(&urls, Some(MAX_TTL));
+    let refused = b.try_acquire("crash", MAX_TTL);
+    let Err(error @ Error::NoQuorum(failure)) = &refused else {
+        panic!("B must not get the lock while A holds it: {refused:?}");
+    };
+    let quarantined: Vec<Duration> = failure
+        .votes
+        .iter()
+        .filter_map(|v| match v.vote {
+            Vote::Failed(Cause::Quarantined(left)) => Some(left),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(quarantined.len(), 2, "{error}");
+    assert!(quarantined.iter().all(|left| *left <= MAX_TTL), "{error}");
+    let message = error.to_string();
+    assert!(message.contains("restart quarantine"), "{message}");
+    // The availability cost: B waits for the quarantine, which also
+    // outlasts A's lock.
+    let got = b
+        .acquire_with(
+            "crash",
+            MAX_TTL,
+            &redlock_mio::Retry {
+                attempts: u32::MAX,
+                delay: Duration::from_millis(100),
+                max_wait: Some(MAX_TTL + Duration::from_secs(10)),
+            },
+        )
+        .unwrap_or_else(|e| panic!("B after the quarantine: {e}"));
+    let waited = restarted.elapsed();
+    assert!(
+        Instant::now() >= held.deadline(),
+        "B's lock began only after A's ended"
+    );
+    println!("B acquired {waited:?} after the restarts (max TTL {MAX_TTL:?})");
+    b.release(&got).unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[test]
+fn a_ttl_over_the_quarantine_maximum_is_refused_before_anything_is_sent() {
+    let mut redlock = client(&["redis://127.0.0.1:1".to_owned()], Some(MAX_TTL));
+    let got = redlock.try_acquire("long", MAX_TTL + Duration::from_millis(1));
+    assert!(
+        matches!(
+            got,
+            Err(Error::Config(
+                redlock_mio::ConfigError::TtlOverQuarantine(max)
+            )) if max == MAX_TTL
+        ),
+        "{got:?}"
+    );
+}
