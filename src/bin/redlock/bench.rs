@@ -31,7 +31,7 @@ use redlock_mio::{Config, Error, Redlock};
 
 use crate::exit::{self, Failure};
 use crate::signals::Signals;
-use crate::{parse_duration, say};
+use crate::{Quarantine, parse_duration, say};
 
 pub const LONG_ABOUT: &str = "Measure acquire and release latency and throughput.\n\n\
     Each of T threads has its own client and repeats: try to acquire a resource \
@@ -170,6 +170,7 @@ struct Setup {
 pub fn bench(
     servers: &[String],
     timeout: Option<Duration>,
+    quarantine: Quarantine,
     args: &BenchArgs,
 ) -> Result<u8, Failure> {
     if args.threads == 0 || args.resources == Some(0) || args.spawn == Some(0) {
@@ -211,6 +212,12 @@ pub fn bench(
         config.per_instance_timeout = timeout;
     }
     config.spin = args.spin;
+    quarantine.apply(&mut config);
+    if cluster.is_some() {
+        // Masters this run started empty hold no lock from before their
+        // start: there is nothing for restart quarantine to protect.
+        config.quarantine = None;
+    }
     let setup = Setup {
         masters: urls.len(),
         spawned: cluster.is_some(),

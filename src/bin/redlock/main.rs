@@ -68,6 +68,17 @@ struct Cli {
     #[arg(long, value_name = "D", global = true, value_parser = parse_duration)]
     timeout: Option<Duration>,
 
+    /// Restart quarantine's maximum TTL: a master up for less than this
+    /// does not count toward the quorum, and longer TTLs are refused
+    /// [default: the library's, 60s]
+    #[arg(long, value_name = "D", global = true, value_parser = parse_duration)]
+    max_ttl: Option<Duration>,
+
+    /// Turn restart quarantine off: for masters that persist every write
+    /// (appendfsync always) or were started empty for this use
+    #[arg(long, global = true, conflicts_with = "max_ttl")]
+    no_quarantine: bool,
+
     #[command(subcommand)]
     command: Command,
 }
@@ -184,13 +195,21 @@ fn dispatch(cli: &Cli) -> Result<u8, Failure> {
     if cli.timeout.is_some_and(|t| t.is_zero()) {
         return Err(Failure::usage("--timeout must be more than zero"));
     }
-    let client = |ttl: Option<Duration>| client(&cli.servers, round_timeout(cli.timeout, ttl));
+    if cli.max_ttl.is_some_and(|t| t.is_zero()) {
+        return Err(Failure::usage("--max-ttl must be more than zero"));
+    }
+    let quarantine = Quarantine {
+        max_ttl: cli.max_ttl,
+        off: cli.no_quarantine,
+    };
+    let client =
+        |ttl: Option<Duration>| client(&cli.servers, round_timeout(cli.timeout, ttl), quarantine);
     match &cli.command {
         Command::Run(args) => run::run(client(Some(args.acquire.ttl))?, args),
         Command::Acquire(args) => acquire(client(Some(args.acquire.ttl))?, args),
         Command::Release(args) => release(client(None)?, args),
         Command::Extend(args) => extend(client(Some(args.ttl))?, args),
-        Command::Bench(args) => bench::bench(&cli.servers, cli.timeout, args),
+        Command::Bench(args) => bench::bench(&cli.servers, cli.timeout, quarantine, args),
         Command::Probe => probe::probe(
             &server_urls(&cli.servers)?,
             cli.timeout.unwrap_or(PROBE_TIMEOUT),
@@ -260,11 +279,32 @@ fn round_timeout(flag: Option<Duration>, ttl: Option<Duration>) -> Duration {
     })
 }
 
+/// The restart quarantine flags.
+#[derive(Debug, Clone, Copy)]
+pub struct Quarantine {
+    /// `--max-ttl`.
+    pub max_ttl: Option<Duration>,
+    /// `--no-quarantine`.
+    pub off: bool,
+}
+
+impl Quarantine {
+    /// Applies the flags to `config`, whose default stays otherwise.
+    pub fn apply(self, config: &mut Config) {
+        if self.off {
+            config.quarantine = None;
+        } else if let Some(max) = self.max_ttl {
+            config.quarantine = Some(max);
+        }
+    }
+}
+
 /// A client for the masters given on the command line or in the
 /// environment, waiting `timeout` for each master's answer.
-fn client(flag: &[String], timeout: Duration) -> Result<Redlock, Failure> {
+fn client(flag: &[String], timeout: Duration, quarantine: Quarantine) -> Result<Redlock, Failure> {
     let mut config = config(&server_urls(flag)?)?;
     config.per_instance_timeout = timeout;
+    quarantine.apply(&mut config);
     Redlock::new(config)
         .map_err(|e| exit::lock_error("cannot start the client", &e, exit::CONFLICT))
 }
