@@ -123,3 +123,70 @@ pub fn bulk(s: &str) -> Reply {
 pub fn status(s: &str) -> Reply {
     Reply::Status(bytes::Bytes::copy_from_slice(s.as_bytes()))
 }
+
+/// Polls `done` every 10 ms until it holds or `limit` passes; true when it
+/// held.
+pub fn eventually(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        if done() {
+            return true;
+        }
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Every key `server` holds, each with its value and PTTL, for reports.
+pub fn keys_with_ttl(server: &Server) -> Vec<String> {
+    let mut c = connect(server);
+    let Reply::Array(names) = c.cmd(&["KEYS".into(), "*".into()]) else {
+        panic!("KEYS * on {}", server.url());
+    };
+    names
+        .iter()
+        .map(|name| {
+            let Reply::Bulk(name) = name else {
+                return format!("{name:?}");
+            };
+            let value = c.cmd(&["GET".into(), Arg::Bytes(name)]);
+            let pttl = c.cmd(&["PTTL".into(), Arg::Bytes(name)]);
+            format!(
+                "{} = {value:?} (PTTL {pttl:?})",
+                String::from_utf8_lossy(name)
+            )
+        })
+        .collect()
+}
+
+/// How many keys `server` holds.
+pub fn dbsize(server: &Server) -> i64 {
+    match connect(server).cmd(&["DBSIZE".into()]) {
+        Reply::Integer(n) => n,
+        other => panic!("DBSIZE on {}: {other:?}", server.url()),
+    }
+}
+
+/// Waits, at most `limit`, until `server` holds no key at all. Returns the
+/// keys still there when it does not, for the assertion message.
+pub fn wait_empty(server: &Server, limit: Duration) -> Result<(), Vec<String>> {
+    if eventually(limit, || dbsize(server) == 0) {
+        Ok(())
+    } else {
+        Err(keys_with_ttl(server))
+    }
+}
+
+/// Connects to a master (or anything speaking RESP2) at `addr` over TCP.
+pub fn try_connect_addr(addr: std::net::SocketAddr) -> io::Result<Plain> {
+    let stream = TcpStream::connect_timeout(&addr, IO_TIMEOUT)?;
+    stream.set_read_timeout(Some(IO_TIMEOUT))?;
+    stream.set_write_timeout(Some(IO_TIMEOUT))?;
+    stream.set_nodelay(true)?;
+    Ok(Plain {
+        stream,
+        buf: BytesMut::new(),
+    })
+}

@@ -1,0 +1,1176 @@
+//! Mutual exclusion under contention and under faults, against real
+//! masters.
+//!
+//! [`check_mutual_exclusion`] runs M clients, each with its own
+//! [`Redlock`], contending for a few resources for a bounded time. Every
+//! holder records its critical section on the one monotonic clock and does
+//! a non-atomic read-modify-write on a counter that only the lock protects.
+//! The checker then proves that no two sections on one resource overlap,
+//! that no update was lost, and that every lock's validity ends no later
+//! than its round's start + TTL - drift. The fault tests run the same
+//! checker while one master is killed and restarted, stopped with SIGSTOP,
+//! or reached through a TCP proxy written here that delays, cuts or
+//! swallows traffic; a probe client measures how long it takes to use that
+//! master again. After every run, no lock key may remain on any master.
+//!
+//! Each run lasts `REDLOCK_SAFETY_SECS` seconds (default 3; set it for a
+//! longer run by hand, faults then repeat in cycles) and is bounded in
+//! attempts and cycles as well. Every master and proxy listens on
+//! 127.0.0.1 and is stopped by the test that started it. Timing is asserted
+//! only with bounds far above what a loaded machine needs.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::{self, Read, Write};
+use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier, Mutex};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use common::{Cluster, Plain, cluster, try_connect_addr, wait_empty};
+use redlock_mio::resp::{Arg, Reply};
+use redlock_mio::{Config, Error, Redlock, Retry};
+
+/// How long one run lasts unless `REDLOCK_SAFETY_SECS` says otherwise.
+const DEFAULT_RUN: Duration = Duration::from_secs(3);
+/// The environment variable that sets the run length, in seconds.
+const RUN_ENV: &str = "REDLOCK_SAFETY_SECS";
+/// Contending clients per run.
+const CLIENTS: usize = 5;
+/// Resources they contend for.
+const RESOURCES: usize = 2;
+/// Acquire attempts one client may make in one run, whatever its length.
+const MAX_ATTEMPTS: u64 = 5_000_000;
+/// Fault cycles one run may inject, whatever its length.
+const MAX_CYCLES: usize = 500;
+/// Healthy time before the first fault of a run.
+const LEAD_IN: Duration = Duration::from_millis(500);
+/// Healthy time after each fault before the next one, so that the probe
+/// can see the master used again.
+const TAIL: Duration = Duration::from_millis(700);
+/// How long the probe keeps trying, once the run is over, to see the last
+/// recovered master used again.
+const PROBE_GRACE: Duration = Duration::from_secs(5);
+/// The prefix of the probe's resources, one per attempt.
+const PROBE_PREFIX: &str = "safety:probe:";
+/// How long each client may take to settle after the run.
+const SETTLE: Duration = Duration::from_secs(3);
+/// Extra time, past the TTL, for a key that may legitimately outlive its
+/// holder to expire.
+const EXPIRY_MARGIN: Duration = Duration::from_secs(2);
+
+fn run_length() -> Duration {
+    match std::env::var(RUN_ENV) {
+        Err(_) => DEFAULT_RUN,
+        Ok(text) => text
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|s| s.is_finite() && *s > 0.0 && *s <= 86_400.0)
+            .map(Duration::from_secs_f64)
+            .unwrap_or_else(|| panic!("{RUN_ENV}={text:?}: expected seconds in (0, 86400]")),
+    }
+}
+
+/// One run of the checker: who contends, for what, for how long.
+struct Setup {
+    name: String,
+    config: Config,
+    clients: usize,
+    resources: usize,
+    ttl: Duration,
+    run: Duration,
+    /// `N - Q` healthy masters on which the probe's keys are held by a
+    /// foreign token, so that the probe measures when the faulted masters
+    /// are used again; empty for no probe.
+    probe_block: Vec<SocketAddr>,
+}
+
+impl Setup {
+    /// The healthy-cluster settings: a 2 s TTL, and timeouts generous
+    /// enough that a loaded machine drops no connection.
+    fn calm(name: &str, urls: &[String]) -> Setup {
+        let mut config = Config::new(urls).unwrap_or_else(|e| panic!("{e}"));
+        config.per_instance_timeout = Duration::from_millis(300);
+        config.connect_timeout = Duration::from_secs(2);
+        Setup {
+            name: name.to_string(),
+            config,
+            clients: CLIENTS,
+            resources: RESOURCES,
+            ttl: Duration::from_secs(2),
+            run: run_length(),
+            probe_block: Vec::new(),
+        }
+    }
+
+    /// The settings under faults: a 1 s TTL, a 200 ms per-instance timeout
+    /// (a faulty master costs each round at most that), a 500 ms stall
+    /// limit and a short reconnect backoff, so that a recovered master is
+    /// tried again soon.
+    fn faulty(name: &str, urls: &[String], probe_block: Vec<SocketAddr>) -> Setup {
+        let mut config = Config::new(urls).unwrap_or_else(|e| panic!("{e}"));
+        config.per_instance_timeout = Duration::from_millis(200);
+        config.connect_timeout = Duration::from_millis(500);
+        config.reconnect_backoff_max = Duration::from_millis(250);
+        Setup {
+            name: name.to_string(),
+            config,
+            clients: CLIENTS,
+            resources: RESOURCES,
+            ttl: Duration::from_secs(1),
+            run: run_length(),
+            probe_block,
+        }
+    }
+
+    fn masters(&self) -> usize {
+        self.config.servers.len()
+    }
+}
+
+/// One critical section, on the one monotonic clock.
+///
+/// Which interval counts as "held" matters, and its two ends are anchored
+/// differently. The end is the lock's `deadline`, which the client anchors
+/// at the start of the winning round: every key was set after that start,
+/// so none expires before `start + TTL`, and `start + TTL - drift` is the
+/// conservative end (the checker verifies the deadline is no later than
+/// `acquired + TTL - drift`, since the round started before the call
+/// returned). A section that is still working at its deadline overran: it
+/// is reported, and only its part before the deadline counts as protected.
+///
+/// The beginning is `acquired`, when the call returned, not `called`, just
+/// before it started. Before the call returns the holder does not know it
+/// holds anything and does nothing. And `called` would flag overlaps that
+/// are not: a contender may start its round before the previous holder
+/// releases and still win, legitimately, because its SETs reach the masters
+/// after the release does (on a loaded machine a thread can be descheduled
+/// for milliseconds between reading the clock and writing; a retrying
+/// acquire started long before its winning round). The report counts those
+/// for single attempts, for information. So the property checked is the
+/// one a holder relies on: from the moment it is told it holds the lock
+/// until it stops working (inside the validity), nobody else is told so.
+#[derive(Debug, Clone, Copy)]
+struct Section {
+    client: usize,
+    resource: usize,
+    /// One attempt (`try_acquire`) rather than a retrying acquire.
+    single: bool,
+    /// Just before the acquire call.
+    called: Instant,
+    /// Just after it returned the lock.
+    acquired: Instant,
+    /// Just after the read-modify-write, before the release.
+    done: Instant,
+    /// The lock's deadline: mutual exclusion ends there.
+    deadline: Instant,
+}
+
+impl Section {
+    /// Finished inside its validity.
+    fn valid(&self) -> bool {
+        self.done < self.deadline
+    }
+
+    /// The end of the part of the section that the lock protects.
+    fn end(&self) -> Instant {
+        self.done.min(self.deadline)
+    }
+}
+
+/// Pairs of sections on one resource that overlap: sorted by the instant
+/// each began, every section must begin at or after the latest end among
+/// those before it. `begin` picks the instant a section counts from.
+fn overlaps(sections: &[Section], begin: fn(&Section) -> Instant) -> Vec<(Section, Section)> {
+    let mut by_resource: BTreeMap<usize, Vec<Section>> = BTreeMap::new();
+    for s in sections {
+        by_resource.entry(s.resource).or_default().push(*s);
+    }
+    let mut found = Vec::new();
+    for list in by_resource.values_mut() {
+        list.sort_by_key(begin);
+        let mut latest: Option<Section> = None;
+        for s in list.iter() {
+            if let Some(prev) = latest
+                && begin(s) < prev.end()
+            {
+                found.push((prev, *s));
+            }
+            if latest.is_none_or(|prev| s.end() > prev.end()) {
+                latest = Some(*s);
+            }
+        }
+    }
+    found
+}
+
+/// What one client saw during a run.
+#[derive(Default)]
+struct Tally {
+    sections: Vec<Section>,
+    attempts: u64,
+    contention: u64,
+    errors: BTreeMap<&'static str, u64>,
+    release_errors: BTreeMap<&'static str, u64>,
+    samples: Vec<String>,
+    longest_wait: Duration,
+    settle_left: usize,
+    max_buffer: usize,
+}
+
+impl Tally {
+    fn note(&mut self, e: &Error) {
+        if self.samples.len() < 3 {
+            self.samples.push(e.to_string());
+        }
+    }
+}
+
+fn error_name(e: &Error) -> &'static str {
+    match e {
+        Error::Held(_) => "Held",
+        Error::NotHeld(_) => "NotHeld",
+        Error::NoQuorum(_) => "NoQuorum",
+        Error::Protocol(_) => "Protocol",
+        Error::ValidityExpired(_) => "ValidityExpired",
+        Error::ExtensionLimit(_) => "ExtensionLimit",
+        Error::Config(_) => "Config",
+        Error::Os(_) => "Os",
+        _ => "other",
+    }
+}
+
+/// A small PRNG for the clients' choices; quality does not matter.
+struct Rng(u64);
+
+impl Rng {
+    fn seeded(salt: u64) -> Rng {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        Rng(t ^ salt.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+    }
+
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+fn resource_key(resource: usize) -> String {
+    format!("safety:r{resource}")
+}
+
+/// Sets `stop` when dropped, so that a panicking fault stops the clients
+/// and the scope that waits for them can end.
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+/// One contending client: acquire, read-modify-write, release, until told
+/// to stop. Even clients make single attempts, odd ones a short retry.
+fn client(
+    id: usize,
+    setup: &Setup,
+    counters: &[AtomicU64],
+    ready: &Barrier,
+    stop: &AtomicBool,
+) -> Tally {
+    let made = Redlock::new(setup.config.clone());
+    let mut redlock = match made {
+        Ok(mut redlock) => {
+            redlock.warm_up(Duration::from_secs(2));
+            ready.wait();
+            redlock
+        }
+        Err(e) => {
+            ready.wait();
+            panic!("client {id}: {e}");
+        }
+    };
+    let retry = Retry {
+        attempts: 5,
+        delay: Duration::from_millis(10),
+        max_wait: Some(Duration::from_millis(100)),
+    };
+    let mut rng = Rng::seeded(id as u64);
+    let mut tally = Tally::default();
+    let mut resource = id % setup.resources;
+    let mut want_since = Instant::now();
+    while !stop.load(Ordering::SeqCst) && tally.attempts < MAX_ATTEMPTS {
+        let key = resource_key(resource);
+        let called = Instant::now();
+        let single = id.is_multiple_of(2);
+        let result = if single {
+            redlock.try_acquire(key, setup.ttl)
+        } else {
+            redlock.acquire_with(key, setup.ttl, &retry)
+        };
+        let acquired = Instant::now();
+        tally.attempts += 1;
+        match result {
+            Ok(lock) => {
+                // The critical section: a read-modify-write that only the
+                // lock protects. Two holders at once would both read the
+                // same value and one update would be lost. The only order
+                // between holders is the one the masters impose (through
+                // sockets and system calls), which is what is under test.
+                let counter = &counters[resource];
+                let seen = counter.load(Ordering::Acquire);
+                if rng.below(4) == 0 {
+                    thread::sleep(Duration::from_micros(300));
+                } else {
+                    for _ in 0..rng.below(20) {
+                        thread::yield_now();
+                    }
+                }
+                counter.store(seen + 1, Ordering::Release);
+                let done = Instant::now();
+                tally.sections.push(Section {
+                    client: id,
+                    resource,
+                    single,
+                    called,
+                    acquired,
+                    done,
+                    deadline: lock.deadline(),
+                });
+                tally.longest_wait = tally.longest_wait.max(acquired - want_since);
+                let releasing = Instant::now();
+                if let Err(e) = redlock.release(&lock) {
+                    *tally.release_errors.entry(error_name(&e)).or_default() += 1;
+                    // A release that starts late (the thread descheduled
+                    // past the deadline on a loaded machine) finds the keys
+                    // expired: say when it started and ended.
+                    let at = |t: Instant| match t.checked_duration_since(lock.deadline()) {
+                        Some(after) => format!("{after:?} after the deadline"),
+                        None => format!("{:?} before the deadline", lock.deadline() - t),
+                    };
+                    if tally.samples.len() < 3 {
+                        tally.samples.push(format!(
+                            "release started {}, ended {}: {e}",
+                            at(releasing),
+                            at(Instant::now())
+                        ));
+                    }
+                }
+                // Straight back into contention, often for the other
+                // resource, so that a releasing client races the others.
+                resource = rng.below(setup.resources as u64) as usize;
+                want_since = Instant::now();
+            }
+            Err(Error::Held(failure)) => {
+                tally.contention += u64::from(failure.attempts);
+                thread::sleep(Duration::from_micros(500 + rng.below(2500)));
+            }
+            Err(e) => {
+                *tally.errors.entry(error_name(&e)).or_default() += 1;
+                tally.note(&e);
+                thread::sleep(Duration::from_millis(5));
+            }
+        }
+        tally.max_buffer = tally.max_buffer.max(redlock.buffer_capacity());
+    }
+    tally.settle_left = redlock.settle(SETTLE);
+    tally
+}
+
+/// The probe: a client of its own that, every 10 ms, acquires and releases
+/// a fresh resource, and records when it succeeded. Each resource is first
+/// held by a foreign token on the `N - Q` healthy masters of
+/// `setup.probe_block`, so the probe succeeds only when every faulted
+/// master grants: its first success after a recovery is when a client uses
+/// that master again. (A fresh resource each time, because a stopped
+/// master that resumes runs the SETs of rounds long over, and those keys
+/// block their resource there until the TTL.)
+fn probe(
+    setup: &Setup,
+    ready: &Barrier,
+    stop: &AtomicBool,
+    recovered: &Mutex<Option<Instant>>,
+) -> Vec<Instant> {
+    let blockers: Result<Vec<Plain>, _> = setup
+        .probe_block
+        .iter()
+        .map(|a| try_connect_addr(*a))
+        .collect();
+    let made = blockers.map_err(|e| e.to_string()).and_then(|blockers| {
+        Redlock::new(setup.config.clone())
+            .map(|redlock| (blockers, redlock))
+            .map_err(|e| e.to_string())
+    });
+    let (mut blockers, mut redlock) = match made {
+        Ok((blockers, mut redlock)) => {
+            redlock.warm_up(Duration::from_secs(2));
+            ready.wait();
+            (blockers, redlock)
+        }
+        Err(e) => {
+            ready.wait();
+            panic!("probe: {e}");
+        }
+    };
+    let mut successes = Vec::new();
+    let mut stopped_at = None;
+    for attempt in 0..MAX_ATTEMPTS {
+        if stop.load(Ordering::SeqCst) {
+            let since = *stopped_at.get_or_insert_with(Instant::now);
+            let last = *recovered.lock().unwrap_or_else(|e| e.into_inner());
+            let seen = last.is_none_or(|r| successes.last().is_some_and(|s| *s >= r));
+            if seen || since.elapsed() > PROBE_GRACE {
+                break;
+            }
+        }
+        let key = format!("{PROBE_PREFIX}{attempt}");
+        for blocker in &mut blockers {
+            let reply = blocker.cmd(&[
+                "SET".into(),
+                key.as_str().into(),
+                "blocker".into(),
+                "PX".into(),
+                Arg::Int(60_000),
+            ]);
+            assert!(reply.is_ok(), "{reply:?}");
+        }
+        if let Ok(lock) = redlock.try_acquire(key.clone(), setup.ttl) {
+            successes.push(Instant::now());
+            let _ = redlock.release(&lock);
+        }
+        for blocker in &mut blockers {
+            let reply = blocker.cmd(&["DEL".into(), key.as_str().into()]);
+            assert_eq!(reply, Reply::Integer(1), "the blocker of {key}");
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+    redlock.settle(SETTLE);
+    successes
+}
+
+/// A fault's active period: injected at `start`, over (the master is back
+/// and answering) at `end`.
+#[derive(Debug, Clone, Copy)]
+struct Window {
+    start: Instant,
+    end: Instant,
+}
+
+/// Everything a run measured.
+struct Report {
+    name: String,
+    masters: usize,
+    clients: usize,
+    ttl: Duration,
+    drift_factor: f64,
+    ran: Duration,
+    sections: Vec<Section>,
+    counters: Vec<u64>,
+    tallies: Vec<Tally>,
+    windows: Vec<Window>,
+    probe: Option<Vec<Instant>>,
+}
+
+impl Report {
+    fn contention(&self) -> u64 {
+        self.tallies.iter().map(|t| t.contention).sum()
+    }
+
+    fn merged(
+        &self,
+        pick: fn(&Tally) -> &BTreeMap<&'static str, u64>,
+    ) -> BTreeMap<&'static str, u64> {
+        let mut all = BTreeMap::new();
+        for t in &self.tallies {
+            for (k, v) in pick(t) {
+                *all.entry(*k).or_default() += v;
+            }
+        }
+        all
+    }
+
+    fn overruns(&self) -> usize {
+        self.sections.iter().filter(|s| !s.valid()).count()
+    }
+
+    /// Acquisitions whose acquire returned inside each fault window.
+    fn in_windows(&self) -> Vec<usize> {
+        self.windows
+            .iter()
+            .map(|w| {
+                self.sections
+                    .iter()
+                    .filter(|s| s.acquired >= w.start && s.acquired < w.end)
+                    .count()
+            })
+            .collect()
+    }
+
+    /// For each fault: how long after recovery the probe first succeeded
+    /// (before the next fault began), if it did.
+    fn reuse(&self) -> Vec<Option<Duration>> {
+        let Some(successes) = &self.probe else {
+            return Vec::new();
+        };
+        self.windows
+            .iter()
+            .enumerate()
+            .map(|(i, w)| {
+                let next = self.windows.get(i + 1).map(|n| n.start);
+                successes
+                    .iter()
+                    .find(|s| **s >= w.end && next.is_none_or(|n| **s < n))
+                    .map(|s| *s - w.end)
+            })
+            .collect()
+    }
+
+    fn print(&self) {
+        let mut line = format!(
+            "safety [{}] N={} M={} TTL={:?} ran {:.2?}: {} acquisitions ({} overran their validity), \
+             {} contention failures, other errors {:?}, release errors {:?}, longest wait {:.1?}, \
+             overlaps {} (counting single attempts from the call's start instead: {}), counters {:?}, \
+             max buffer {} B, settle left {}",
+            self.name,
+            self.masters,
+            self.clients,
+            self.ttl,
+            self.ran,
+            self.sections.len(),
+            self.overruns(),
+            self.contention(),
+            self.merged(|t| &t.errors),
+            self.merged(|t| &t.release_errors),
+            self.tallies
+                .iter()
+                .map(|t| t.longest_wait)
+                .max()
+                .unwrap_or_default(),
+            overlaps(&self.sections, |s| s.acquired).len(),
+            overlaps(&self.sections, |s| if s.single {
+                s.called
+            } else {
+                s.acquired
+            })
+            .len(),
+            self.counters,
+            self.tallies.iter().map(|t| t.max_buffer).max().unwrap_or(0),
+            self.tallies.iter().map(|t| t.settle_left).sum::<usize>(),
+        );
+        if !self.windows.is_empty() {
+            let _ = write!(
+                line,
+                "; {} fault(s), acquisitions in each fault window {:?}, window lengths {:?}",
+                self.windows.len(),
+                self.in_windows(),
+                self.windows
+                    .iter()
+                    .map(|w| w.end - w.start)
+                    .collect::<Vec<_>>()
+            );
+        }
+        if self.probe.is_some() {
+            let _ = write!(
+                line,
+                "; master used again after recovery: {:?}",
+                self.reuse()
+            );
+        }
+        eprintln!("{line}");
+        for t in &self.tallies {
+            for sample in &t.samples {
+                eprintln!("safety [{}] sample error: {sample}", self.name);
+            }
+        }
+    }
+
+    /// The safety properties, and liveness while a majority is healthy.
+    fn assert_safe(&self) {
+        self.print();
+        let name = &self.name;
+        assert!(!self.sections.is_empty(), "[{name}] no acquisition at all");
+        let found = overlaps(&self.sections, |s| s.acquired);
+        assert!(
+            found.is_empty(),
+            "[{name}] {} overlapping critical sections, first: {:?}",
+            found.len(),
+            found.first()
+        );
+        // The validity ends at `start of the winning round + TTL - drift`:
+        // the keys were set after that start, so they expire no earlier
+        // than `start + TTL` (give or take the drift). The winning round
+        // started before the call returned, so the deadline can be no later
+        // than `acquired + TTL - drift`.
+        let drift = self.ttl.mul_f64(self.drift_factor) + Duration::from_millis(2);
+        for s in &self.sections {
+            assert!(
+                s.deadline + drift <= s.acquired + self.ttl,
+                "[{name}] validity not anchored at the round's start: {s:?}"
+            );
+            assert!(s.acquired <= s.done, "[{name}] {s:?}");
+        }
+        let overruns = self.overruns();
+        for (resource, counter) in self.counters.iter().enumerate() {
+            let sections = self
+                .sections
+                .iter()
+                .filter(|s| s.resource == resource)
+                .count() as u64;
+            if overruns == 0 {
+                assert_eq!(
+                    *counter, sections,
+                    "[{name}] resource {resource}: updates lost under the lock"
+                );
+            } else {
+                // A section that ran past its deadline was no longer
+                // protected: it may lose an update, but only its own.
+                assert!(
+                    *counter <= sections && *counter + overruns as u64 >= sections,
+                    "[{name}] resource {resource}: counter {counter}, {sections} sections, \
+                     {overruns} overran"
+                );
+            }
+        }
+        for (i, n) in self.in_windows().into_iter().enumerate() {
+            assert!(
+                n > 0,
+                "[{name}] no acquisition during fault {i}, with a majority healthy"
+            );
+        }
+        if let Some(last) = self.reuse().last() {
+            assert!(
+                last.is_some(),
+                "[{name}] the recovered master was not used again within {PROBE_GRACE:?} \
+                 of the run's end"
+            );
+        }
+    }
+}
+
+/// Runs the checker: `setup.clients` clients contend for
+/// `setup.resources` resources for `setup.run`. When `fault` is given it
+/// is called in cycles, after a healthy lead-in and with healthy time after
+/// each call, for as long as the run lasts (at least once); each call
+/// injects one fault, waits, ends it, and returns its window.
+fn check_mutual_exclusion(setup: &Setup, mut fault: Option<&mut dyn FnMut() -> Window>) -> Report {
+    let counters: Vec<AtomicU64> = (0..setup.resources).map(|_| AtomicU64::new(0)).collect();
+    let stop = AtomicBool::new(false);
+    let recovered = Mutex::new(None);
+    let probing = !setup.probe_block.is_empty();
+    let ready = Barrier::new(setup.clients + 1 + usize::from(probing));
+    let (tallies, probe_successes, ran, windows) = thread::scope(|scope| {
+        let stop_guard = StopOnDrop(&stop);
+        let workers: Vec<_> = (0..setup.clients)
+            .map(|id| {
+                let (counters, ready, stop) = (&counters, &ready, &stop);
+                scope.spawn(move || client(id, setup, counters, ready, stop))
+            })
+            .collect();
+        let prober = probing.then(|| scope.spawn(|| probe(setup, &ready, &stop, &recovered)));
+        ready.wait();
+        let started = Instant::now();
+        let end = started + setup.run;
+        let mut windows = Vec::new();
+        if let Some(fault) = fault.as_mut() {
+            thread::sleep(LEAD_IN);
+            loop {
+                let cycle = Instant::now();
+                windows.push(fault());
+                thread::sleep(TAIL);
+                let took = cycle.elapsed();
+                if windows.len() >= MAX_CYCLES || Instant::now() + took > end {
+                    break;
+                }
+            }
+        }
+        if let Some(left) = end.checked_duration_since(Instant::now()) {
+            thread::sleep(left);
+        }
+        *recovered.lock().unwrap_or_else(|e| e.into_inner()) = windows.last().map(|w| w.end);
+        let ran = started.elapsed();
+        drop(stop_guard);
+        let join = |h: thread::ScopedJoinHandle<'_, _>| {
+            h.join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+        };
+        let tallies: Vec<Tally> = workers.into_iter().map(join).collect();
+        let probe_successes = prober.map(|h| {
+            h.join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+        });
+        (tallies, probe_successes, ran, windows)
+    });
+    let mut sections: Vec<Section> = tallies.iter().flat_map(|t| t.sections.clone()).collect();
+    sections.sort_by_key(|s| (s.acquired, s.client));
+    Report {
+        name: setup.name.clone(),
+        masters: setup.masters(),
+        clients: setup.clients,
+        ttl: setup.ttl,
+        drift_factor: setup.config.drift_factor,
+        ran,
+        sections,
+        counters: counters.iter().map(|c| c.load(Ordering::SeqCst)).collect(),
+        tallies,
+        windows,
+        probe: probe_successes,
+    }
+}
+
+/// Nothing left behind: every master must be empty once the run is over
+/// and every client has settled. The masters in `faulted` may keep a key
+/// until its TTL (a SET that reached them over a connection that then
+/// broke, so that the release could not follow on it): they get the TTL and
+/// a margin. The others get half the TTL, which only a release can meet.
+fn assert_nothing_left(masters: &Cluster, faulted: &[usize], ttl: Duration) {
+    for &i in faulted {
+        let left = common::dbsize(&masters[i]);
+        if left > 0 {
+            eprintln!(
+                "safety: faulted master {i} holds {left} key(s) that outlived their holders; \
+                 they must expire within the TTL"
+            );
+        }
+    }
+    for (i, server) in masters.iter().enumerate() {
+        let limit = if faulted.contains(&i) {
+            ttl + EXPIRY_MARGIN
+        } else {
+            ttl / 2
+        };
+        if let Err(left) = wait_empty(server, limit) {
+            panic!(
+                "master {i} ({}) still holds keys {limit:?} after the run: {left:?}",
+                server.url()
+            );
+        }
+    }
+}
+
+fn expect<T, E: std::fmt::Display>(r: Result<T, E>) -> T {
+    r.unwrap_or_else(|e| panic!("{e}"))
+}
+
+// ---------------------------------------------------------------------------
+// The proxy.
+
+/// What the proxy does to the bytes it carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+enum Mode {
+    /// Forwards every chunk as it comes.
+    Pass = 0,
+    /// Holds every chunk, both ways, 20 to 50 ms before forwarding it.
+    Latency = 1,
+    /// Forwards half of every third server-to-client chunk, then closes
+    /// both sides: replies cut off in the middle.
+    Cut = 2,
+    /// Keeps every connection open, accepts new ones, and forwards
+    /// nothing either way.
+    Swallow = 3,
+}
+
+impl Mode {
+    fn from_u8(v: u8) -> Mode {
+        match v {
+            1 => Mode::Latency,
+            2 => Mode::Cut,
+            3 => Mode::Swallow,
+            _ => Mode::Pass,
+        }
+    }
+}
+
+const CUT_EVERY: u64 = 3;
+/// Read timeout of the proxy's sockets: how often a pump checks for stop.
+const PUMP_POLL: Duration = Duration::from_millis(20);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Direction {
+    ToServer,
+    ToClient,
+}
+
+/// State shared by the proxy's threads.
+struct Relay {
+    upstream: SocketAddr,
+    mode: AtomicU8,
+    stop: AtomicBool,
+    pumps: Mutex<Vec<JoinHandle<()>>>,
+    accepted: AtomicUsize,
+    cuts: AtomicUsize,
+    delayed: AtomicUsize,
+    swallowed: AtomicU64,
+    replies: AtomicU64,
+}
+
+/// A TCP proxy on 127.0.0.1 in front of one master, with std threads: one
+/// accepting, two per connection. Dropping it stops and joins them all.
+struct Proxy {
+    addr: SocketAddr,
+    relay: Arc<Relay>,
+    acceptor: Option<JoinHandle<()>>,
+}
+
+impl Proxy {
+    fn start(upstream: SocketAddr) -> Proxy {
+        let listener = expect(TcpListener::bind((Ipv4Addr::LOCALHOST, 0)));
+        let addr = expect(listener.local_addr());
+        let relay = Arc::new(Relay {
+            upstream,
+            mode: AtomicU8::new(Mode::Pass as u8),
+            stop: AtomicBool::new(false),
+            pumps: Mutex::new(Vec::new()),
+            accepted: AtomicUsize::new(0),
+            cuts: AtomicUsize::new(0),
+            delayed: AtomicUsize::new(0),
+            swallowed: AtomicU64::new(0),
+            replies: AtomicU64::new(0),
+        });
+        let shared = Arc::clone(&relay);
+        let acceptor = thread::spawn(move || accept_loop(&listener, &shared));
+        Proxy {
+            addr,
+            relay,
+            acceptor: Some(acceptor),
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("redis://{}", self.addr)
+    }
+
+    fn set(&self, mode: Mode) {
+        self.relay.mode.store(mode as u8, Ordering::SeqCst);
+    }
+
+    fn summary(&self) -> String {
+        let r = &self.relay;
+        format!(
+            "proxy: {} connections, {} replies cut, {} chunks delayed, {} bytes swallowed",
+            r.accepted.load(Ordering::SeqCst),
+            r.cuts.load(Ordering::SeqCst),
+            r.delayed.load(Ordering::SeqCst),
+            r.swallowed.load(Ordering::SeqCst)
+        )
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.relay.stop.store(true, Ordering::SeqCst);
+        // Wakes the blocking accept; it sees `stop` and returns.
+        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
+        if let Some(acceptor) = self.acceptor.take() {
+            let _ = acceptor.join();
+        }
+        let pumps =
+            std::mem::take(&mut *self.relay.pumps.lock().unwrap_or_else(|e| e.into_inner()));
+        for pump in pumps {
+            let _ = pump.join();
+        }
+    }
+}
+
+fn accept_loop(listener: &TcpListener, relay: &Arc<Relay>) {
+    for conn in listener.incoming() {
+        if relay.stop.load(Ordering::SeqCst) {
+            return;
+        }
+        let Ok(client) = conn else {
+            thread::sleep(Duration::from_millis(10));
+            continue;
+        };
+        relay.accepted.fetch_add(1, Ordering::SeqCst);
+        let Ok(server) = TcpStream::connect_timeout(&relay.upstream, Duration::from_secs(2)) else {
+            continue;
+        };
+        let setup = |s: &TcpStream| -> io::Result<TcpStream> {
+            s.set_nodelay(true)?;
+            s.set_read_timeout(Some(PUMP_POLL))?;
+            s.set_write_timeout(Some(Duration::from_secs(2)))?;
+            s.try_clone()
+        };
+        let (Ok(client_out), Ok(server_out)) = (setup(&client), setup(&server)) else {
+            continue;
+        };
+        let mut pumps = relay.pumps.lock().unwrap_or_else(|e| e.into_inner());
+        pumps.retain(|p| !p.is_finished());
+        for (from, to, direction) in [
+            (client, server_out, Direction::ToServer),
+            (server, client_out, Direction::ToClient),
+        ] {
+            let relay = Arc::clone(relay);
+            pumps.push(thread::spawn(move || pump(from, to, direction, &relay)));
+        }
+    }
+}
+
+fn pump(mut from: TcpStream, mut to: TcpStream, direction: Direction, relay: &Relay) {
+    let mut buf = vec![0u8; 16 * 1024];
+    let mut rng = Rng::seeded(relay.accepted.load(Ordering::SeqCst) as u64);
+    while !relay.stop.load(Ordering::SeqCst) {
+        let n = match from.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock
+                        | io::ErrorKind::TimedOut
+                        | io::ErrorKind::Interrupted
+                ) =>
+            {
+                continue;
+            }
+            Err(_) => break,
+        };
+        let chunk = &buf[..n];
+        let sent = match Mode::from_u8(relay.mode.load(Ordering::SeqCst)) {
+            Mode::Pass => to.write_all(chunk),
+            Mode::Latency => {
+                thread::sleep(Duration::from_millis(20 + rng.below(31)));
+                relay.delayed.fetch_add(1, Ordering::SeqCst);
+                to.write_all(chunk)
+            }
+            Mode::Swallow => {
+                relay.swallowed.fetch_add(n as u64, Ordering::SeqCst);
+                Ok(())
+            }
+            Mode::Cut
+                if direction == Direction::ToClient
+                    && n >= 2
+                    && relay
+                        .replies
+                        .fetch_add(1, Ordering::SeqCst)
+                        .is_multiple_of(CUT_EVERY) =>
+            {
+                let _ = to.write_all(&chunk[..n / 2]);
+                let _ = to.flush();
+                relay.cuts.fetch_add(1, Ordering::SeqCst);
+                break;
+            }
+            Mode::Cut => to.write_all(chunk),
+        };
+        if sent.is_err() {
+            break;
+        }
+    }
+    let _ = from.shutdown(Shutdown::Both);
+    let _ = to.shutdown(Shutdown::Both);
+}
+
+/// The proxy's fault: `mode` for `length`, then back to passing.
+fn proxy_fault(proxy: &Proxy, mode: Mode, length: Duration) -> Window {
+    let start = Instant::now();
+    proxy.set(mode);
+    thread::sleep(length);
+    proxy.set(Mode::Pass);
+    Window {
+        start,
+        end: Instant::now(),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The tests.
+
+#[test]
+fn the_checker_finds_overlapping_sections_and_only_those() {
+    let t0 = Instant::now();
+    let at = |ms: u64| t0 + Duration::from_millis(ms);
+    let section = |resource, acquired, done, deadline| Section {
+        client: 0,
+        resource,
+        single: true,
+        called: at(acquired)
+            .checked_sub(Duration::from_millis(1))
+            .unwrap_or(t0),
+        acquired: at(acquired),
+        done: at(done),
+        deadline: at(deadline),
+    };
+    type Case = (&'static str, Vec<Section>, usize);
+    let cases: [Case; 6] = [
+        (
+            "back to back sections do not overlap",
+            vec![section(0, 10, 20, 100), section(0, 20, 30, 100)],
+            0,
+        ),
+        (
+            "a section starting before the previous one ended overlaps",
+            vec![section(0, 10, 20, 100), section(0, 19, 30, 100)],
+            1,
+        ),
+        (
+            "sections on different resources never overlap",
+            vec![section(0, 10, 20, 100), section(1, 15, 30, 100)],
+            0,
+        ),
+        (
+            "a long section overlaps a later one past a short one in between",
+            vec![
+                section(0, 10, 50, 100),
+                section(0, 20, 25, 100),
+                section(0, 40, 45, 100),
+            ],
+            2,
+        ),
+        (
+            "an overrun counts only up to its deadline",
+            vec![section(0, 10, 80, 30), section(0, 35, 40, 100)],
+            0,
+        ),
+        (
+            "an overrun overlaps what starts before its deadline",
+            vec![section(0, 10, 80, 30), section(0, 25, 40, 100)],
+            1,
+        ),
+    ];
+    for (name, sections, want) in cases {
+        assert_eq!(overlaps(&sections, |s| s.acquired).len(), want, "{name}");
+    }
+}
+
+#[test]
+fn mutual_exclusion_holds_among_clients_contending_on_three_masters() {
+    let masters = cluster(3);
+    let setup = Setup::calm("contention, 3 masters", &masters.urls());
+    let report = check_mutual_exclusion(&setup, None);
+    report.assert_safe();
+    assert_nothing_left(&masters, &[], setup.ttl);
+}
+
+#[test]
+fn mutual_exclusion_holds_among_clients_contending_on_five_masters() {
+    let masters = cluster(5);
+    let setup = Setup::calm("contention, 5 masters", &masters.urls());
+    let report = check_mutual_exclusion(&setup, None);
+    report.assert_safe();
+    assert_nothing_left(&masters, &[], setup.ttl);
+}
+
+/// Kills `which` and restarts them, empty, once the TTL has passed: the
+/// spec's "delayed restart", which keeps a master that lost its keys out
+/// until every lock it could have granted has expired. (Restarting sooner
+/// can double-grant; that is the restart quarantine's subject.)
+fn kill_and_restart(masters: &mut Cluster, which: &[usize], ttl: Duration) -> Window {
+    let start = Instant::now();
+    for &i in which {
+        expect(masters[i].kill());
+    }
+    thread::sleep(ttl + Duration::from_millis(300));
+    for &i in which {
+        expect(masters[i].restart());
+    }
+    Window {
+        start,
+        end: Instant::now(),
+    }
+}
+
+#[test]
+fn killing_and_restarting_a_minority_master_mid_run_breaks_no_exclusion() {
+    let mut masters = cluster(3);
+    let setup = Setup::faulty(
+        "kill and restart 1 of 3",
+        &masters.urls(),
+        vec![masters[0].addr()],
+    );
+    let ttl = setup.ttl;
+    let mut fault = || kill_and_restart(&mut masters, &[1], ttl);
+    let report = check_mutual_exclusion(&setup, Some(&mut fault));
+    report.assert_safe();
+    assert_nothing_left(&masters, &[1], setup.ttl);
+}
+
+#[test]
+fn killing_and_restarting_two_of_five_masters_mid_run_breaks_no_exclusion() {
+    let mut masters = cluster(5);
+    // N - Q = 2 healthy masters blocked: the probe needs both restarted
+    // masters and the last healthy one.
+    let setup = Setup::faulty(
+        "kill and restart 2 of 5",
+        &masters.urls(),
+        vec![masters[0].addr(), masters[3].addr()],
+    );
+    let ttl = setup.ttl;
+    let mut fault = || kill_and_restart(&mut masters, &[1, 2], ttl);
+    let report = check_mutual_exclusion(&setup, Some(&mut fault));
+    report.assert_safe();
+    assert_nothing_left(&masters, &[1, 2], setup.ttl);
+}
+
+#[test]
+fn stopping_a_master_past_the_per_instance_timeout_breaks_no_exclusion() {
+    let mut masters = cluster(3);
+    let setup = Setup::faulty("SIGSTOP 1 of 3", &masters.urls(), vec![masters[0].addr()]);
+    let paused_for = Duration::from_secs(1);
+    // Longer than the per-instance timeout and than the stall limit, so
+    // that the clients drop their connections to it and reconnect.
+    assert!(paused_for > setup.config.per_instance_timeout);
+    assert!(paused_for > setup.config.connect_timeout);
+    let mut fault = || {
+        let start = Instant::now();
+        expect(masters[1].pause());
+        thread::sleep(paused_for);
+        expect(masters[1].resume());
+        Window {
+            start,
+            end: Instant::now(),
+        }
+    };
+    let report = check_mutual_exclusion(&setup, Some(&mut fault));
+    report.assert_safe();
+    // Resumed, the master runs SETs written to connections the clients had
+    // already dropped; the releases went elsewhere or nowhere, so those
+    // keys live until their TTL.
+    assert_nothing_left(&masters, &[1], setup.ttl);
+}
+
+/// The three masters with the second reached through a proxy.
+fn behind_proxy(masters: &Cluster) -> (Proxy, Vec<String>) {
+    let proxy = Proxy::start(masters[1].addr());
+    let urls = vec![masters[0].url(), proxy.url(), masters[2].url()];
+    (proxy, urls)
+}
+
+fn proxy_run(name: &str, mode: Mode) {
+    let masters = cluster(3);
+    let (proxy, urls) = behind_proxy(&masters);
+    let setup = Setup::faulty(name, &urls, vec![masters[0].addr()]);
+    let mut fault = || proxy_fault(&proxy, mode, Duration::from_secs(1));
+    let report = check_mutual_exclusion(&setup, Some(&mut fault));
+    eprintln!("safety [{name}] {}", proxy.summary());
+    report.assert_safe();
+    drop(proxy);
+    assert_nothing_left(&masters, &[1], setup.ttl);
+}
+
+#[test]
+fn a_proxy_adding_latency_to_one_master_breaks_no_exclusion() {
+    proxy_run("proxy adds 20-50 ms per chunk", Mode::Latency);
+}
+
+#[test]
+fn a_proxy_cutting_replies_in_the_middle_breaks_no_exclusion() {
+    proxy_run("proxy cuts replies in the middle", Mode::Cut);
+}
+
+#[test]
+fn a_proxy_swallowing_all_traffic_breaks_no_exclusion() {
+    proxy_run("proxy swallows all traffic", Mode::Swallow);
+}
