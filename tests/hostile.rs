@@ -12,9 +12,9 @@
 //! real masters.
 //!
 //! The fake listens on 127.0.0.1 only, answers the handshake the client
-//! sends in its first write (two `SCRIPT LOAD`s), and stops with its test:
-//! dropping it joins every thread it started. Every loop here is bounded in
-//! count and time.
+//! sends in its first write (two `SCRIPT LOAD`s, and `INFO server` with
+//! restart quarantine on), and stops with its test: dropping it joins every
+//! thread it started. Every loop here is bounded in count and time.
 
 mod common;
 
@@ -382,6 +382,12 @@ fn honest_reply(state: &FakeState, args: &[&[u8]]) -> Vec<u8> {
     keys.retain(|_, (_, expiry)| *expiry > now);
     match upper(0).as_deref() {
         Some(b"PING") => b"+PONG\r\n".to_vec(),
+        // Up for a day, for a client with restart quarantine on.
+        Some(b"INFO") => bulk(
+            b"# Server\r\nredis_version:7.0.0\r\n\
+              run_id:0123456789abcdef0123456789abcdef01234567\r\n\
+              uptime_in_seconds:86400\r\n",
+        ),
         Some(b"SCRIPT") if upper(1).as_deref() == Some(b"LOAD") && args.len() == 3 => {
             match script(args[2], false) {
                 Some(s) => bulk(s.sha()),
@@ -440,6 +446,9 @@ fn client(urls: &[String], silent: bool) -> Redlock {
     config.per_instance_timeout = Duration::from_millis(500);
     config.connect_timeout = Duration::from_secs(1);
     config.reconnect_backoff_max = Duration::from_millis(200);
+    // The real masters were started empty by the test: no lock predates
+    // them, and restart quarantine would only keep them out at first.
+    config.quarantine = None;
     let mut redlock = expect(Redlock::new(config));
     redlock.warm_up(Duration::from_secs(if silent { 1 } else { 2 }));
     redlock
