@@ -60,11 +60,9 @@ const DEFAULT_NS: &[usize] = &[1, 3, 5];
 /// The caller times [`Client::acquire`]; a client that succeeds holds the
 /// lock until [`Client::release`].
 ///
-/// Room for the engine's coming modes: a batched client (K resources per
-/// pass: one write per master carrying K pipelined commands) implements
-/// this trait with `locks_per_cycle() == K`, so that cycles/s reads in
-/// locks per second; a spin client is [`Ours`] built with the spin option
-/// set. Both get a [`Kind`] variant and a line in [`Kind::all`].
+/// A batched client (K resources per pass: one write per master carrying
+/// K pipelined commands) has `locks_per_cycle() == K`, so that cycles/s
+/// reads in locks per second, and its latency is per batch.
 trait Client {
     /// Tries to take the lock once; true when it is held afterwards.
     fn acquire(&mut self) -> bool;
@@ -82,19 +80,32 @@ trait Client {
 enum Kind {
     Floor,
     Ours,
-    // Batch { k: usize } and Spin go here once the engine has them.
+    /// [`Ours`] busy-waiting for replies (`Config::spin`).
+    Spin,
+    /// K resources locked, then unlocked, per pass.
+    Batch16,
+    Batch128,
 }
 
 impl Kind {
     /// The clients compared by a full run, the reference first.
     fn all() -> &'static [Kind] {
-        &[Kind::Floor, Kind::Ours]
+        &[
+            Kind::Floor,
+            Kind::Ours,
+            Kind::Spin,
+            Kind::Batch16,
+            Kind::Batch128,
+        ]
     }
 
     fn parse(s: &str) -> Option<Kind> {
         match s {
             "floor" => Some(Kind::Floor),
             "ours" => Some(Kind::Ours),
+            "spin" => Some(Kind::Spin),
+            "batch16" => Some(Kind::Batch16),
+            "batch128" => Some(Kind::Batch128),
             _ => None,
         }
     }
@@ -103,6 +114,9 @@ impl Kind {
         match self {
             Kind::Floor => "floor",
             Kind::Ours => "ours",
+            Kind::Spin => "spin",
+            Kind::Batch16 => "batch16",
+            Kind::Batch128 => "batch128",
         }
     }
 
@@ -110,7 +124,10 @@ impl Kind {
         let key = lock_key(self);
         Ok(match self {
             Kind::Floor => Box::new(Floor::connect(addrs, key).map_err(|e| format!("floor: {e}"))?),
-            Kind::Ours => Box::new(Ours::connect(addrs, key)?),
+            Kind::Ours => Box::new(Ours::connect(addrs, key, false)?),
+            Kind::Spin => Box::new(Ours::connect(addrs, key, true)?),
+            Kind::Batch16 => Box::new(Batch::connect(addrs, key, 16)?),
+            Kind::Batch128 => Box::new(Batch::connect(addrs, key, 128)?),
         })
     }
 }
@@ -299,21 +316,82 @@ struct Ours {
     held: Option<Lock>,
 }
 
-impl Ours {
-    fn connect(addrs: &[SocketAddr], key: Bytes) -> Result<Ours, String> {
-        let urls = addrs.iter().map(|a| format!("redis://{a}"));
-        let mut config = Config::new(urls).map_err(|e| format!("ours: {e}"))?;
-        config.per_instance_timeout = PER_INSTANCE_TIMEOUT;
-        let mut client = Redlock::new(config).map_err(|e| format!("ours: {e}"))?;
-        let connected = client.warm_up(WARM_UP_TIMEOUT);
-        if connected != addrs.len() {
-            return Err(format!(
-                "ours: {connected} of {} masters connected after {WARM_UP_TIMEOUT:?}",
-                addrs.len()
-            ));
+/// A warmed-up client of the masters at `addrs`.
+fn redlock(addrs: &[SocketAddr], spin: bool) -> Result<Redlock, String> {
+    let urls = addrs.iter().map(|a| format!("redis://{a}"));
+    let mut config = Config::new(urls).map_err(|e| format!("ours: {e}"))?;
+    config.per_instance_timeout = PER_INSTANCE_TIMEOUT;
+    // Masters the bench started empty: no lock predates them.
+    config.quarantine = None;
+    config.spin = spin;
+    let mut client = Redlock::new(config).map_err(|e| format!("ours: {e}"))?;
+    let connected = client.warm_up(WARM_UP_TIMEOUT);
+    if connected != addrs.len() {
+        return Err(format!(
+            "ours: {connected} of {} masters connected after {WARM_UP_TIMEOUT:?}",
+            addrs.len()
+        ));
+    }
+    Ok(client)
+}
+
+/// redlock-mio locking K resources per pass.
+struct Batch {
+    client: Redlock,
+    keys: Vec<Bytes>,
+    held: Vec<Lock>,
+}
+
+impl Batch {
+    fn connect(addrs: &[SocketAddr], key: Bytes, k: usize) -> Result<Batch, String> {
+        let keys = (0..k)
+            .map(|i| {
+                let name = format!("{}:{i}", String::from_utf8_lossy(&key));
+                Bytes::from_static(Box::leak(name.into_bytes().into_boxed_slice()))
+            })
+            .collect();
+        Ok(Batch {
+            client: redlock(addrs, false)?,
+            keys,
+            held: Vec::with_capacity(k),
+        })
+    }
+}
+
+impl Client for Batch {
+    fn acquire(&mut self) -> bool {
+        let ttl = Duration::from_millis(TTL_MS as u64);
+        self.held.clear();
+        match self
+            .client
+            .try_acquire_batch(self.keys.iter().cloned(), ttl)
+        {
+            Ok(results) => self.held.extend(results.into_iter().flatten()),
+            Err(_) => return false,
         }
+        // A batch counts when every resource was taken.
+        self.held.len() == self.keys.len()
+    }
+
+    fn release(&mut self) -> bool {
+        let all = self
+            .client
+            .release_batch(&self.held)
+            .iter()
+            .all(Result::is_ok);
+        self.held.clear();
+        all
+    }
+
+    fn locks_per_cycle(&self) -> u64 {
+        self.keys.len() as u64
+    }
+}
+
+impl Ours {
+    fn connect(addrs: &[SocketAddr], key: Bytes, spin: bool) -> Result<Ours, String> {
         Ok(Ours {
-            client,
+            client: redlock(addrs, spin)?,
             key,
             held: None,
         })
@@ -425,7 +503,7 @@ impl Plan {
     fn full() -> Plan {
         Plan {
             ns: DEFAULT_NS.to_vec(),
-            budget: Duration::from_secs(12),
+            budget: Duration::from_secs(20),
             slice: Duration::from_millis(500),
             warm: Duration::from_millis(500),
         }

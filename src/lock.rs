@@ -163,7 +163,7 @@ impl Config {
             retry: Retry::default(),
             max_extensions: None,
             limits: Limits::default(),
-            quarantine: None,
+            quarantine: Some(Duration::from_secs(60)),
             spin: false,
         })
     }
@@ -573,6 +573,11 @@ impl Redlock {
     }
 
     /// One attempt to acquire `resource` for `ttl`.
+    ///
+    /// `resource` is the Redis key, used as is. Pass a `&'static str` or a
+    /// `Bytes` you keep and clone per call, and no operation allocates in
+    /// steady state; a fresh `Bytes` made from a `String` costs one small
+    /// allocation (its shared header) when the engine first clones it.
     ///
     /// On success the lock is valid until [`Lock::deadline`]:
     /// `ttl - elapsed - drift` after the attempt ended. On failure the
@@ -1018,6 +1023,23 @@ mod tests {
             change(&mut config);
             assert_eq!(Redlock::new(config).err(), Some(Error::Config(want)));
         }
+    }
+
+    #[test]
+    fn defaults_follow_the_spec_and_keep_quarantine_on() {
+        let config = Config::new(["redis://127.0.0.1:1"]).unwrap();
+        assert_eq!(config.drift_factor, 0.01);
+        assert_eq!(config.per_instance_timeout, Duration::from_millis(50));
+        assert_eq!(config.quarantine, Some(Duration::from_secs(60)));
+        assert!(!config.spin);
+        let mut redlock = Redlock::new(config).unwrap();
+        let got = redlock.try_acquire("r", Duration::from_secs(61));
+        assert_eq!(
+            got,
+            Err(Error::Config(ConfigError::TtlOverQuarantine(
+                Duration::from_secs(60)
+            )))
+        );
     }
 
     #[test]

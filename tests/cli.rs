@@ -31,6 +31,9 @@ const START_DEADLINE: Duration = Duration::from_secs(30);
 fn redlock(servers: &[String]) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_redlock"));
     command.env_remove("REDLOCK_SERVERS").stdin(Stdio::null());
+    // The tests' masters start empty: restart quarantine (on by default,
+    // see restart_quarantine_is_on_by_default) would keep them out at first.
+    command.arg("--no-quarantine");
     if !servers.is_empty() {
         command.arg("--servers").arg(servers.join(","));
     }
@@ -677,4 +680,50 @@ fn bench_batches_and_spins_on_request() {
     assert_eq!(report["spin"].as_bool(), Some(true), "{text}");
     assert!(report["cycles"].as_u64().is_some_and(|c| c >= 16), "{text}");
     assert_eq!(report["errors"].as_u64(), Some(0), "{text}");
+}
+
+#[test]
+fn restart_quarantine_is_on_by_default_and_names_itself() {
+    let masters = common::cluster(3);
+    let mut acquire = Command::new(env!("CARGO_BIN_EXE_redlock"));
+    acquire
+        .env_remove("REDLOCK_SERVERS")
+        .stdin(Stdio::null())
+        .args([
+            "--servers",
+            &masters.urls().join(","),
+            "acquire",
+            "--nonblock",
+            "fresh",
+        ]);
+    let out = finish(acquire);
+    // Masters up for less than the 60 s maximum TTL do not count yet.
+    assert_eq!(code(&out), 69, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("restart quarantine"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn a_ttl_over_max_ttl_is_a_usage_error() {
+    let masters = common::cluster(1);
+    let mut acquire = Command::new(env!("CARGO_BIN_EXE_redlock"));
+    acquire
+        .env_remove("REDLOCK_SERVERS")
+        .stdin(Stdio::null())
+        .args([
+            "--servers",
+            &masters.urls().join(","),
+            "--max-ttl",
+            "5s",
+            "acquire",
+            "r",
+            "--ttl",
+            "6s",
+        ]);
+    let out = finish(acquire);
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert!(stderr(&out).contains("quarantine"), "{}", stderr(&out));
 }
