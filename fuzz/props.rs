@@ -126,6 +126,13 @@ pub fn check_roundtrip(data: &[u8]) {
     );
     refused(
         Limits {
+            max_reply_len: exact.max_reply_len - 1,
+            ..exact
+        },
+        Limit::ReplyLength,
+    );
+    refused(
+        Limits {
             max_line_len: exact.max_line_len - 1,
             ..exact
         },
@@ -197,6 +204,13 @@ fn exact_limits(texts: &[Vec<u8>]) -> Limits {
         max_array_len: texts.len(),
         max_depth: 1,
         max_line_len: digits(texts.len()).max(digits(longest)),
+        // The whole command's encoded length.
+        max_reply_len: 3
+            + digits(texts.len())
+            + texts
+                .iter()
+                .map(|t| 5 + digits(t.len()) + t.len())
+                .sum::<usize>(),
     }
 }
 
@@ -210,6 +224,7 @@ fn limit_sets(seed: u64) -> [Limits; 4] {
             max_array_len: 2,
             max_depth: 2,
             max_line_len: 6,
+            max_reply_len: 12,
         },
         // Drawn from the input, so that the fuzzer moves the limits too:
         // zero, and past DEPTH_CAP, included.
@@ -218,6 +233,7 @@ fn limit_sets(seed: u64) -> [Limits; 4] {
             max_array_len: ((seed >> 6) & 0xf) as usize,
             max_depth: ((seed >> 10) & 0x7f) as usize,
             max_line_len: ((seed >> 17) & 0x3f) as usize,
+            max_reply_len: ((seed >> 23) & 0xff) as usize,
         },
         // Roomy: only DEPTH_CAP bounds the nesting, and announced lengths
         // far past any input are accepted as partial.
@@ -226,6 +242,7 @@ fn limit_sets(seed: u64) -> [Limits; 4] {
             max_array_len: 1 << 20,
             max_depth: usize::MAX,
             max_line_len: 1 << 20,
+            max_reply_len: 1 << 30,
         },
     ]
 }

@@ -215,7 +215,11 @@ impl Driver {
                         Ok(0) => break Some(Cause::Closed),
                         Ok(n) => {
                             conns[i].handle_input(&self.read_buf[..n]);
-                            if n < self.read_buf.len() && !to_end {
+                            // Parsed as it arrives, so that the buffer holds
+                            // at most one partial reply, which the parser's
+                            // limits bound, whatever the master sends.
+                            round.handle_input(conns, i, now);
+                            if conns[i].is_down() || (n < self.read_buf.len() && !to_end) {
                                 break None;
                             }
                         }
@@ -224,9 +228,9 @@ impl Driver {
                         Err(e) => break Some(Cause::Io(e.kind())),
                     }
                 };
-                // Replies that arrived before a close still count.
-                round.handle_input(conns, i, now);
-                if let Some(cause) = failure {
+                if let Some(cause) = failure
+                    && !conns[i].is_down()
+                {
                     round.handle_failure(conns, i, now, cause);
                 }
             }

@@ -932,7 +932,12 @@ impl Redlock {
             Loss::Protocol => Error::Protocol(failure),
             Loss::Unreachable => Error::NoQuorum(failure),
             Loss::Refused if op == Op::Acquire => Error::Held(failure),
-            Loss::Refused => Error::NotHeld(failure),
+            // Not held only when refusals alone explain the loss; a refusal
+            // beside a failure cannot tell whether the failed master held it.
+            Loss::Refused if failure.refused > failure.votes.len() - failure.quorum => {
+                Error::NotHeld(failure)
+            }
+            Loss::Refused => Error::NoQuorum(failure),
         }
     }
 }

@@ -384,7 +384,17 @@ fn classify(op: Op, reply: Reply) -> Vote {
         (Op::Release | Op::Extend, Reply::Integer(0)) => Vote::Refused,
         (_, Reply::Error(msg)) => Vote::Failed(Cause::Server(msg)),
         (_, other) => {
-            let text = format!("unexpected reply {other:?}");
+            // A hostile master's reply can be large: the report keeps its
+            // start.
+            let mut text = format!("unexpected reply {other:?}");
+            if text.len() > 120 {
+                let mut cut = 120;
+                while !text.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                text.truncate(cut);
+                text.push_str("...");
+            }
             Vote::Failed(Cause::Server(Bytes::from(text)))
         }
     }

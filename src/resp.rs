@@ -120,6 +120,8 @@ pub enum Limit {
     Depth,
     /// [`Limits::max_line_len`].
     LineLength,
+    /// [`Limits::max_reply_len`].
+    ReplyLength,
 }
 
 /// Why a reply could not be parsed. Small and `Copy`: the connection that
@@ -154,6 +156,7 @@ impl fmt::Display for ProtocolError {
                     Limit::ArrayLength => "array length",
                     Limit::Depth => "nesting depth",
                     Limit::LineLength => "line length",
+                    Limit::ReplyLength => "total reply length",
                 };
                 write!(f, "reply exceeds the {what} limit")
             }
@@ -178,6 +181,10 @@ pub struct Limits {
     /// Longest simple string, error or integer line, without its CRLF.
     /// Default 4 KiB.
     pub max_line_len: usize,
+    /// Largest whole reply, in bytes, nested arrays and all; checked on
+    /// partial input too, so that a reply within every other limit still
+    /// cannot grow the read buffer without end. Default 128 KiB.
+    pub max_reply_len: usize,
 }
 
 /// The hard ceiling on [`Limits::max_depth`].
@@ -190,6 +197,7 @@ impl Default for Limits {
             max_array_len: 1024,
             max_depth: 8,
             max_line_len: 4 * 1024,
+            max_reply_len: 128 * 1024,
         }
     }
 }
@@ -201,13 +209,18 @@ impl Default for Limits {
 /// A [`ProtocolError`] when the input cannot be the start of a valid reply
 /// within `limits`.
 pub fn frame_len(src: &[u8], limits: &Limits) -> Result<Status<usize>, ProtocolError> {
-    Ok(match walk(src, 0, 1, limits, &mut Skip)? {
-        Some(((), end)) => Status::Complete {
+    // Only the first `max_reply_len` bytes are looked at: a reply that
+    // needs more is too long, whichever way its bytes arrive, and any other
+    // error lies within them.
+    let view = &src[..src.len().min(limits.max_reply_len)];
+    match walk(view, 0, 1, limits, &mut Skip)? {
+        Some(((), end)) => Ok(Status::Complete {
             value: end,
             used: end,
-        },
-        None => Status::Partial,
-    })
+        }),
+        None if src.len() > view.len() => Err(ProtocolError::LimitExceeded(Limit::ReplyLength)),
+        None => Ok(Status::Partial),
+    }
 }
 
 /// Parses the first whole reply in `src`. Payloads are slices of `src`.
@@ -730,6 +743,7 @@ mod tests {
             max_array_len: 2,
             max_depth: 2,
             max_line_len: 6,
+            max_reply_len: 12,
         }
     }
 
@@ -748,6 +762,17 @@ mod tests {
                 Some(Limit::Depth),
             ),
             ("line at limit", b"+abcdef\r\n", None),
+            ("reply at limit", b"*2\r\n:1\r\n:2\r\n", None),
+            (
+                "reply past limit",
+                b"*2\r\n:1\r\n:22\r\n",
+                Some(Limit::ReplyLength),
+            ),
+            (
+                "partial reply past limit",
+                b"*2\r\n:1\r\n:2222",
+                Some(Limit::ReplyLength),
+            ),
             ("line past limit", b"+abcdefg", Some(Limit::LineLength)),
             (
                 "integer line past limit",
@@ -774,6 +799,7 @@ mod tests {
             max_array_len: usize::MAX,
             max_depth: usize::MAX,
             max_line_len: usize::MAX,
+            max_reply_len: usize::MAX,
         };
         let got = parse(&Bytes::from_static(b"*1\r\n+OK\r\n"), &limits);
         assert!(

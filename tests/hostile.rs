@@ -771,18 +771,11 @@ fn floods_stay_under_the_cap(floods: &[Flood]) {
 }
 
 #[test]
-#[ignore = "engine bug: Driver::handle_events (src/driver.rs) appends every 16 KiB read \
-            to the connection's buffer until a short read, and parses only afterwards, so a \
-            master that keeps its socket full grows the buffer without bound (64 MiB, the \
-            fake's per-connection limit, read in one event with BulkAtTheLimit and ValidBulks)"]
 fn a_flood_of_bytes_keeps_buffers_under_the_cap() {
     floods_stay_under_the_cap(&Flood::ITEM_LIMITED);
 }
 
 #[test]
-#[ignore = "engine bug: no limit on a reply's total size (src/resp.rs Limits): arrays \
-            within the length and depth limits of bulks within the length limit make a \
-            partial reply that is buffered without bound (64 MiB seen)"]
 fn a_reply_within_every_limit_that_never_ends_keeps_buffers_under_the_cap() {
     floods_stay_under_the_cap(&[Flood::WideArraysOfBulks]);
 }

@@ -99,7 +99,10 @@ fn with_quarantine_the_restarted_masters_do_not_count_until_the_max_ttl_has_pass
     let (held, restarted) = stage_crash_restart(&mut masters, &mut a);
     let mut b = client(&urls, Some(MAX_TTL));
     let refused = b.try_acquire("crash", MAX_TTL);
-    let Err(error @ Error::NoQuorum(failure)) = &refused else {
+    // Held or NoQuorum, depending on whether master 0's refusal or the
+    // second quarantined vote came first: either way, no lock, and the
+    // quarantine is named.
+    let Err(error @ (Error::NoQuorum(failure) | Error::Held(failure))) = &refused else {
         panic!("B must not get the lock while A holds it: {refused:?}");
     };
     let quarantined: Vec<Duration> = failure
@@ -110,7 +113,7 @@ fn with_quarantine_the_restarted_masters_do_not_count_until_the_max_ttl_has_pass
             _ => None,
         })
         .collect();
-    assert_eq!(quarantined.len(), 2, "{error}");
+    assert!(!quarantined.is_empty(), "{error}");
     assert!(quarantined.iter().all(|left| *left <= MAX_TTL), "{error}");
     let message = error.to_string();
     assert!(message.contains("restart quarantine"), "{message}");
@@ -134,6 +137,40 @@ fn with_quarantine_the_restarted_masters_do_not_count_until_the_max_ttl_has_pass
     );
     println!("B acquired {waited:?} after the restarts (max TTL {MAX_TTL:?})");
     b.release(&got).unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[test]
+fn a_freshly_started_deployment_is_out_of_the_quorum_for_the_max_ttl_and_says_so() {
+    let masters = cluster(3);
+    let mut redlock = client(&masters.urls(), Some(MAX_TTL));
+    let got = redlock.try_acquire("fresh", MAX_TTL);
+    let Err(error @ Error::NoQuorum(failure)) = &got else {
+        panic!("masters up for less than the max TTL must not count: {got:?}");
+    };
+    assert!(
+        failure
+            .votes
+            .iter()
+            .filter(|v| matches!(v.vote, Vote::Failed(Cause::Quarantined(_))))
+            .count()
+            >= 2,
+        "{error}"
+    );
+    assert!(error.to_string().contains("restart quarantine"), "{error}");
+    // Once they have been up for the max TTL (as the client reckons it,
+    // rounding uptime_in_seconds down: up to a second late), they count.
+    let lock = redlock
+        .acquire_with(
+            "fresh",
+            MAX_TTL,
+            &redlock_mio::Retry {
+                attempts: u32::MAX,
+                delay: Duration::from_millis(100),
+                max_wait: Some(MAX_TTL + Duration::from_secs(10)),
+            },
+        )
+        .unwrap_or_else(|e| panic!("after the quarantine: {e}"));
+    redlock.release(&lock).unwrap_or_else(|e| panic!("{e}"));
 }
 
 #[test]
