@@ -620,16 +620,17 @@ fn report(n: usize, kinds: &[Kind], tallies: &mut [Tally]) -> Row {
 
 fn summary(rows: &[Row]) {
     println!();
-    println!("summary (ours/floor: cycles/s ratio, acquire p50 and p99 ratios)");
+    println!("summary (client/floor: cycles/s ratio, acquire p50 and p99 ratios)");
     println!(
-        "  {:>2} {:>12} {:>12} {:>10} {:>10} {:>10} {:>10} {:>8} {:>8} {:>8}",
+        "  {:>2} {:<9} {:>12} {:>12} {:>10} {:>10} {:>10} {:>10} {:>8} {:>8} {:>8}",
         "N",
+        "client",
         "floor cyc/s",
-        "ours cyc/s",
+        "cyc/s",
         "floor p50",
-        "ours p50",
+        "p50",
         "floor p99",
-        "ours p99",
+        "p99",
         "cyc/s x",
         "p50 x",
         "p99 x"
@@ -638,8 +639,9 @@ fn summary(rows: &[Row]) {
         let floor = &row.figures[0];
         for ours in &row.figures[1..] {
             println!(
-                "  {:>2} {:>12.0} {:>12.0} {:>10} {:>10} {:>10} {:>10} {:>7.2}x {:>7.2}x {:>7.2}x",
+                "  {:>2} {:<9} {:>12.0} {:>12.0} {:>10} {:>10} {:>10} {:>10} {:>7.2}x {:>7.2}x {:>7.2}x",
                 row.n,
+                ours.0.name(),
                 floor.1,
                 ours.1,
                 Micros(floor.2),
