@@ -12,6 +12,7 @@
 use std::collections::VecDeque;
 use std::fmt;
 use std::io;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
@@ -30,6 +31,16 @@ pub enum Op {
     Release,
     /// The compare-and-pexpire script.
     Extend,
+    /// Fenced acquire, phase one: SET NX PX and read the fence, atomically.
+    AcquireFenced,
+    /// Fenced acquire, phase two: raise the fence while holding the key.
+    Fence,
+    /// Set every key of a multi-resource lock, or none.
+    AcquireMany,
+    /// Release every key of a multi-resource lock.
+    ReleaseMany,
+    /// Extend every key of a multi-resource lock, or none.
+    ExtendMany,
 }
 
 impl Op {
@@ -38,21 +49,52 @@ impl Op {
             Op::Acquire => None,
             Op::Release => Some(ScriptId::Release),
             Op::Extend => Some(ScriptId::Extend),
+            Op::AcquireFenced => Some(ScriptId::AcquireFenced),
+            Op::Fence => Some(ScriptId::Fence),
+            Op::AcquireMany => Some(ScriptId::AcquireMany),
+            Op::ReleaseMany => Some(ScriptId::ReleaseMany),
+            Op::ExtendMany => Some(ScriptId::ExtendMany),
+        }
+    }
+
+    /// Whether the request's `arg` goes on the wire after the token.
+    fn takes_arg(self) -> bool {
+        !matches!(self, Op::Release | Op::ReleaseMany)
+    }
+}
+
+/// The keys a request names: one (the common case, which allocates
+/// nothing) or several, shared between the request's copies.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Keys {
+    /// A single key.
+    One(Bytes),
+    /// Several keys: a multi-resource lock, or a lock key and its fence.
+    Many(Arc<[Bytes]>),
+}
+
+impl Keys {
+    /// The keys, in order.
+    pub fn as_slice(&self) -> &[Bytes] {
+        match self {
+            Keys::One(key) => std::slice::from_ref(key),
+            Keys::Many(keys) => keys,
         }
     }
 }
 
-/// One lock operation on one resource, as sent to every master.
+/// One lock operation, as sent to every master.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Request {
     /// What to do.
     pub op: Op,
-    /// The lock key.
-    pub resource: Bytes,
+    /// The keys: the lock key first.
+    pub keys: Keys,
     /// The lock value.
     pub token: Token,
-    /// TTL in milliseconds, for acquire and extend.
-    pub ttl_ms: i64,
+    /// The TTL in milliseconds (acquire and extend kinds), or the fence
+    /// value ([`Op::Fence`]); unused by releases.
+    pub arg: i64,
 }
 
 impl Request {
@@ -63,33 +105,36 @@ impl Request {
     }
 
     fn encode_as(&self, scripts: &Scripts, dst: &mut BytesMut, eval: bool) {
-        let key = Arg::Bytes(&self.resource);
+        let keys = self.keys.as_slice();
         let token = Arg::Bytes(self.token.as_bytes());
-        let ttl = Arg::Int(self.ttl_ms);
+        let arg = Arg::Int(self.arg);
         match self.op.script().map(|id| scripts.get(id)) {
-            None => resp::encode_command(
-                dst,
-                &[
+            None => {
+                let key = Arg::Bytes(keys.first().map_or(&[][..], |k| k));
+                let set = [
                     Arg::Bytes(b"SET"),
                     key,
                     token,
                     Arg::Bytes(b"NX"),
                     Arg::Bytes(b"PX"),
-                    ttl,
-                ],
-            ),
+                    arg,
+                ];
+                resp::encode_command(dst, &set);
+            }
             Some(script) => {
                 let (verb, body) = if eval {
                     (Arg::Bytes(b"EVAL"), Arg::Bytes(script.source().as_bytes()))
                 } else {
                     (Arg::Bytes(b"EVALSHA"), Arg::Bytes(script.sha()))
                 };
-                let one = Arg::Int(1);
-                if self.op == Op::Extend {
-                    resp::encode_command(dst, &[verb, body, one, key, token, ttl]);
-                } else {
-                    resp::encode_command(dst, &[verb, body, one, key, token]);
-                }
+                let count = Arg::Int(i64::try_from(keys.len()).unwrap_or(i64::MAX));
+                let tail = [token, arg];
+                let tail = &tail[..if self.op.takes_arg() { 2 } else { 1 }];
+                let args = [verb, body, count]
+                    .into_iter()
+                    .chain(keys.iter().map(|k| Arg::Bytes(k)))
+                    .chain(tail.iter().copied());
+                resp::encode_command_iter(dst, args);
             }
         }
     }

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use crate::addr::{AddrError, ServerAddr};
-use crate::conn::{Conn, Op, Request, Timing};
+use crate::conn::{Conn, Keys, Op, Request, Timing};
 use crate::driver::Driver;
 use crate::quorum::{Decision, Loss, Round, Validity, Vote};
 use crate::resp::Limits;
@@ -208,6 +208,8 @@ pub enum ConfigError {
     ZeroTtl,
     /// A TTL over [`MAX_TTL_MS`].
     TtlTooLarge,
+    /// A multi-resource lock over no resource.
+    NoResources,
     /// A TTL over the restart quarantine's maximum ([`Config::quarantine`]):
     /// a restart could lose such a lock after the quarantine ended.
     TtlOverQuarantine(Duration),
@@ -223,6 +225,9 @@ impl fmt::Display for ConfigError {
             ConfigError::ZeroAttempts => f.write_str("a retry policy needs at least one attempt"),
             ConfigError::ZeroTtl => f.write_str("TTL must be at least 1 ms"),
             ConfigError::TtlTooLarge => write!(f, "TTL exceeds the maximum of {MAX_TTL_MS} ms"),
+            ConfigError::NoResources => {
+                f.write_str("a multi-resource lock needs at least one resource")
+            }
             ConfigError::TtlOverQuarantine(max) => write!(
                 f,
                 "TTL exceeds the restart quarantine's maximum TTL of {} ms (raise Config::quarantine, or turn it off for masters with appendfsync always)",
@@ -351,17 +356,30 @@ impl From<ConfigError> for Error {
 #[must_use = "a lock is held until released or expired; release it with Redlock::release"]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lock {
-    resource: Bytes,
+    keys: Keys,
     token: Token,
     ttl: Duration,
     deadline: Instant,
     extensions: u32,
+    fence: Option<u64>,
 }
 
 impl Lock {
-    /// The lock's key.
+    /// The lock's key; the first of them, for a multi-resource lock.
     pub fn resource(&self) -> &[u8] {
-        &self.resource
+        self.keys.as_slice().first().map_or(&[], |k| k)
+    }
+
+    /// Every key the lock holds: one, or all of a multi-resource lock's.
+    pub fn resources(&self) -> &[Bytes] {
+        self.keys.as_slice()
+    }
+
+    /// The fencing token of a lock taken with
+    /// [`Redlock::try_acquire_fenced`]: larger than that of every earlier
+    /// fenced acquisition of the same resource.
+    pub fn fence(&self) -> Option<u64> {
+        self.fence
     }
 
     /// The lock's unique value.
@@ -404,11 +422,12 @@ impl Lock {
     /// caller does not know the validity.
     pub fn from_parts(resource: impl Into<Bytes>, token: Token) -> Lock {
         Lock {
-            resource: resource.into(),
+            keys: Keys::One(resource.into()),
             token,
             ttl: Duration::ZERO,
             deadline: Instant::now(),
             extensions: 0,
+            fence: None,
         }
     }
 }
@@ -633,6 +652,97 @@ impl Redlock {
         ttl: Duration,
         retry: &Retry,
     ) -> Result<Lock, Error> {
+        self.acquire_keys(Keys::One(resource.into()), Op::Acquire, ttl, retry)
+    }
+
+    /// One attempt to acquire `resource` with a fencing token
+    /// ([`Lock::fence`]): a number larger than that of every earlier fenced
+    /// acquisition of the resource, for a storage service to reject writes
+    /// from a holder that was paused past its validity.
+    ///
+    /// Two round trips instead of one: (a) on each master a script does the
+    /// SET NX PX and, atomically with it, returns the fence value stored at
+    /// `<resource>:fence`; (b) the client takes the largest value among the
+    /// masters that granted, adds one, and writes it back to every master
+    /// with a script that stores it only while the caller still holds the
+    /// key, and only if it is larger. The token is valid once a quorum
+    /// confirmed the write-back within the validity, which counts both
+    /// round trips. Any two quorums share a master, so the next holder
+    /// reads a value at least this large, provided a majority keeps its
+    /// fence values (the `:fence` keys have no TTL; do not let eviction or
+    /// a data-losing restart take them from a majority).
+    ///
+    /// # Errors
+    /// As [`Redlock::try_acquire`].
+    pub fn try_acquire_fenced(
+        &mut self,
+        resource: impl Into<Bytes>,
+        ttl: Duration,
+    ) -> Result<Lock, Error> {
+        self.acquire_fenced_with(resource, ttl, &Retry::once())
+    }
+
+    /// [`Redlock::try_acquire_fenced`] with a retry policy.
+    ///
+    /// # Errors
+    /// As [`Redlock::try_acquire`], for the last attempt.
+    pub fn acquire_fenced_with(
+        &mut self,
+        resource: impl Into<Bytes>,
+        ttl: Duration,
+        retry: &Retry,
+    ) -> Result<Lock, Error> {
+        self.acquire_keys(Keys::One(resource.into()), Op::AcquireFenced, ttl, retry)
+    }
+
+    /// One attempt to lock every one of `resources` together, all or
+    /// nothing: on each master one script sets all the keys, or none when
+    /// any is held, and the quorum is taken over masters. Release and
+    /// extend such a lock like any other ([`Redlock::release`],
+    /// [`Redlock::extend`]): they act on all its keys.
+    ///
+    /// # Errors
+    /// [`ConfigError::NoResources`] for an empty set; otherwise as
+    /// [`Redlock::try_acquire`], [`Error::Held`] meaning that some of the
+    /// resources are held elsewhere.
+    pub fn try_acquire_many<I>(&mut self, resources: I, ttl: Duration) -> Result<Lock, Error>
+    where
+        I: IntoIterator,
+        I::Item: Into<Bytes>,
+    {
+        self.acquire_many_with(resources, ttl, &Retry::once())
+    }
+
+    /// [`Redlock::try_acquire_many`] with a retry policy.
+    ///
+    /// # Errors
+    /// As [`Redlock::try_acquire_many`], for the last attempt.
+    pub fn acquire_many_with<I>(
+        &mut self,
+        resources: I,
+        ttl: Duration,
+        retry: &Retry,
+    ) -> Result<Lock, Error>
+    where
+        I: IntoIterator,
+        I::Item: Into<Bytes>,
+    {
+        let keys: Arc<[Bytes]> = resources.into_iter().map(Into::into).collect();
+        if keys.is_empty() {
+            return Err(ConfigError::NoResources.into());
+        }
+        self.acquire_keys(Keys::Many(keys), Op::AcquireMany, ttl, retry)
+    }
+
+    /// The acquire loop: `op` is [`Op::Acquire`], [`Op::AcquireFenced`]
+    /// (followed by the fence write-back) or [`Op::AcquireMany`].
+    fn acquire_keys(
+        &mut self,
+        keys: Keys,
+        op: Op,
+        ttl: Duration,
+        retry: &Retry,
+    ) -> Result<Lock, Error> {
         let ttl_ms = self.checked_ttl(ttl)?;
         if retry.attempts == 0 {
             return Err(ConfigError::ZeroAttempts.into());
@@ -640,34 +750,69 @@ impl Redlock {
         let ttl = Duration::from_millis(ttl_ms);
         let first = Instant::now();
         let give_up = retry.max_wait.and_then(|w| first.checked_add(w));
+        let timeout = self.config.per_instance_timeout.min(ttl);
+        // A fenced acquire's requests also name the fence key; its lock,
+        // like its release, names the lock key alone.
+        let wire_keys = match (&keys, op) {
+            (Keys::One(key), Op::AcquireFenced) => {
+                Keys::Many(Arc::from([key.clone(), fence_key(key)]))
+            }
+            _ => keys.clone(),
+        };
         let mut request = Request {
-            op: Op::Acquire,
-            resource: resource.into(),
+            op,
+            keys: wire_keys,
             token: self.tokens.next_token(),
-            ttl_ms: ttl_ms as i64,
+            arg: ttl_ms as i64,
         };
         let mut attempt = 0;
         loop {
             attempt += 1;
-            self.run_round(
-                std::slice::from_ref(&request),
-                self.config.per_instance_timeout.min(ttl),
-            );
-            if let Some(validity) = self.validity(0, ttl) {
+            self.run_round(std::slice::from_ref(&request), timeout);
+            let mut won = self.validity(0, ttl).map(|v| (v, None));
+            if won.is_some() && op == Op::AcquireFenced {
+                let started = self.round.started();
+                let fence = self
+                    .round
+                    .max_granted_value(0)
+                    .unwrap_or(0)
+                    .max(0)
+                    .saturating_add(1);
+                let write_back = Request {
+                    op: Op::Fence,
+                    keys: request.keys.clone(),
+                    token: request.token,
+                    arg: fence,
+                };
+                self.run_round(std::slice::from_ref(&write_back), timeout);
+                won = match (self.round.decision(0), self.round.decided_at(0)) {
+                    (Some(Decision::Won), Some(at)) => {
+                        Validity::compute(ttl, started, at, self.config.drift_factor)
+                            .map(|v| (v, u64::try_from(fence).ok()))
+                    }
+                    _ => None,
+                };
+            }
+            if let Some((validity, fence)) = won {
                 return Ok(Lock {
-                    resource: request.resource,
+                    keys,
                     token: request.token,
                     ttl,
                     deadline: validity.deadline,
                     extensions: 0,
+                    fence,
                 });
             }
-            let error = self.verdict(Op::Acquire, 0, first, attempt);
+            let error = self.verdict(op, 0, first, attempt);
             // The SET may have taken effect where no reply came back: release
             // on every master, without waiting for the answers.
-            request.op = Op::Release;
-            self.send_only(std::slice::from_ref(&request));
-            request.op = Op::Acquire;
+            let cleanup = Request {
+                op: release_op(&keys),
+                keys: keys.clone(),
+                token: request.token,
+                arg: 0,
+            };
+            self.send_only(std::slice::from_ref(&cleanup));
             let now = Instant::now();
             let wait = self.jitter.between(retry.delay / 2, retry.delay);
             let out_of_time = give_up.is_some_and(|g| now.checked_add(wait).is_none_or(|t| t >= g));
@@ -704,9 +849,9 @@ impl Redlock {
         for resource in resources {
             requests.push(Request {
                 op: Op::Acquire,
-                resource: resource.into(),
+                keys: Keys::One(resource.into()),
                 token: self.tokens.next_token(),
-                ttl_ms: ttl_ms as i64,
+                arg: ttl_ms as i64,
             });
         }
         let first = Instant::now();
@@ -717,11 +862,12 @@ impl Redlock {
         for (slot, request) in requests.iter().enumerate() {
             results.push(match self.validity(slot, ttl) {
                 Some(validity) => Ok(Lock {
-                    resource: request.resource.clone(),
+                    keys: request.keys.clone(),
                     token: request.token,
                     ttl,
                     deadline: validity.deadline,
                     extensions: 0,
+                    fence: None,
                 }),
                 None => Err(self.verdict(Op::Acquire, slot, first, 1)),
             });
@@ -746,10 +892,10 @@ impl Redlock {
         let mut requests = std::mem::take(&mut self.batch);
         requests.clear();
         requests.extend(locks.iter().map(|lock| Request {
-            op: Op::Release,
-            resource: lock.resource.clone(),
+            op: release_op(&lock.keys),
+            keys: lock.keys.clone(),
             token: lock.token,
-            ttl_ms: 0,
+            arg: 0,
         }));
         let first = Instant::now();
         if !requests.is_empty() {
@@ -773,10 +919,10 @@ impl Redlock {
     /// few masters answered. Keys not released expire after their TTL.
     pub fn release(&mut self, lock: &Lock) -> Result<(), Error> {
         let request = Request {
-            op: Op::Release,
-            resource: lock.resource.clone(),
+            op: release_op(&lock.keys),
+            keys: lock.keys.clone(),
             token: lock.token,
-            ttl_ms: 0,
+            arg: 0,
         };
         let first = Instant::now();
         self.run_round(
@@ -807,10 +953,13 @@ impl Redlock {
         }
         let ttl = Duration::from_millis(ttl_ms);
         let request = Request {
-            op: Op::Extend,
-            resource: lock.resource.clone(),
+            op: match lock.keys {
+                Keys::One(_) => Op::Extend,
+                Keys::Many(_) => Op::ExtendMany,
+            },
+            keys: lock.keys.clone(),
             token: lock.token,
-            ttl_ms: ttl_ms as i64,
+            arg: ttl_ms as i64,
         };
         let first = Instant::now();
         self.run_round(
@@ -931,7 +1080,9 @@ impl Redlock {
         match self.round.loss(slot) {
             Loss::Protocol => Error::Protocol(failure),
             Loss::Unreachable => Error::NoQuorum(failure),
-            Loss::Refused if op == Op::Acquire => Error::Held(failure),
+            Loss::Refused if matches!(op, Op::Acquire | Op::AcquireFenced | Op::AcquireMany) => {
+                Error::Held(failure)
+            }
             // Not held only when refusals alone explain the loss; a refusal
             // beside a failure cannot tell whether the failed master held it.
             Loss::Refused if failure.refused > failure.votes.len() - failure.quorum => {
@@ -940,6 +1091,22 @@ impl Redlock {
             Loss::Refused => Error::NoQuorum(failure),
         }
     }
+}
+
+/// The release that undoes what `keys` took.
+fn release_op(keys: &Keys) -> Op {
+    match keys {
+        Keys::One(_) => Op::Release,
+        Keys::Many(_) => Op::ReleaseMany,
+    }
+}
+
+/// Where a resource's fencing counter lives: `<resource>:fence`.
+fn fence_key(resource: &[u8]) -> Bytes {
+    let mut key = Vec::with_capacity(resource.len() + 6);
+    key.extend_from_slice(resource);
+    key.extend_from_slice(b":fence");
+    Bytes::from(key)
 }
 
 fn checked_ttl(ttl: Duration) -> Result<u64, ConfigError> {

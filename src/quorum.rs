@@ -122,13 +122,17 @@ const EMPTY: Tally = Tally {
 #[derive(Debug)]
 pub struct Round {
     id: u64,
-    op: Op,
+    /// Each slot's operation.
+    ops: Vec<Op>,
     n: usize,
     quorum: usize,
     started: Instant,
     deadline: Instant,
     /// `votes[slot * n + master]`.
     votes: Vec<Vote>,
+    /// The integer each master replied, where it replied one, laid out as
+    /// `votes`: a fenced acquire's fence values.
+    values: Vec<Option<i64>>,
     tallies: Vec<Tally>,
     undecided: usize,
     wire: BytesMut,
@@ -140,12 +144,13 @@ impl Round {
     pub fn new(n: usize, scripts: Scripts, now: Instant) -> Round {
         Round {
             id: 0,
-            op: Op::Acquire,
+            ops: Vec::new(),
             n,
             quorum: quorum(n),
             started: now,
             deadline: now,
             votes: vec![Vote::Pending; n],
+            values: vec![None; n],
             tallies: vec![EMPTY],
             undecided: 0,
             wire: BytesMut::with_capacity(512),
@@ -156,7 +161,7 @@ impl Round {
     /// Encodes `requests` once and queues all of them on every connection,
     /// so that each master gets them in one write. A master that is down
     /// gets its failed votes at once. Replies are awaited until
-    /// `now + timeout`. All requests must have the same [`Op`].
+    /// `now + timeout`.
     pub fn start(
         &mut self,
         conns: &mut [Conn],
@@ -165,12 +170,15 @@ impl Round {
         timeout: Duration,
     ) {
         self.id = self.id.wrapping_add(1);
-        self.op = requests.first().map_or(Op::Acquire, |r| r.op);
+        self.ops.clear();
+        self.ops.extend(requests.iter().map(|r| r.op));
         self.started = now;
         self.deadline = now.checked_add(timeout).unwrap_or(now);
         let k = requests.len();
         self.votes.clear();
         self.votes.resize(k * self.n, Vote::Pending);
+        self.values.clear();
+        self.values.resize(k * self.n, None);
         self.tallies.clear();
         self.tallies.resize(k, EMPTY);
         self.undecided = k;
@@ -236,6 +244,20 @@ impl Round {
         self.tally(slot).failed
     }
 
+    /// The largest integer replied to `slot` by a master that granted it:
+    /// for a fenced acquire, the highest fence value a quorum has seen.
+    pub fn max_granted_value(&self, slot: usize) -> Option<i64> {
+        let range = slot * self.n..(slot + 1) * self.n;
+        let votes = self.votes.get(range.clone()).unwrap_or_default();
+        let values = self.values.get(range).unwrap_or_default();
+        votes
+            .iter()
+            .zip(values)
+            .filter(|(vote, _)| **vote == Vote::Granted)
+            .filter_map(|(_, value)| *value)
+            .max()
+    }
+
     /// When `slot` was decided: the instant its validity is measured to.
     pub fn decided_at(&self, slot: usize) -> Option<Instant> {
         self.tally(slot).decided_at
@@ -290,8 +312,16 @@ impl Round {
                 Ok(Some((tag, reply))) => {
                     let slot = tag.slot as usize;
                     if tag.round == self.id && self.vote(slot, i) == Some(&Vote::Pending) {
-                        let mut vote = classify(self.op, reply);
-                        if vote == Vote::Granted && self.op == Op::Acquire {
+                        let op = self.ops.get(slot).copied().unwrap_or(Op::Acquire);
+                        if let (Reply::Integer(value), Some(cell)) =
+                            (&reply, self.values.get_mut(slot * self.n + i))
+                        {
+                            *cell = Some(*value);
+                        }
+                        let mut vote = classify(op, reply);
+                        let sets_keys =
+                            matches!(op, Op::Acquire | Op::AcquireFenced | Op::AcquireMany);
+                        if vote == Vote::Granted && sets_keys {
                             conns[i].handle_grant(now);
                         }
                         // A quarantined master's answer is read, never
@@ -380,8 +410,11 @@ fn classify(op: Op, reply: Reply) -> Vote {
     match (op, reply) {
         (Op::Acquire, reply) if reply.is_ok() => Vote::Granted,
         (Op::Acquire, Reply::Nil) => Vote::Refused,
-        (Op::Release | Op::Extend, Reply::Integer(1)) => Vote::Granted,
-        (Op::Release | Op::Extend, Reply::Integer(0)) => Vote::Refused,
+        (Op::AcquireFenced, Reply::Integer(n)) if n >= 0 => Vote::Granted,
+        (Op::AcquireFenced, Reply::Integer(-1)) => Vote::Refused,
+        // Every script but the fenced acquire answers 1 or 0.
+        (op, Reply::Integer(1)) if !matches!(op, Op::Acquire | Op::AcquireFenced) => Vote::Granted,
+        (op, Reply::Integer(0)) if !matches!(op, Op::Acquire | Op::AcquireFenced) => Vote::Refused,
         (_, Reply::Error(msg)) => Vote::Failed(Cause::Server(msg)),
         (_, other) => {
             // A hostile master's reply can be large: the report keeps its

@@ -183,7 +183,8 @@ pub struct Limits {
     pub max_line_len: usize,
     /// Largest whole reply, in bytes, nested arrays and all; checked on
     /// partial input too, so that a reply within every other limit still
-    /// cannot grow the read buffer without end. Default 128 KiB.
+    /// cannot grow the read buffer without end. Default 96 KiB: room for
+    /// the largest bulk and its framing.
     pub max_reply_len: usize,
 }
 
@@ -197,7 +198,7 @@ impl Default for Limits {
             max_array_len: 1024,
             max_depth: 8,
             max_line_len: 4 * 1024,
-            max_reply_len: 128 * 1024,
+            max_reply_len: 96 * 1024,
         }
     }
 }
@@ -462,19 +463,32 @@ impl From<i64> for Arg<'_> {
 /// Appends one command, an array of bulk strings, to `dst`. The exact size
 /// is computed first and reserved once; integers are formatted on the stack.
 pub fn encode_command(dst: &mut BytesMut, args: &[Arg<'_>]) {
+    encode_command_iter(dst, args.iter().copied());
+}
+
+/// As [`encode_command`], for arguments that come from an iterator (a key
+/// list between fixed arguments, say): walked twice, once to size the
+/// command and once to write it, so that nothing is collected.
+pub fn encode_command_iter<'a, I>(dst: &mut BytesMut, args: I)
+where
+    I: Iterator<Item = Arg<'a>> + Clone,
+{
     let mut scratch = [0u8; 20];
-    let mut total = 1 + decimal_len(len_i64(args.len())) + 2;
-    for arg in args {
-        let payload = match *arg {
+    let mut count = 0usize;
+    let mut total = 0usize;
+    for arg in args.clone() {
+        let payload = match arg {
             Arg::Bytes(b) => b.len(),
             Arg::Int(n) => decimal_len(n),
         };
+        count += 1;
         total += 1 + decimal_len(len_i64(payload)) + 2 + payload + 2;
     }
+    total += 1 + decimal_len(len_i64(count)) + 2;
     dst.reserve(total);
-    put_int_line(dst, b'*', len_i64(args.len()));
+    put_int_line(dst, b'*', len_i64(count));
     for arg in args {
-        match *arg {
+        match arg {
             Arg::Bytes(b) => {
                 put_int_line(dst, b'$', len_i64(b.len()));
                 dst.put_slice(b);
