@@ -10,6 +10,7 @@ pub mod addr;
 pub mod conn;
 pub mod driver;
 pub mod lock;
+pub mod watchdog;
 pub mod quorum;
 pub mod resp;
 pub mod script;
@@ -19,5 +20,6 @@ pub use addr::ServerAddr;
 pub use lock::{Config, ConfigError, Error, Failure, Lock, LockGuard, MasterVote, Redlock, Retry};
 pub use quorum::Vote;
 pub use token::Token;
+pub use watchdog::{KeepOptions, Lost, LostReason, Watchdog};
 #[cfg(feature = "spawn")]
 pub mod spawn;

@@ -727,3 +727,38 @@ fn a_ttl_over_max_ttl_is_a_usage_error() {
     assert_eq!(code(&out), 2, "{}", stderr(&out));
     assert!(stderr(&out).contains("quarantine"), "{}", stderr(&out));
 }
+
+#[test]
+fn a_short_ttl_is_kept_alive_for_as_long_as_the_command_runs() {
+    let masters = cluster(3);
+    let urls = masters.urls();
+    let scratch = Scratch::new();
+    let pid_file = scratch.file("pid");
+    let mut holder = redlock(&urls);
+    holder
+        .args(["run", "--ttl", "1s", "short", "--", "sh", "-c"])
+        .arg(format!("{WRITE_PID}; sleep 3.5"))
+        .arg("sh")
+        .arg(&pid_file);
+    let mut holder = Running::start(holder);
+    wait_for_file(&pid_file, &mut holder);
+    let started = Instant::now();
+    // Three TTLs and more: only extensions keep the others out.
+    while started.elapsed() < Duration::from_secs(3) {
+        let mut contender = redlock(&urls);
+        contender.args(["run", "--nonblock", "short", "--", "true"]);
+        let out = finish(contender);
+        assert_eq!(
+            code(&out),
+            1,
+            "after {:?}: {}",
+            started.elapsed(),
+            stderr(&out)
+        );
+        thread::sleep(Duration::from_millis(300));
+    }
+    let (status, err) = holder.wait(EXIT_DEADLINE);
+    assert_eq!(status.code(), Some(0), "{err}");
+    assert!(!err.contains("lost the lock"), "{err}");
+    assert_free(&masters, "short");
+}

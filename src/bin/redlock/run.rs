@@ -1,17 +1,19 @@
 //! `redlock run`: a command under a lock.
 //!
-//! This module owns the child's life under the lock: it acquires, starts
-//! the command with `REDLOCK_RESOURCE` and `REDLOCK_TOKEN`, keeps the lock
-//! alive by extending it every third of the TTL, forwards SIGINT, SIGTERM
-//! and SIGHUP, and releases when the command has exited. Its loop is
-//! single-threaded: signals and the child's exit arrive through
-//! [`Signals`], extensions are due at instants it computes.
+//! This module owns the child's life under the lock: it acquires, hands
+//! the lock to a [`Watchdog`] (which extends it every third of the TTL on
+//! a thread and connections of its own), starts the command with
+//! `REDLOCK_RESOURCE` and `REDLOCK_TOKEN`, forwards SIGINT, SIGTERM and
+//! SIGHUP, and releases when the command has exited. Its loop is
+//! single-threaded: signals, the child's exit and the watchdog's loss
+//! report all arrive through [`Signals`].
 //!
-//! The lock is lost when no extension succeeds before the validity runs
-//! out, or at once when a quorum reports that the token no longer holds
-//! the key. Mutual exclusion is then over, so the command is stopped:
-//! SIGTERM, and SIGKILL after `--kill-after`. It must never keep running
-//! unprotected while `redlock` reports success.
+//! The lock is lost when the watchdog gives it up: at once when a quorum
+//! reports that the token no longer holds the key, or when extending keeps
+//! failing until less than a third of the TTL of validity is left (see
+//! [`Watchdog`]), so that the command is told while mutual exclusion still
+//! holds. It is then stopped: SIGTERM, and SIGKILL after `--kill-after`.
+//! It must never keep running unprotected while `redlock` reports success.
 
 use std::ffi::OsString;
 use std::io;
@@ -19,7 +21,7 @@ use std::process::{Child, Command, ExitStatus};
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use redlock_mio::{Error, Lock, Redlock};
+use redlock_mio::{KeepOptions, Lock, Redlock, Watchdog};
 
 use crate::exit::{self, Failure};
 use crate::signals::Signals;
@@ -28,7 +30,8 @@ use crate::{AcquireOptions, acquire_lock, parse_duration, say};
 /// Signals forwarded to the command.
 const FORWARDED: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
 
-/// Longest sleep of the loop: a safety net should a wake-up be missed.
+/// Longest sleep of the loop: a safety net should a wake-up be missed, and
+/// how soon failing extensions are reported on stderr.
 const MAX_NAP: Duration = Duration::from_millis(500);
 
 #[derive(Args, Debug)]
@@ -53,64 +56,11 @@ pub struct RunArgs {
     command: Vec<OsString>,
 }
 
-/// When extensions are due, and what is left of the lock.
-#[derive(Debug)]
-struct KeepAlive {
-    ttl: Duration,
-    /// When the next extension is due.
-    next: Instant,
-    /// Whether an extension has failed since the last success (to report
-    /// the first failure once, not every retry).
-    failing: bool,
-}
-
-impl KeepAlive {
-    fn new(ttl: Duration, now: Instant) -> KeepAlive {
-        KeepAlive {
-            ttl,
-            next: now + Self::interval(ttl),
-            failing: false,
-        }
-    }
-
-    /// Extend every third of the TTL: two more tries fit in the validity
-    /// before it runs out.
-    fn interval(ttl: Duration) -> Duration {
-        (ttl / 3).max(Duration::from_millis(1))
-    }
-
-    /// How soon to retry a failed extension: often enough for several
-    /// tries in what is left, not so often that stalled masters are
-    /// hammered.
-    fn retry_gap(ttl: Duration) -> Duration {
-        (ttl / 30).clamp(Duration::from_millis(10), Duration::from_millis(500))
-    }
-}
-
-/// Why the lock was lost.
-#[derive(Debug)]
-enum Lost {
-    /// The validity ran out; the last extension's error, if any.
-    Expired(Option<Error>),
-    /// A quorum said the token no longer holds the key.
-    NotHeld(Error),
-}
-
-impl Lost {
-    fn describe(&self) -> String {
-        match self {
-            Lost::Expired(Some(e)) => format!("its validity ran out while extending failed: {e}"),
-            Lost::Expired(None) => "its validity ran out before it could be extended".to_owned(),
-            Lost::NotHeld(e) => e.to_string(),
-        }
-    }
-}
-
 /// Runs `redlock run`; the exit code is the command's.
 ///
 /// # Errors
-/// A failure to acquire, to install the signal handlers, or to start the
-/// command (126/127), with its exit code.
+/// A failure to acquire, to install the signal handlers, to start the
+/// watchdog, or to start the command (126/127), with its exit code.
 pub fn run(mut redlock: Redlock, args: &RunArgs) -> Result<u8, Failure> {
     let lock = acquire_lock(&mut redlock, &args.resource, &args.acquire)?;
     let signals =
@@ -124,10 +74,33 @@ pub fn run(mut redlock: Redlock, args: &RunArgs) -> Result<u8, Failure> {
                 ));
             }
         };
+    let options = KeepOptions {
+        ttl: Some(args.acquire.ttl),
+        ..KeepOptions::default()
+    }
+    .on_lost(|_| {
+        // Wake the loop out of `Signals::wait`: SIGCHLD already means "look
+        // at everything" to it, and its handler writes to the self-pipe.
+        // SAFETY: raise(3) with a signal whose handler is installed.
+        unsafe { libc::raise(libc::SIGCHLD) };
+    });
+    let kept = match Watchdog::keep(redlock.config().clone(), lock.clone(), options) {
+        Ok(kept) => kept,
+        Err(e) => {
+            let _ = redlock.release(&lock);
+            return Err(exit::lock_error(
+                "cannot keep the lock alive",
+                &e,
+                exit::SOFTWARE,
+            ));
+        }
+    };
+    // The watchdog has its own client, and releases through it.
+    drop(redlock);
     let child = match spawn(args, &lock) {
         Ok(child) => child,
         Err(e) => {
-            let _ = redlock.release(&lock);
+            let _ = kept.release();
             let code = match e.kind() {
                 io::ErrorKind::NotFound => exit::NOT_FOUND,
                 _ => exit::CANNOT_EXECUTE,
@@ -137,8 +110,7 @@ pub fn run(mut redlock: Redlock, args: &RunArgs) -> Result<u8, Failure> {
         }
     };
     Supervisor {
-        redlock,
-        lock,
+        kept,
         child,
         signals,
         args,
@@ -172,8 +144,7 @@ fn spawn(args: &RunArgs, lock: &Lock) -> io::Result<Child> {
 
 /// The loop that watches the command while the lock is held.
 struct Supervisor<'a> {
-    redlock: Redlock,
-    lock: Lock,
+    kept: Watchdog,
     child: Child,
     signals: Signals,
     args: &'a RunArgs,
@@ -182,8 +153,9 @@ struct Supervisor<'a> {
 impl Supervisor<'_> {
     fn watch(mut self) -> Result<u8, Failure> {
         let ttl = self.args.acquire.ttl;
-        let mut keep = KeepAlive::new(ttl, Instant::now());
-        let mut last_error = None;
+        // Whether extending was failing at the last look (to report the
+        // first failure once, not every retry).
+        let mut failing = false;
         // Set once the lock is lost: when SIGKILL is due, if not yet sent.
         let mut lost: Option<Option<Instant>> = None;
         let status = loop {
@@ -201,23 +173,16 @@ impl Supervisor<'_> {
                 }
             }
             self.forward();
-            let now = Instant::now();
             if lost.is_none() {
-                let verdict = if self.lock.remaining_at(now).is_zero() {
-                    Some(Lost::Expired(last_error.take()))
-                } else if now >= keep.next {
-                    self.extend(&mut keep, &mut last_error)
-                } else {
-                    None
-                };
-                if let Some(why) = verdict {
+                if let Some(why) = self.kept.lost() {
                     say(&format!(
-                        "lost the lock on {:?}: {}; stopping the command",
-                        self.args.resource,
-                        why.describe()
+                        "lost the lock on {:?}: {why}; stopping the command",
+                        self.args.resource
                     ));
                     self.signal(libc::SIGTERM);
                     lost = Some(Some(Instant::now() + self.args.kill_after));
+                } else {
+                    failing = self.report_failing(failing);
                 }
             }
             if let Some(Some(kill_at)) = lost
@@ -227,17 +192,15 @@ impl Supervisor<'_> {
                 self.signal(libc::SIGKILL);
                 lost = Some(None);
             }
-            let due = match lost {
-                None => keep.next.min(self.lock.deadline()),
-                Some(Some(kill_at)) => kill_at,
-                Some(None) => Instant::now() + MAX_NAP,
+            let nap = match lost {
+                Some(Some(kill_at)) => kill_at.saturating_duration_since(Instant::now()),
+                _ => MAX_NAP,
             };
-            let nap = due.saturating_duration_since(Instant::now()).min(MAX_NAP);
-            self.signals.wait(nap);
+            self.signals.wait(nap.min(MAX_NAP));
         };
         // Release also after a loss: keys still standing on some masters
         // hold our token, and compare-and-delete removes only those.
-        let released = self.redlock.release(&self.lock);
+        let released = self.kept.release();
         if lost.is_some() {
             return Ok(exit::LOST);
         }
@@ -251,34 +214,25 @@ impl Supervisor<'_> {
         Ok(status_code(status))
     }
 
-    /// One extension attempt; `Some` when the lock is lost for good.
-    fn extend(&mut self, keep: &mut KeepAlive, last_error: &mut Option<Error>) -> Option<Lost> {
-        match self.redlock.extend(&mut self.lock, keep.ttl) {
-            Ok(()) => {
-                if keep.failing {
-                    say(&format!(
-                        "extended the lock on {:?} again",
-                        self.args.resource
-                    ));
-                }
-                keep.failing = false;
-                *last_error = None;
-                keep.next = Instant::now() + KeepAlive::interval(keep.ttl);
-                None
+    /// Says when extending starts failing and when it works again;
+    /// returns whether it is failing now.
+    fn report_failing(&self, was_failing: bool) -> bool {
+        match self.kept.last_error() {
+            Some(e) if !was_failing => {
+                say(&format!(
+                    "cannot extend the lock on {:?}, retrying while validity is left: {e}",
+                    self.args.resource
+                ));
+                true
             }
-            Err(e @ Error::NotHeld(_)) => Some(Lost::NotHeld(e)),
-            Err(e) => {
-                if !keep.failing {
-                    say(&format!(
-                        "cannot extend the lock on {:?}, retrying until its validity ends: {e}",
-                        self.args.resource
-                    ));
-                }
-                keep.failing = true;
-                *last_error = Some(e);
-                keep.next = Instant::now() + KeepAlive::retry_gap(keep.ttl);
-                None
+            None if was_failing => {
+                say(&format!(
+                    "extended the lock on {:?} again",
+                    self.args.resource
+                ));
+                false
             }
+            now => now.is_some(),
         }
     }
 
@@ -332,25 +286,6 @@ mod tests {
         ];
         for (raw, want) in cases {
             assert_eq!(status_code(ExitStatus::from_raw(raw)), want, "raw {raw}");
-        }
-    }
-
-    #[test]
-    fn extensions_are_due_every_third_of_the_ttl_and_retried_sooner() {
-        let ms = Duration::from_millis;
-        let cases = [
-            (Duration::from_secs(30), Duration::from_secs(10), ms(500)),
-            (
-                Duration::from_secs(2),
-                Duration::from_nanos(666_666_666),
-                Duration::from_nanos(66_666_666),
-            ),
-            (ms(3), ms(1), ms(10)),
-            (ms(1), ms(1), ms(10)),
-        ];
-        for (ttl, interval, gap) in cases {
-            assert_eq!(KeepAlive::interval(ttl), interval, "{ttl:?}");
-            assert_eq!(KeepAlive::retry_gap(ttl), gap, "{ttl:?}");
         }
     }
 }

@@ -1,0 +1,894 @@
+//! The watchdog: a thread that keeps one held lock alive by extending it,
+//! as Redisson's lock watchdog and node-redlock's `using()` do.
+//!
+//! This module owns the extension policy (when to extend, how soon to
+//! retry, when to give the lock up) and the keeper thread that carries it
+//! out with its own [`Redlock`] client, so that the holder's thread is
+//! never interrupted and its own client stays free. The policy is plain
+//! data in, plain data out (the private `Schedule` takes `now`); only the
+//! thread reads the clock and talks to the masters. It must not extend a lock
+//! whose validity has run out (mutual exclusion may already have ended),
+//! nor extend anything once it has been told to stop: releasing the lock
+//! is the last thing the thread does.
+//!
+//! The holder's side, [`Watchdog`], answers from state shared with the
+//! thread under a mutex, never with network I/O.
+
+use std::fmt;
+use std::panic::{self, AssertUnwindSafe};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use crate::lock::{Config, ConfigError, Error, Lock, MAX_TTL_MS, Redlock};
+use crate::token::Token;
+
+/// The longest wait before retrying a failed extension.
+const RETRY_GAP_MAX: Duration = Duration::from_millis(50);
+
+/// The shortest extension period and retry gap: below Redis' 1 ms expiry
+/// precision, extending more often achieves nothing.
+const TICK: Duration = Duration::from_millis(1);
+
+/// How a [`Watchdog`] keeps its lock alive. `KeepOptions::default()` extends
+/// to the lock's own TTL every third of it, without limit, and reports a
+/// loss only through [`Watchdog::lost`] and [`Watchdog::subscribe`].
+pub struct KeepOptions {
+    /// The TTL each extension sets. Default (`None`): the lock's TTL
+    /// ([`Lock::ttl`]). Required for a lock made with [`Lock::from_parts`],
+    /// whose TTL is unknown.
+    pub ttl: Option<Duration>,
+    /// The extension period, as a fraction of the TTL: the lock is extended
+    /// once its validity has dropped to `(1 - every) * ttl`, that is every
+    /// `every * ttl` while extensions succeed. Must be in `(0, 1)`.
+    /// Default 1/3, which leaves a third of the TTL for retries after a
+    /// failed extension and another third of warning before the validity
+    /// ends (see [`Watchdog`]). From 1/2 up there is no room for retries:
+    /// the first failed extension is a loss.
+    pub every: f64,
+    /// Extend no further once the lock has been extended this many times
+    /// in all ([`Lock::extensions`], which counts extensions made before
+    /// the watchdog took the lock). [`Config::max_extensions`], when set,
+    /// applies too; the smaller cap wins. Default: no cap of its own.
+    pub max_extensions: Option<u32>,
+    /// Called once, on the keeper thread, when the lock is lost. It runs
+    /// after [`Watchdog::lost`] already reports the loss, and should return
+    /// quickly: [`Watchdog::release`] waits for it, so it must not release
+    /// or drop the watchdog itself (that would wait for its own thread). A
+    /// panic in it is caught (the panic hook still prints it) so that the
+    /// keeper still releases the lock when told to.
+    pub on_lost: Option<Box<dyn FnOnce(Lost) + Send>>,
+}
+
+impl KeepOptions {
+    /// These options with `callback` as [`KeepOptions::on_lost`].
+    #[must_use]
+    pub fn on_lost(mut self, callback: impl FnOnce(Lost) + Send + 'static) -> KeepOptions {
+        self.on_lost = Some(Box::new(callback));
+        self
+    }
+}
+
+impl Default for KeepOptions {
+    fn default() -> Self {
+        KeepOptions {
+            ttl: None,
+            every: 1.0 / 3.0,
+            max_extensions: None,
+            on_lost: None,
+        }
+    }
+}
+
+impl fmt::Debug for KeepOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeepOptions")
+            .field("ttl", &self.ttl)
+            .field("every", &self.every)
+            .field("max_extensions", &self.max_extensions)
+            .field("on_lost", &self.on_lost.as_ref().map(|_| "FnOnce(Lost)"))
+            .finish()
+    }
+}
+
+/// Why a kept lock was given up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LostReason {
+    /// Extending failed: at once for [`Error::NotHeld`] (a quorum says the
+    /// token no longer holds the key), otherwise once less than one
+    /// extension period of validity was left; the last error.
+    Failed(Error),
+    /// The lock has been extended this many times, the cap, and less than
+    /// one extension period of validity is left.
+    ExtensionLimit(u32),
+    /// The validity ran out before the keeper could act: its thread was
+    /// not scheduled in time (a suspended process), or the lock was handed
+    /// over with no validity left.
+    Expired,
+}
+
+impl fmt::Display for LostReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LostReason::Failed(e @ Error::NotHeld(_)) => write!(f, "{e}"),
+            LostReason::Failed(e) => write!(f, "extending kept failing: {e}"),
+            LostReason::ExtensionLimit(max) => {
+                write!(f, "extension limit reached ({max} extensions)")
+            }
+            LostReason::Expired => f.write_str("its validity ran out before it could be extended"),
+        }
+    }
+}
+
+/// The report of a lost lock: why, and how much validity was left.
+///
+/// Mutual exclusion still holds until `deadline` (when it is later than
+/// `at`): that is the time the holder has to stop its work safely.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lost {
+    /// Why the lock was given up.
+    pub reason: LostReason,
+    /// When the keeper gave it up.
+    pub at: Instant,
+    /// The validity deadline at that moment: mutual exclusion ends then.
+    pub deadline: Instant,
+    /// How many times the lock had been extended ([`Lock::extensions`]).
+    pub extensions: u32,
+}
+
+impl Lost {
+    /// Validity left at `at`, when the loss was reported.
+    pub fn left_when_reported(&self) -> Duration {
+        self.deadline.saturating_duration_since(self.at)
+    }
+
+    /// Validity left now; zero once the deadline has passed.
+    pub fn remaining(&self) -> Duration {
+        self.deadline.saturating_duration_since(Instant::now())
+    }
+}
+
+impl fmt::Display for Lost {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}; {} ms of validity left when reported",
+            self.reason,
+            self.left_when_reported().as_millis()
+        )
+    }
+}
+
+/// A held lock kept alive by a thread of its own: the holder's handle.
+///
+/// [`Watchdog::keep`] takes a [`Lock`] and starts a keeper thread with its
+/// own [`Redlock`] client (its own connections), which extends the lock
+/// before its validity runs low. The holder asks at any moment, without
+/// network I/O, whether the lock is still held ([`Watchdog::is_held`]) and
+/// until when ([`Watchdog::deadline`]). [`Watchdog::release`], or dropping
+/// the watchdog, stops the thread and releases the lock on every master.
+///
+/// # Extension policy
+/// With `ttl` and `every` from [`KeepOptions`], and the *period*
+/// `every * ttl`:
+/// - The lock is extended (to `ttl`) once its validity has dropped to
+///   `ttl - period`: every period while extensions succeed.
+/// - An extension refused with [`Error::NotHeld`] loses the lock at once.
+/// - Any other failure ([`Error::NoQuorum`], [`Error::Protocol`],
+///   [`Error::ValidityExpired`]) is retried every 50 ms (a quarter of the
+///   period when that is shorter), while more than one period of validity
+///   is left. Once it is not, the lock is given up: the holder learns with
+///   about one period of validity still left (less one per-instance
+///   timeout, if an extension was in flight), enough to stop its work
+///   before mutual exclusion ends, instead of learning when it is over.
+///   After a majority of masters goes away, the loss is reported at most
+///   `ttl - period` later (two periods with the default `every`), plus
+///   one per-instance timeout for a round in flight.
+/// - Past the extension cap ([`KeepOptions::max_extensions`],
+///   [`Config::max_extensions`]) nothing more is extended, and the loss
+///   ([`LostReason::ExtensionLimit`]) is reported like any other: when
+///   less than one period of validity is left. The holder keeps the full
+///   use of its last extension and gets the same warning as always.
+/// - A lock whose validity has run out is never extended: it is reported
+///   as lost ([`LostReason::Expired`]).
+///
+/// A loss is final: the keeper extends nothing afterwards, and waits to
+/// be told to release.
+///
+/// A watchdog keeps a slow holder's lock, not a paused one's: a process
+/// stopped (GC, swap, SIGSTOP) stops its keeper thread too, and wakes up
+/// with the same pause problem as without one (see `SAFETY.md`).
+///
+/// # Learning of a loss
+/// Three ways, for three kinds of holder: [`Watchdog::is_held`] and
+/// [`Watchdog::lost`] for a holder that checks between steps of its work;
+/// [`KeepOptions::on_lost`], a callback on the keeper thread, for one that
+/// must react at once (cancel a task, signal a child process);
+/// [`Watchdog::subscribe`], a channel, for one that waits on it, with a
+/// timeout or beside other events. The callback cannot block the keeper
+/// for long without delaying a release; the channel costs one message.
+///
+/// # Example
+/// ```no_run
+/// use std::time::Duration;
+/// use redlock_mio::{KeepOptions, Redlock, Watchdog};
+///
+/// # fn step(_: u32) {}
+/// # fn main() -> Result<(), redlock_mio::Error> {
+/// let mut redlock = Redlock::connect([
+///     "redis://127.0.0.1:7000",
+///     "redis://127.0.0.1:7001",
+///     "redis://127.0.0.1:7002",
+/// ])?;
+/// let lock = redlock.acquire("reports:nightly", Duration::from_secs(10))?;
+/// let options = KeepOptions::default().on_lost(|lost| eprintln!("lock lost: {lost}"));
+/// let kept = Watchdog::keep(redlock.config().clone(), lock, options)?;
+/// for part in 0..1000 {
+///     if !kept.is_held() {
+///         // Lost: stop now, within kept.remaining().
+///         break;
+///     }
+///     step(part);
+/// }
+/// kept.release()?;
+/// # Ok(())
+/// # }
+/// ```
+#[must_use = "dropping the watchdog releases the lock at once"]
+#[derive(Debug)]
+pub struct Watchdog {
+    shared: Arc<Shared>,
+    keeper: Option<JoinHandle<Result<(), Error>>>,
+    resource: bytes::Bytes,
+    token: Token,
+    ttl: Duration,
+}
+
+impl Watchdog {
+    /// Hands `lock` to a new keeper thread, which extends it with a client
+    /// of its own made from `config` (pass `redlock.config().clone()` for
+    /// the holder's settings). The thread connects to the masters at once,
+    /// so that its first extension does not spend its round on handshakes.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for settings that cannot work, or a TTL under
+    /// 1 ms (also when [`KeepOptions::ttl`] is `None` and the lock's TTL
+    /// is unknown), over [`MAX_TTL_MS`] or over [`Config::quarantine`];
+    /// [`Error::Os`] when the OS refuses a poll instance, random bytes or
+    /// a thread. Nothing is sent then, and the lock is left as it was.
+    ///
+    /// # Panics
+    /// When [`KeepOptions::every`] is not in `(0, 1)`.
+    pub fn keep(config: Config, lock: Lock, options: KeepOptions) -> Result<Watchdog, Error> {
+        let every = options.every;
+        assert!(
+            every > 0.0 && every < 1.0,
+            "KeepOptions::every must be in (0, 1), not {every}"
+        );
+        let ttl = checked_ttl(options.ttl.unwrap_or(lock.ttl()), config.quarantine)?;
+        let cap = match (options.max_extensions, config.max_extensions) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let schedule = Schedule::new(ttl, every, cap, lock.deadline(), lock.extensions());
+        let redlock = Redlock::new(config)?;
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                lock: lock.clone(),
+                last_error: None,
+                lost: None,
+                subscribers: Vec::new(),
+                stop: false,
+            }),
+            wake: Condvar::new(),
+        });
+        let keeper = Keeper {
+            redlock,
+            lock: lock.clone(),
+            schedule,
+            shared: Arc::clone(&shared),
+            on_lost: options.on_lost,
+        };
+        let keeper = thread::Builder::new()
+            .name("redlock-watchdog".into())
+            .spawn(move || keeper.run())
+            .map_err(|e| Error::Os(e.kind()))?;
+        Ok(Watchdog {
+            shared,
+            keeper: Some(keeper),
+            resource: bytes::Bytes::copy_from_slice(lock.resource()),
+            token: *lock.token(),
+            ttl,
+        })
+    }
+
+    /// The lock's key; the first of them, for a multi-resource lock
+    /// ([`Watchdog::lock`] has them all).
+    pub fn resource(&self) -> &[u8] {
+        &self.resource
+    }
+
+    /// The lock's unique value.
+    pub fn token(&self) -> &Token {
+        &self.token
+    }
+
+    /// The TTL each extension sets.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// True while the lock is held: validity is left and the keeper has not
+    /// given it up. False once it is lost, even while some validity is
+    /// left: that is the time to stop working ([`Watchdog::remaining`]).
+    pub fn is_held(&self) -> bool {
+        let state = self.shared.state();
+        state.lost.is_none() && state.lock.is_valid()
+    }
+
+    /// The monotonic instant at which mutual exclusion ends, as of the last
+    /// successful extension (or the acquire).
+    pub fn deadline(&self) -> Instant {
+        self.shared.state().lock.deadline()
+    }
+
+    /// Validity left now; zero once the deadline has passed.
+    pub fn remaining(&self) -> Duration {
+        self.shared.state().lock.remaining()
+    }
+
+    /// How many times the lock has been extended in all
+    /// ([`Lock::extensions`]), by the keeper and before it.
+    pub fn extensions(&self) -> u32 {
+        self.shared.state().lock.extensions()
+    }
+
+    /// A copy of the lock as of the last successful extension: its current
+    /// deadline and extension count.
+    pub fn lock(&self) -> Lock {
+        self.shared.state().lock.clone()
+    }
+
+    /// The error of the latest extension attempt while extensions are
+    /// failing; `None` after a success. An early warning: the keeper is
+    /// retrying, and the lock is lost if no retry succeeds in time.
+    pub fn last_error(&self) -> Option<Error> {
+        self.shared.state().last_error.clone()
+    }
+
+    /// Why the lock was lost, once it is; `None` while it is kept.
+    pub fn lost(&self) -> Option<Lost> {
+        self.shared.state().lost.clone()
+    }
+
+    /// A channel that receives the loss report once, when the lock is lost
+    /// (at once if it already is). Each call makes a new channel; a
+    /// receiver dropped early costs nothing. The channel is closed without
+    /// a message when the watchdog is released or dropped before a loss.
+    pub fn subscribe(&self) -> Receiver<Lost> {
+        let (tx, rx) = mpsc::channel();
+        let mut state = self.shared.state();
+        match &state.lost {
+            Some(lost) => {
+                // The receiver is alive: it is in our hands.
+                let _ = tx.send(lost.clone());
+            }
+            None => state.subscribers.push(tx),
+        }
+        rx
+    }
+
+    /// Stops the keeper, at once even in the middle of a wait, and releases
+    /// the lock on every master; returns when the thread has exited, so
+    /// that nothing is extended afterwards. An extension already in flight
+    /// finishes first (within one per-instance timeout).
+    ///
+    /// # Errors
+    /// As [`Redlock::release`]: [`Error::NotHeld`] when no quorum held the
+    /// token any more (after a loss, say); [`Error::NoQuorum`] or
+    /// [`Error::Protocol`] when too few masters answered. Keys not
+    /// released expire after their TTL.
+    pub fn release(mut self) -> Result<(), Error> {
+        match self.stop() {
+            Some(Ok(released)) => released,
+            // Only the caller's callback could panic, and that is caught.
+            Some(Err(payload)) => panic::resume_unwind(payload),
+            None => Ok(()),
+        }
+    }
+
+    /// Tells the keeper to release and exit, and waits for it; `None` when
+    /// that was done already.
+    fn stop(&mut self) -> Option<thread::Result<Result<(), Error>>> {
+        let keeper = self.keeper.take()?;
+        self.shared.state().stop = true;
+        self.shared.wake.notify_all();
+        Some(keeper.join())
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        // Nothing to report to: keys not released expire after the TTL.
+        let _ = self.stop();
+    }
+}
+
+/// What the holder and the keeper share.
+#[derive(Debug)]
+struct Shared {
+    state: Mutex<State>,
+    /// Wakes the keeper when `stop` is set.
+    wake: Condvar,
+}
+
+impl Shared {
+    fn state(&self) -> MutexGuard<'_, State> {
+        // The state is plain values written whole: a panic elsewhere cannot
+        // leave it half-updated.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+#[derive(Debug)]
+struct State {
+    /// The lock as of the last successful extension.
+    lock: Lock,
+    last_error: Option<Error>,
+    lost: Option<Lost>,
+    /// Channels waiting for the loss report.
+    subscribers: Vec<Sender<Lost>>,
+    /// Set by the holder: release and exit.
+    stop: bool,
+}
+
+/// The keeper thread's own data.
+struct Keeper {
+    redlock: Redlock,
+    lock: Lock,
+    schedule: Schedule,
+    shared: Arc<Shared>,
+    on_lost: Option<Box<dyn FnOnce(Lost) + Send>>,
+}
+
+impl Keeper {
+    /// Extends as the schedule says until told to stop, then releases.
+    fn run(mut self) -> Result<(), Error> {
+        let warm_up = self
+            .schedule
+            .first_due()
+            .saturating_duration_since(Instant::now())
+            .min(self.redlock.config().connect_timeout);
+        if !warm_up.is_zero() {
+            self.redlock.warm_up(warm_up);
+        }
+        let mut lost = false;
+        loop {
+            let now = Instant::now();
+            let next = if lost {
+                None
+            } else {
+                Some(self.schedule.poll_next(now))
+            };
+            let mut state = self.shared.state();
+            if state.stop {
+                break;
+            }
+            match next {
+                Some(Next::Extend) => {
+                    drop(state);
+                    self.extend();
+                }
+                Some(Next::Wait(until)) => {
+                    let timeout = until.saturating_duration_since(now);
+                    // The guard is dropped: the loop reads the state afresh.
+                    drop(
+                        self.shared
+                            .wake
+                            .wait_timeout_while(state, timeout, |s| !s.stop),
+                    );
+                }
+                Some(Next::Lose(reason)) => {
+                    let report = Lost {
+                        reason,
+                        at: now,
+                        deadline: self.lock.deadline(),
+                        extensions: self.lock.extensions(),
+                    };
+                    state.lost = Some(report.clone());
+                    let subscribers = std::mem::take(&mut state.subscribers);
+                    drop(state);
+                    for subscriber in subscribers {
+                        let _ = subscriber.send(report.clone());
+                    }
+                    if let Some(callback) = self.on_lost.take() {
+                        let _ = panic::catch_unwind(AssertUnwindSafe(|| callback(report)));
+                    }
+                    lost = true;
+                }
+                None => {
+                    drop(self.shared.wake.wait_while(state, |s| !s.stop));
+                }
+            }
+        }
+        // Release also after a loss: keys still standing on some masters
+        // hold our token, and compare-and-delete removes only those.
+        self.redlock.release(&self.lock)
+    }
+
+    fn extend(&mut self) {
+        let result = self.redlock.extend(&mut self.lock, self.schedule.ttl);
+        match result {
+            Ok(()) => self
+                .schedule
+                .handle_extended(self.lock.deadline(), self.lock.extensions()),
+            Err(error) => self.schedule.handle_failed(error, Instant::now()),
+        }
+        let mut state = self.shared.state();
+        state.lock.clone_from(&self.lock);
+        state.last_error.clone_from(&self.schedule.last_error);
+    }
+}
+
+/// What the keeper does next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Next {
+    /// Extend now.
+    Extend,
+    /// Nothing to do until then (or until told to stop).
+    Wait(Instant),
+    /// Give the lock up, for this reason.
+    Lose(LostReason),
+}
+
+/// The extension policy as plain data: fed the outcome of each extension
+/// and the time, it says what to do next. See [`Watchdog`] for the rules.
+#[derive(Debug, Clone)]
+struct Schedule {
+    ttl: Duration,
+    /// `every * ttl`: how often to extend, and how much validity must be
+    /// left for the lock to count as kept while extensions fail.
+    period: Duration,
+    /// How soon to retry a failed extension.
+    retry_gap: Duration,
+    cap: Option<u32>,
+    deadline: Instant,
+    extensions: u32,
+    /// The error of the latest attempt, while failing.
+    last_error: Option<Error>,
+    /// When to retry, while failing.
+    retry_at: Option<Instant>,
+    /// A reason to give up at once (a refusal, a cap met in the client).
+    final_reason: Option<LostReason>,
+}
+
+impl Schedule {
+    fn new(
+        ttl: Duration,
+        every: f64,
+        cap: Option<u32>,
+        deadline: Instant,
+        extensions: u32,
+    ) -> Schedule {
+        // In whole milliseconds, as Redis counts: `ttl` is whole already.
+        let period_ms = (ttl.as_millis() as f64 * every).round() as u64;
+        let period = Duration::from_millis(period_ms).max(TICK);
+        Schedule {
+            ttl,
+            period,
+            retry_gap: (period / 4).clamp(TICK, RETRY_GAP_MAX),
+            cap,
+            deadline,
+            extensions,
+            last_error: None,
+            retry_at: None,
+            final_reason: None,
+        }
+    }
+
+    /// When the first extension is due if nothing fails.
+    fn first_due(&self) -> Instant {
+        self.deadline
+            .checked_sub(self.ttl.saturating_sub(self.period))
+            .unwrap_or(self.deadline)
+    }
+
+    /// What to do at `now`.
+    #[must_use]
+    fn poll_next(&self, now: Instant) -> Next {
+        if let Some(reason) = &self.final_reason {
+            return Next::Lose(reason.clone());
+        }
+        let capped = self.cap.filter(|&max| self.extensions >= max);
+        let remaining = self.deadline.saturating_duration_since(now);
+        if remaining.is_zero() {
+            return Next::Lose(match (&self.last_error, capped) {
+                (Some(error), _) => LostReason::Failed(error.clone()),
+                (None, Some(max)) => LostReason::ExtensionLimit(max),
+                (None, None) => LostReason::Expired,
+            });
+        }
+        // At most one period of validity left: time to warn the holder,
+        // unless extending still works.
+        let low = remaining <= self.period;
+        let warn_at = self.deadline.checked_sub(self.period).unwrap_or(now);
+        if let Some(max) = capped {
+            return if low {
+                Next::Lose(LostReason::ExtensionLimit(max))
+            } else {
+                Next::Wait(warn_at)
+            };
+        }
+        if let Some(error) = &self.last_error {
+            if low {
+                return Next::Lose(LostReason::Failed(error.clone()));
+            }
+            return match self.retry_at {
+                Some(at) if at > now => Next::Wait(at.min(warn_at)),
+                _ => Next::Extend,
+            };
+        }
+        match self.first_due() {
+            due if due > now => Next::Wait(due),
+            _ => Next::Extend,
+        }
+    }
+
+    /// An extension succeeded: the lock is valid until `deadline`.
+    fn handle_extended(&mut self, deadline: Instant, extensions: u32) {
+        self.deadline = deadline;
+        self.extensions = extensions;
+        self.last_error = None;
+        self.retry_at = None;
+    }
+
+    /// An extension attempt failed at `now`.
+    fn handle_failed(&mut self, error: Error, now: Instant) {
+        match error {
+            Error::NotHeld(_) => self.final_reason = Some(LostReason::Failed(error)),
+            // The client's own cap (Config::max_extensions) was met first.
+            Error::ExtensionLimit(max) => {
+                self.cap = Some(self.cap.map_or(max, |cap| cap.min(max)));
+            }
+            error => {
+                self.last_error = Some(error);
+                self.retry_at = now.checked_add(self.retry_gap);
+            }
+        }
+    }
+}
+
+/// `ttl` in whole milliseconds, if the client will accept it for extends.
+fn checked_ttl(ttl: Duration, quarantine: Option<Duration>) -> Result<Duration, ConfigError> {
+    let ms = match u64::try_from(ttl.as_millis()) {
+        Ok(0) => return Err(ConfigError::ZeroTtl),
+        Ok(ms) if ms <= MAX_TTL_MS => ms,
+        _ => return Err(ConfigError::TtlTooLarge),
+    };
+    let ttl = Duration::from_millis(ms);
+    match quarantine {
+        Some(max) if ttl > max => Err(ConfigError::TtlOverQuarantine(max)),
+        _ => Ok(ttl),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lock::Failure;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    fn failure() -> Failure {
+        Failure {
+            quorum: 2,
+            granted: 1,
+            refused: 0,
+            votes: Vec::new(),
+            elapsed: Duration::ZERO,
+            attempts: 1,
+        }
+    }
+
+    /// A schedule for a lock acquired at `t0` with 900 ms of validity, kept
+    /// at a TTL of 900 ms every third (period 300 ms, retries every 50 ms).
+    fn schedule(t0: Instant, cap: Option<u32>) -> Schedule {
+        Schedule::new(ms(900), 1.0 / 3.0, cap, t0 + ms(900), 0)
+    }
+
+    #[test]
+    fn the_schedule_extends_every_period_retries_failures_and_gives_up_with_a_period_left() {
+        type Setup = fn(&mut Schedule, Instant);
+        let t0 = Instant::now();
+        let no_quorum = || Error::NoQuorum(failure());
+        let cases: [(&str, Setup, u64, Next); 14] = [
+            (
+                "a fresh lock waits until a period has passed",
+                |_, _| {},
+                0,
+                Next::Wait(t0 + ms(300)),
+            ),
+            (
+                "it extends once a period has passed",
+                |_, _| {},
+                300,
+                Next::Extend,
+            ),
+            (
+                "a lock found with little validity left is extended at once",
+                |_, _| {},
+                850,
+                Next::Extend,
+            ),
+            (
+                "a lock with no validity left is lost, not extended",
+                |_, _| {},
+                900,
+                Next::Lose(LostReason::Expired),
+            ),
+            (
+                "a success moves the next extension a period on",
+                |s, t0| s.handle_extended(t0 + ms(1200), 1),
+                350,
+                Next::Wait(t0 + ms(600)),
+            ),
+            (
+                "a failure waits for its retry",
+                |s, t0| s.handle_failed(Error::NoQuorum(failure()), t0 + ms(300)),
+                310,
+                Next::Wait(t0 + ms(350)),
+            ),
+            (
+                "a failure is retried when its gap has passed",
+                |s, t0| s.handle_failed(Error::NoQuorum(failure()), t0 + ms(300)),
+                350,
+                Next::Extend,
+            ),
+            (
+                "a retry is not scheduled past the point of giving up",
+                |s, t0| s.handle_failed(Error::NoQuorum(failure()), t0 + ms(590)),
+                595,
+                Next::Wait(t0 + ms(600)),
+            ),
+            (
+                "failing with one period left gives the lock up",
+                |s, t0| s.handle_failed(Error::NoQuorum(failure()), t0 + ms(550)),
+                600,
+                Next::Lose(LostReason::Failed(no_quorum())),
+            ),
+            (
+                "failing past the deadline reports the last error",
+                |s, t0| s.handle_failed(Error::NoQuorum(failure()), t0 + ms(550)),
+                1000,
+                Next::Lose(LostReason::Failed(no_quorum())),
+            ),
+            (
+                "a refusal gives the lock up at once",
+                |s, t0| s.handle_failed(Error::NotHeld(failure()), t0 + ms(300)),
+                301,
+                Next::Lose(LostReason::Failed(Error::NotHeld(failure()))),
+            ),
+            (
+                "a success clears the failure",
+                |s, t0| {
+                    s.handle_failed(Error::NoQuorum(failure()), t0 + ms(300));
+                    s.handle_extended(t0 + ms(1250), 1);
+                },
+                360,
+                Next::Wait(t0 + ms(650)),
+            ),
+            (
+                "the client's own cap stops extending like the watchdog's",
+                |s, t0| s.handle_failed(Error::ExtensionLimit(0), t0 + ms(300)),
+                301,
+                Next::Wait(t0 + ms(600)),
+            ),
+            (
+                "the client's cap is reported with a period left",
+                |s, t0| s.handle_failed(Error::ExtensionLimit(0), t0 + ms(300)),
+                600,
+                Next::Lose(LostReason::ExtensionLimit(0)),
+            ),
+        ];
+        for (name, setup, at, want) in cases {
+            let mut s = schedule(t0, None);
+            setup(&mut s, t0);
+            assert_eq!(s.poll_next(t0 + ms(at)), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn past_the_cap_nothing_is_extended_and_the_loss_comes_with_a_period_left() {
+        let t0 = Instant::now();
+        let mut s = schedule(t0, Some(1));
+        assert_eq!(s.poll_next(t0 + ms(300)), Next::Extend);
+        s.handle_extended(t0 + ms(1200), 1);
+        assert_eq!(s.poll_next(t0 + ms(600)), Next::Wait(t0 + ms(900)));
+        assert_eq!(
+            s.poll_next(t0 + ms(900)),
+            Next::Lose(LostReason::ExtensionLimit(1))
+        );
+        assert_eq!(
+            s.poll_next(t0 + ms(1300)),
+            Next::Lose(LostReason::ExtensionLimit(1)),
+            "past the deadline"
+        );
+    }
+
+    #[test]
+    fn periods_and_retry_gaps_follow_the_ttl_within_bounds() {
+        let t0 = Instant::now();
+        // (ttl, every, period, retry gap)
+        let cases = [
+            (ms(30_000), 1.0 / 3.0, ms(10_000), ms(50)),
+            (ms(1000), 0.5, ms(500), ms(50)),
+            (ms(90), 1.0 / 3.0, ms(30), Duration::from_micros(7500)),
+            (ms(2), 0.1, ms(1), ms(1)),
+        ];
+        for (ttl, every, period, gap) in cases {
+            let s = Schedule::new(ttl, every, None, t0 + ttl, 0);
+            assert_eq!((s.period, s.retry_gap), (period, gap), "{ttl:?} x {every}");
+        }
+    }
+
+    #[test]
+    fn ttls_are_checked_as_the_client_checks_them() {
+        let cases = [
+            (Duration::ZERO, None, Err(ConfigError::ZeroTtl)),
+            (Duration::from_micros(999), None, Err(ConfigError::ZeroTtl)),
+            (Duration::from_micros(1500), None, Ok(ms(1))),
+            (ms(MAX_TTL_MS + 1), None, Err(ConfigError::TtlTooLarge)),
+            (
+                ms(61_000),
+                Some(ms(60_000)),
+                Err(ConfigError::TtlOverQuarantine(ms(60_000))),
+            ),
+            (ms(60_000), Some(ms(60_000)), Ok(ms(60_000))),
+        ];
+        for (ttl, quarantine, want) in cases {
+            assert_eq!(checked_ttl(ttl, quarantine), want, "{ttl:?}");
+        }
+    }
+
+    #[test]
+    fn a_loss_reads_as_its_reason_and_the_validity_left() {
+        let at = Instant::now();
+        let lost = Lost {
+            reason: LostReason::ExtensionLimit(3),
+            at,
+            deadline: at + ms(250),
+            extensions: 3,
+        };
+        assert_eq!(
+            lost.to_string(),
+            "extension limit reached (3 extensions); 250 ms of validity left when reported"
+        );
+        assert_eq!(lost.left_when_reported(), ms(250));
+    }
+
+    #[test]
+    fn a_watchdog_can_be_shared_between_threads() {
+        fn shareable<T: Send + Sync>() {}
+        shareable::<Watchdog>();
+        shareable::<Lost>();
+        fn sendable<T: Send>() {}
+        sendable::<KeepOptions>();
+    }
+
+    #[test]
+    #[should_panic(expected = "KeepOptions::every must be in (0, 1)")]
+    fn an_extension_fraction_of_one_is_refused() {
+        let config = Config::new(["redis://127.0.0.1:1"]).unwrap();
+        let lock = Lock::from_parts("r", crate::token::TokenSource::new().unwrap().next_token());
+        let options = KeepOptions {
+            every: 1.0,
+            ttl: Some(ms(1000)),
+            ..KeepOptions::default()
+        };
+        let _ = Watchdog::keep(config, lock, options);
+    }
+}
