@@ -210,6 +210,9 @@ pub enum ConfigError {
     TtlTooLarge,
     /// A multi-resource lock over no resource.
     NoResources,
+    /// A watchdog's extension period, as a fraction of the TTL, outside
+    /// `(0, 1)`.
+    ExtensionFraction,
     /// A TTL over the restart quarantine's maximum ([`Config::quarantine`]):
     /// a restart could lose such a lock after the quarantine ended.
     TtlOverQuarantine(Duration),
@@ -228,6 +231,9 @@ impl fmt::Display for ConfigError {
             ConfigError::NoResources => {
                 f.write_str("a multi-resource lock needs at least one resource")
             }
+            ConfigError::ExtensionFraction => f.write_str(
+                "the watchdog's extension period must be a fraction of the TTL in (0, 1)",
+            ),
             ConfigError::TtlOverQuarantine(max) => write!(
                 f,
                 "TTL exceeds the restart quarantine's maximum TTL of {} ms (raise Config::quarantine, or turn it off for masters with appendfsync always)",

@@ -257,16 +257,14 @@ impl Watchdog {
     /// 1 ms (also when [`KeepOptions::ttl`] is `None` and the lock's TTL
     /// is unknown), over [`MAX_TTL_MS`] or over [`Config::quarantine`];
     /// [`Error::Os`] when the OS refuses a poll instance, random bytes or
-    /// a thread. Nothing is sent then, and the lock is left as it was.
-    ///
-    /// # Panics
-    /// When [`KeepOptions::every`] is not in `(0, 1)`.
+    /// a thread; [`ConfigError::ExtensionFraction`] when
+    /// [`KeepOptions::every`] is not in `(0, 1)`. Nothing is sent then, and
+    /// the lock is left as it was.
     pub fn keep(config: Config, lock: Lock, options: KeepOptions) -> Result<Watchdog, Error> {
         let every = options.every;
-        assert!(
-            every > 0.0 && every < 1.0,
-            "KeepOptions::every must be in (0, 1), not {every}"
-        );
+        if !(every > 0.0 && every < 1.0) {
+            return Err(ConfigError::ExtensionFraction.into());
+        }
         let ttl = checked_ttl(options.ttl.unwrap_or(lock.ttl()), config.quarantine)?;
         let cap = match (options.max_extensions, config.max_extensions) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -880,15 +878,22 @@ mod tests {
     }
 
     #[test]
-    #[should_panic(expected = "KeepOptions::every must be in (0, 1)")]
-    fn an_extension_fraction_of_one_is_refused() {
-        let config = Config::new(["redis://127.0.0.1:1"]).unwrap();
-        let lock = Lock::from_parts("r", crate::token::TokenSource::new().unwrap().next_token());
-        let options = KeepOptions {
-            every: 1.0,
-            ttl: Some(ms(1000)),
-            ..KeepOptions::default()
-        };
-        let _ = Watchdog::keep(config, lock, options);
+    fn an_extension_fraction_outside_zero_to_one_is_a_config_error() {
+        for every in [0.0, 1.0, -0.5, 2.0, f64::NAN] {
+            let config = Config::new(["redis://127.0.0.1:1"]).unwrap();
+            let lock =
+                Lock::from_parts("r", crate::token::TokenSource::new().unwrap().next_token());
+            let options = KeepOptions {
+                every,
+                ttl: Some(ms(1000)),
+                ..KeepOptions::default()
+            };
+            let got = Watchdog::keep(config, lock, options).err();
+            assert_eq!(
+                got,
+                Some(Error::Config(ConfigError::ExtensionFraction)),
+                "{every}"
+            );
+        }
     }
 }

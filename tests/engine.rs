@@ -15,7 +15,7 @@ use std::sync::Barrier;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{Options, Plain, Server, bulk, cluster, connect, master, master_with};
+use common::{Options, Plain, Server, bulk, cluster, connect, eventually, master, master_with};
 use redlock_mio::addr::AddrError;
 use redlock_mio::resp::{Arg, Reply};
 use redlock_mio::{Config, ConfigError, Error, Failure, Lock, Redlock, Retry, Token, Vote};
@@ -51,20 +51,6 @@ fn config(urls: &[String]) -> Config {
 
 fn client(urls: &[String]) -> Redlock {
     Redlock::new(config(urls)).unwrap_or_else(|e| panic!("{e}"))
-}
-
-/// Polls `done` every 10 ms until it holds or `limit` passes.
-fn eventually(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + limit;
-    loop {
-        if done() {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        thread::sleep(Duration::from_millis(10));
-    }
 }
 
 /// A plain connection to `server`, authenticated when it has a password.

@@ -8,19 +8,12 @@ use std::sync::Mutex;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{cluster, connect};
+use common::{client, cluster, connect, wait_for_uptime};
 use redlock_mio::resp::{Arg, Reply};
-use redlock_mio::spawn::{Cluster, Server};
-use redlock_mio::{Config, Error, Lock, Redlock};
+use redlock_mio::spawn::Server;
+use redlock_mio::{Error, Lock, Redlock};
 
 const TTL: Duration = Duration::from_secs(2);
-
-fn client(urls: &[String], quarantine: Option<Duration>) -> Redlock {
-    let mut config = Config::new(urls).unwrap_or_else(|e| panic!("{e}"));
-    config.per_instance_timeout = Duration::from_millis(300);
-    config.quarantine = quarantine;
-    Redlock::new(config).unwrap_or_else(|e| panic!("{e}"))
-}
 
 fn stored_fence(server: &Server, resource: &str) -> Option<u64> {
     let key = format!("{resource}:fence");
@@ -96,30 +89,6 @@ fn a_minority_master_that_lost_its_data_is_repaired_by_the_next_write_back() {
         assert_eq!(stored_fence(server, "repair"), Some(4), "{}", server.url());
     }
     b.release(&lock).unwrap_or_else(|e| panic!("{e}"));
-}
-
-/// Waits until every master has been up for `max_ttl`, so that only the
-/// test's own restarts trigger quarantine.
-fn wait_for_uptime(masters: &Cluster, max_ttl: Duration) {
-    let deadline = Instant::now() + max_ttl + Duration::from_secs(10);
-    while masters.iter().any(|s| {
-        let Reply::Bulk(info) = connect(s).cmd(&[Arg::Bytes(b"INFO"), Arg::Bytes(b"server")])
-        else {
-            return true;
-        };
-        let uptime: u64 = String::from_utf8_lossy(&info)
-            .lines()
-            .find_map(|l| l.strip_prefix("uptime_in_seconds:"))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0);
-        Duration::from_secs(uptime) < max_ttl
-    }) {
-        assert!(
-            Instant::now() < deadline,
-            "masters never reached their uptime"
-        );
-        thread::sleep(Duration::from_millis(100));
-    }
 }
 
 #[test]

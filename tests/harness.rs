@@ -7,27 +7,14 @@ use std::io::{self, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{
-    IO_TIMEOUT, Options, Server, bulk, cluster, connect, master, master_with, status, try_connect,
+    IO_TIMEOUT, Options, Server, bulk, cluster, connect, eventually, master, master_with, status,
+    try_connect,
 };
 use redlock_mio::resp::{Arg, Reply};
 use redlock_mio::spawn::{Cluster, SpawnError};
-
-/// Polls `done` until it holds or `limit` passes; true when it held.
-fn eventually(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + limit;
-    loop {
-        if done() {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        thread::sleep(Duration::from_millis(10));
-    }
-}
 
 fn process_is_gone(pid: u32) -> bool {
     eventually(Duration::from_secs(10), || {

@@ -6,19 +6,16 @@ mod common;
 use std::time::Duration;
 
 use common::{cluster, connect};
+
+/// A client for masters the test started empty.
+fn client(urls: &[String]) -> Redlock {
+    common::client(urls, None)
+}
 use redlock_mio::resp::{Arg, Reply};
 use redlock_mio::spawn::Server;
-use redlock_mio::{Config, ConfigError, Error, Redlock};
+use redlock_mio::{ConfigError, Error, Redlock};
 
 const TTL: Duration = Duration::from_secs(15);
-
-fn client(urls: &[String]) -> Redlock {
-    let mut config = Config::new(urls).unwrap_or_else(|e| panic!("{e}"));
-    config.per_instance_timeout = Duration::from_millis(300);
-    // Masters started empty by the test.
-    config.quarantine = None;
-    Redlock::new(config).unwrap_or_else(|e| panic!("{e}"))
-}
 
 fn get(server: &Server, key: &str) -> Reply {
     connect(server).cmd(&[Arg::Bytes(b"GET"), Arg::Bytes(key.as_bytes())])

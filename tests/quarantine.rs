@@ -13,57 +13,20 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{cluster, connect};
+use common::{client, cluster, wait_for_uptime};
 use redlock_mio::conn::Cause;
-use redlock_mio::resp::Arg;
-use redlock_mio::resp::Reply;
-use redlock_mio::spawn::{Cluster, Server};
-use redlock_mio::{Config, Error, Redlock, Vote};
+use redlock_mio::spawn::Cluster;
+use redlock_mio::{Error, Redlock, Vote};
 
 /// The largest TTL in use, and the TTL of the locks: short, so that the
 /// test waits little.
 const MAX_TTL: Duration = Duration::from_secs(2);
 
-fn client(urls: &[String], quarantine: Option<Duration>) -> Redlock {
-    let mut config = Config::new(urls).unwrap_or_else(|e| panic!("{e}"));
-    config.per_instance_timeout = Duration::from_millis(300);
-    config.quarantine = quarantine;
-    Redlock::new(config).unwrap_or_else(|e| panic!("{e}"))
-}
-
-fn uptime(server: &Server) -> u64 {
-    let Reply::Bulk(info) = connect(server).cmd(&[Arg::Bytes(b"INFO"), Arg::Bytes(b"server")])
-    else {
-        panic!("INFO server from {}", server.url());
-    };
-    String::from_utf8_lossy(&info)
-        .lines()
-        .find_map(|l| l.strip_prefix("uptime_in_seconds:"))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no uptime from {}", server.url()))
-}
-
-/// Waits until every master has been up for at least `MAX_TTL`, so that
-/// only the restart staged by the test triggers quarantine.
-fn wait_until_settled(masters: &Cluster) {
-    let deadline = Instant::now() + MAX_TTL + Duration::from_secs(10);
-    while masters
-        .iter()
-        .any(|s| Duration::from_secs(uptime(s)) < MAX_TTL)
-    {
-        assert!(
-            Instant::now() < deadline,
-            "masters never reached their uptime"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 /// A takes the lock on masters 0 and 1 only (2 is down), then master 1
 /// crashes and restarts empty and master 2 comes back empty. Returns A's
 /// lock and the instant the restarts were done.
 fn stage_crash_restart(masters: &mut Cluster, a: &mut Redlock) -> (redlock_mio::Lock, Instant) {
-    wait_until_settled(masters);
+    wait_for_uptime(masters, MAX_TTL);
     assert_eq!(a.warm_up(Duration::from_secs(5)), 3);
     masters[2].kill().unwrap_or_else(|e| panic!("{e}"));
     let lock = a

@@ -190,3 +190,41 @@ pub fn try_connect_addr(addr: std::net::SocketAddr) -> io::Result<Plain> {
         buf: BytesMut::new(),
     })
 }
+
+/// A lock client of `urls` for tests: a generous per-instance timeout, so
+/// that a loaded machine does not turn a slow reply into a lost vote, and
+/// restart quarantine as given (`None` for masters the test started empty:
+/// no lock predates them).
+pub fn client(urls: &[String], quarantine: Option<Duration>) -> redlock_mio::Redlock {
+    let mut config = redlock_mio::Config::new(urls).unwrap_or_else(|e| panic!("{e}"));
+    config.per_instance_timeout = Duration::from_millis(300);
+    config.quarantine = quarantine;
+    redlock_mio::Redlock::new(config).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A master's `uptime_in_seconds`.
+pub fn uptime(server: &Server) -> u64 {
+    let Reply::Bulk(info) = connect(server).cmd(&[Arg::Bytes(b"INFO"), Arg::Bytes(b"server")])
+    else {
+        panic!("INFO server from {}", server.url());
+    };
+    String::from_utf8_lossy(&info)
+        .lines()
+        .find_map(|l| l.strip_prefix("uptime_in_seconds:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no uptime from {}", server.url()))
+}
+
+/// Waits until every master has been up for at least `at_least`, so that
+/// only a test's own restarts trigger restart quarantine.
+pub fn wait_for_uptime(masters: &Cluster, at_least: Duration) {
+    let ready = || {
+        masters
+            .iter()
+            .all(|s| Duration::from_secs(uptime(s)) >= at_least)
+    };
+    assert!(
+        eventually(at_least + Duration::from_secs(10), ready),
+        "masters never reached {at_least:?} of uptime"
+    );
+}
