@@ -29,11 +29,17 @@ const START_DEADLINE: Duration = Duration::from_secs(30);
 
 /// A `redlock` command for these masters, with `REDLOCK_SERVERS` cleared.
 fn redlock(servers: &[String]) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_redlock"));
-    command.env_remove("REDLOCK_SERVERS").stdin(Stdio::null());
+    let mut command = shipped(servers);
     // The tests' masters start empty: restart quarantine (on by default,
     // see restart_quarantine_is_on_by_default) would keep them out at first.
     command.arg("--no-quarantine");
+    command
+}
+
+/// The command with its defaults, restart quarantine included.
+fn shipped(servers: &[String]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_redlock"));
+    command.env_remove("REDLOCK_SERVERS").stdin(Stdio::null());
     if !servers.is_empty() {
         command.arg("--servers").arg(servers.join(","));
     }
@@ -685,17 +691,8 @@ fn bench_batches_and_spins_on_request() {
 #[test]
 fn restart_quarantine_is_on_by_default_and_names_itself() {
     let masters = common::cluster(3);
-    let mut acquire = Command::new(env!("CARGO_BIN_EXE_redlock"));
-    acquire
-        .env_remove("REDLOCK_SERVERS")
-        .stdin(Stdio::null())
-        .args([
-            "--servers",
-            &masters.urls().join(","),
-            "acquire",
-            "--nonblock",
-            "fresh",
-        ]);
+    let mut acquire = shipped(&masters.urls());
+    acquire.args(["acquire", "--nonblock", "fresh"]);
     let out = finish(acquire);
     // Masters up for less than the 60 s maximum TTL do not count yet.
     assert_eq!(code(&out), 69, "{}", stderr(&out));
@@ -709,20 +706,8 @@ fn restart_quarantine_is_on_by_default_and_names_itself() {
 #[test]
 fn a_ttl_over_max_ttl_is_a_usage_error() {
     let masters = common::cluster(1);
-    let mut acquire = Command::new(env!("CARGO_BIN_EXE_redlock"));
-    acquire
-        .env_remove("REDLOCK_SERVERS")
-        .stdin(Stdio::null())
-        .args([
-            "--servers",
-            &masters.urls().join(","),
-            "--max-ttl",
-            "5s",
-            "acquire",
-            "r",
-            "--ttl",
-            "6s",
-        ]);
+    let mut acquire = shipped(&masters.urls());
+    acquire.args(["--max-ttl", "5s", "acquire", "r", "--ttl", "6s"]);
     let out = finish(acquire);
     assert_eq!(code(&out), 2, "{}", stderr(&out));
     assert!(stderr(&out).contains("quarantine"), "{}", stderr(&out));
