@@ -57,6 +57,12 @@ impl Op {
         }
     }
 
+    /// Whether the operation takes a lock (sets keys), as opposed to
+    /// releasing, extending or fencing one.
+    pub fn sets_keys(self) -> bool {
+        matches!(self, Op::Acquire | Op::AcquireFenced | Op::AcquireMany)
+    }
+
     /// Whether the request's `arg` goes on the wire after the token.
     fn takes_arg(self) -> bool {
         !matches!(self, Op::Release | Op::ReleaseMany)

@@ -168,6 +168,18 @@ impl Config {
         })
     }
 
+    /// `ttl` rounded down to whole milliseconds, if Redis and the restart
+    /// quarantine accept it: at least 1 ms, at most [`MAX_TTL_MS`], and no
+    /// more than [`Config::quarantine`]. The rule every acquire, extend and
+    /// watchdog applies.
+    pub(crate) fn checked_ttl(&self, ttl: Duration) -> Result<Duration, ConfigError> {
+        let ttl = Duration::from_millis(checked_ttl(ttl)?);
+        match self.quarantine {
+            Some(max) if ttl > max => Err(ConfigError::TtlOverQuarantine(max)),
+            _ => Ok(ttl),
+        }
+    }
+
     fn check(&self) -> Result<(), ConfigError> {
         if self.servers.is_empty() {
             return Err(ConfigError::NoServers);
@@ -749,11 +761,10 @@ impl Redlock {
         ttl: Duration,
         retry: &Retry,
     ) -> Result<Lock, Error> {
-        let ttl_ms = self.checked_ttl(ttl)?;
+        let ttl = self.config.checked_ttl(ttl)?;
         if retry.attempts == 0 {
             return Err(ConfigError::ZeroAttempts.into());
         }
-        let ttl = Duration::from_millis(ttl_ms);
         let first = Instant::now();
         let give_up = retry.max_wait.and_then(|w| first.checked_add(w));
         let timeout = self.config.per_instance_timeout.min(ttl);
@@ -769,7 +780,7 @@ impl Redlock {
             op,
             keys: wire_keys,
             token: self.tokens.next_token(),
-            arg: ttl_ms as i64,
+            arg: millis(ttl),
         };
         let mut attempt = 0;
         loop {
@@ -848,8 +859,7 @@ impl Redlock {
         I: IntoIterator,
         I::Item: Into<Bytes>,
     {
-        let ttl_ms = self.checked_ttl(ttl)?;
-        let ttl = Duration::from_millis(ttl_ms);
+        let ttl = self.config.checked_ttl(ttl)?;
         let mut requests = std::mem::take(&mut self.batch);
         requests.clear();
         for resource in resources {
@@ -857,7 +867,7 @@ impl Redlock {
                 op: Op::Acquire,
                 keys: Keys::One(resource.into()),
                 token: self.tokens.next_token(),
-                arg: ttl_ms as i64,
+                arg: millis(ttl),
             });
         }
         let first = Instant::now();
@@ -951,21 +961,17 @@ impl Redlock {
     /// as [`Redlock::try_acquire`]. On error the lock's deadline is left as
     /// it was.
     pub fn extend(&mut self, lock: &mut Lock, ttl: Duration) -> Result<(), Error> {
-        let ttl_ms = self.checked_ttl(ttl)?;
+        let ttl = self.config.checked_ttl(ttl)?;
         if let Some(max) = self.config.max_extensions
             && lock.extensions >= max
         {
             return Err(Error::ExtensionLimit(max));
         }
-        let ttl = Duration::from_millis(ttl_ms);
         let request = Request {
-            op: match lock.keys {
-                Keys::One(_) => Op::Extend,
-                Keys::Many(_) => Op::ExtendMany,
-            },
+            op: extend_op(&lock.keys),
             keys: lock.keys.clone(),
             token: lock.token,
-            arg: ttl_ms as i64,
+            arg: millis(ttl),
         };
         let first = Instant::now();
         self.run_round(
@@ -1036,17 +1042,6 @@ impl Redlock {
         self.round.finish(&mut self.conns);
     }
 
-    /// The TTL in whole milliseconds, if Redis and the quarantine accept it.
-    fn checked_ttl(&self, ttl: Duration) -> Result<u64, ConfigError> {
-        let ms = checked_ttl(ttl)?;
-        match self.config.quarantine {
-            Some(max) if Duration::from_millis(ms) > max => {
-                Err(ConfigError::TtlOverQuarantine(max))
-            }
-            _ => Ok(ms),
-        }
-    }
-
     /// The validity `slot` of the last round won, if it won with some left.
     fn validity(&self, slot: usize, ttl: Duration) -> Option<Validity> {
         if self.round.decision(slot) != Some(Decision::Won) {
@@ -1086,9 +1081,7 @@ impl Redlock {
         match self.round.loss(slot) {
             Loss::Protocol => Error::Protocol(failure),
             Loss::Unreachable => Error::NoQuorum(failure),
-            Loss::Refused if matches!(op, Op::Acquire | Op::AcquireFenced | Op::AcquireMany) => {
-                Error::Held(failure)
-            }
+            Loss::Refused if op.sets_keys() => Error::Held(failure),
             // Not held only when refusals alone explain the loss; a refusal
             // beside a failure cannot tell whether the failed master held it.
             Loss::Refused if failure.refused > failure.votes.len() - failure.quorum => {
@@ -1105,6 +1098,20 @@ fn release_op(keys: &Keys) -> Op {
         Keys::One(_) => Op::Release,
         Keys::Many(_) => Op::ReleaseMany,
     }
+}
+
+/// The extend for what `keys` took.
+fn extend_op(keys: &Keys) -> Op {
+    match keys {
+        Keys::One(_) => Op::Extend,
+        Keys::Many(_) => Op::ExtendMany,
+    }
+}
+
+/// A TTL checked by [`Config::checked_ttl`] as the `PX` argument: at most
+/// [`MAX_TTL_MS`], so it fits.
+fn millis(ttl: Duration) -> i64 {
+    i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX)
 }
 
 /// Where a resource's fencing counter lives: `<resource>:fence`.

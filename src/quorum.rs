@@ -247,10 +247,11 @@ impl Round {
     /// The largest integer replied to `slot` by a master that granted it:
     /// for a fenced acquire, the highest fence value a quorum has seen.
     pub fn max_granted_value(&self, slot: usize) -> Option<i64> {
-        let range = slot * self.n..(slot + 1) * self.n;
-        let votes = self.votes.get(range.clone()).unwrap_or_default();
-        let values = self.values.get(range).unwrap_or_default();
-        votes
+        let values = self
+            .values
+            .get(slot * self.n..(slot + 1) * self.n)
+            .unwrap_or_default();
+        self.votes(slot)
             .iter()
             .zip(values)
             .filter(|(vote, _)| **vote == Vote::Granted)
@@ -319,9 +320,7 @@ impl Round {
                             *cell = Some(*value);
                         }
                         let mut vote = classify(op, reply);
-                        let sets_keys =
-                            matches!(op, Op::Acquire | Op::AcquireFenced | Op::AcquireMany);
-                        if vote == Vote::Granted && sets_keys {
+                        if vote == Vote::Granted && op.sets_keys() {
                             conns[i].handle_grant(now);
                         }
                         // A quarantined master's answer is read, never

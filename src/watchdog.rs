@@ -21,7 +21,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use crate::lock::{Config, ConfigError, Error, Lock, MAX_TTL_MS, Redlock};
+use crate::lock::{Config, ConfigError, Error, Lock, Redlock};
 use crate::token::Token;
 
 /// The longest wait before retrying a failed extension.
@@ -255,7 +255,8 @@ impl Watchdog {
     /// # Errors
     /// [`Error::Config`] for settings that cannot work, or a TTL under
     /// 1 ms (also when [`KeepOptions::ttl`] is `None` and the lock's TTL
-    /// is unknown), over [`MAX_TTL_MS`] or over [`Config::quarantine`];
+    /// is unknown), over [`MAX_TTL_MS`](crate::lock::MAX_TTL_MS) or over
+    /// [`Config::quarantine`];
     /// [`Error::Os`] when the OS refuses a poll instance, random bytes or
     /// a thread; [`ConfigError::ExtensionFraction`] when
     /// [`KeepOptions::every`] is not in `(0, 1)`. Nothing is sent then, and
@@ -265,7 +266,7 @@ impl Watchdog {
         if !(every > 0.0 && every < 1.0) {
             return Err(ConfigError::ExtensionFraction.into());
         }
-        let ttl = checked_ttl(options.ttl.unwrap_or(lock.ttl()), config.quarantine)?;
+        let ttl = config.checked_ttl(options.ttl.unwrap_or(lock.ttl()))?;
         let cap = match (options.max_extensions, config.max_extensions) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -658,24 +659,11 @@ impl Schedule {
     }
 }
 
-/// `ttl` in whole milliseconds, if the client will accept it for extends.
-fn checked_ttl(ttl: Duration, quarantine: Option<Duration>) -> Result<Duration, ConfigError> {
-    let ms = match u64::try_from(ttl.as_millis()) {
-        Ok(0) => return Err(ConfigError::ZeroTtl),
-        Ok(ms) if ms <= MAX_TTL_MS => ms,
-        _ => return Err(ConfigError::TtlTooLarge),
-    };
-    let ttl = Duration::from_millis(ms);
-    match quarantine {
-        Some(max) if ttl > max => Err(ConfigError::TtlOverQuarantine(max)),
-        _ => Ok(ttl),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::lock::Failure;
+    use crate::lock::MAX_TTL_MS;
 
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)
@@ -848,7 +836,9 @@ mod tests {
             (ms(60_000), Some(ms(60_000)), Ok(ms(60_000))),
         ];
         for (ttl, quarantine, want) in cases {
-            assert_eq!(checked_ttl(ttl, quarantine), want, "{ttl:?}");
+            let mut config = Config::new(["redis://127.0.0.1:1"]).unwrap();
+            config.quarantine = quarantine;
+            assert_eq!(config.checked_ttl(ttl), want, "{ttl:?}");
         }
     }
 
