@@ -683,6 +683,11 @@ fn bench_batches_and_spins_on_request() {
     let text = stdout(&out);
     let report: serde_json::Value = serde_json::from_str(&text).expect("JSON");
     assert_eq!(report["batch"].as_u64(), Some(16), "{text}");
+    assert_eq!(
+        report["resources"].as_u64(),
+        Some(16),
+        "one per batch slot: {text}"
+    );
     assert_eq!(report["spin"].as_bool(), Some(true), "{text}");
     assert!(report["cycles"].as_u64().is_some_and(|c| c >= 16), "{text}");
     assert_eq!(report["errors"].as_u64(), Some(0), "{text}");

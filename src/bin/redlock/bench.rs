@@ -515,6 +515,13 @@ fn rate(cycles: u64, elapsed: Duration) -> f64 {
     }
 }
 
+/// How many resource names the threads draw from: `--resources`, else
+/// one per thread (one per batch slot with `--batch`), as `worker` names
+/// them.
+fn resource_count(args: &BenchArgs) -> usize {
+    args.resources.unwrap_or(args.threads * args.batch as usize)
+}
+
 fn json_report(
     setup: &Setup,
     args: &BenchArgs,
@@ -539,7 +546,7 @@ fn json_report(
         "spawned": setup.spawned,
         "quorum": setup.quorum,
         "threads": args.threads,
-        "resources": args.resources.unwrap_or(args.threads),
+        "resources": resource_count(args),
         "ttl_ms": u64::try_from(args.ttl.as_millis()).unwrap_or(u64::MAX),
         "batch": args.batch,
         "spin": args.spin,
@@ -564,14 +571,11 @@ fn text_report(
     interrupted: Option<i32>,
 ) -> String {
     let mut out = String::new();
+    let all = counted(resource_count(args), "resource");
     let resources = match args.resources {
-        None if args.batch > 1 => format!(
-            "{} ({} per thread)",
-            counted(args.threads * args.batch as usize, "resource"),
-            args.batch
-        ),
-        None => format!("{} (one per thread)", counted(args.threads, "resource")),
-        Some(r) => format!("{} shared by the threads", counted(r, "resource")),
+        None if args.batch == 1 => format!("{all} (one per thread)"),
+        None => format!("{all} ({} per thread)", args.batch),
+        Some(_) => format!("{all} shared by the threads"),
     };
     let _ = writeln!(
         out,
