@@ -193,6 +193,11 @@ pub enum Cause {
     Unsolicited,
     /// The oldest request in flight went unanswered past the stall limit.
     Stalled,
+    /// The master is too far behind: as many requests as
+    /// [`Timing::max_in_flight`] await its replies, or its unwritten bytes
+    /// would overflow the write buffer. The connection is dropped and
+    /// re-established, as for [`Cause::Stalled`].
+    TooFarBehind,
     /// A handshake command got an error reply.
     Handshake(Step, Bytes),
     /// The command got an error reply (or a reply of an unexpected type,
@@ -224,6 +229,9 @@ impl fmt::Display for Cause {
             Cause::Protocol(e) => write!(f, "protocol violation: {e}"),
             Cause::Unsolicited => f.write_str("protocol violation: reply with no request"),
             Cause::Stalled => f.write_str("connection stalled: requests unanswered"),
+            Cause::TooFarBehind => {
+                f.write_str("too far behind: the in-flight bound is reached, connection dropped")
+            }
             Cause::Handshake(step, msg) => {
                 let step = match step {
                     Step::Auth => "AUTH",
@@ -268,11 +276,28 @@ pub struct Timing {
     /// locks) does not count toward the quorum until this long after its
     /// restart. `None` turns it off.
     pub quarantine: Option<Duration>,
+    /// The most requests (handshake included) one connection keeps in
+    /// flight; a master that lags further is [`Cause::TooFarBehind`]. The
+    /// queue's storage is allocated once, when the connection is made, so
+    /// that a lagging master never costs an allocation.
+    pub max_in_flight: usize,
 }
 
-/// The most requests one connection keeps in flight before it is judged
-/// stalled: bounds memory when a master stops answering.
-pub const MAX_IN_FLIGHT: usize = 4096;
+/// Capacity of a connection's write buffer, allocated once. It holds only
+/// what the kernel's socket buffer refused: a master that leaves more than
+/// this unread is [`Cause::TooFarBehind`]. (A single request larger than
+/// this, a huge multi-resource lock, still goes out: the buffer grows for
+/// it.)
+pub const OUT_CAPACITY: usize = 16 * 1024;
+
+/// Capacity of a connection's read buffer, allocated once: room for one
+/// read of [`READ_CHUNK`] bytes beside the partial reply left from the last
+/// one. Only a reply larger than [`READ_CHUNK`] grows it, up to the
+/// parser's [`Limits::max_reply_len`].
+pub const IN_CAPACITY: usize = 2 * READ_CHUNK;
+
+/// The most bytes the driver reads from a socket at once.
+pub const READ_CHUNK: usize = 16 * 1024;
 
 #[derive(Debug)]
 enum State {
@@ -306,6 +331,10 @@ pub struct Conn {
     timing: Timing,
     state: State,
     out: BytesMut,
+    /// How much of `out` the socket has taken. Kept apart rather than
+    /// advancing `out`, so that the buffer is compacted in place and never
+    /// reallocated.
+    written: usize,
     inbuf: BytesMut,
     in_flight: VecDeque<Expect>,
     handshake_left: usize,
@@ -336,9 +365,10 @@ impl Conn {
                 retry_at: now,
                 cause: Cause::Closed,
             },
-            out: BytesMut::with_capacity(4096),
-            inbuf: BytesMut::with_capacity(4096),
-            in_flight: VecDeque::with_capacity(64),
+            out: BytesMut::with_capacity(OUT_CAPACITY),
+            written: 0,
+            inbuf: BytesMut::with_capacity(IN_CAPACITY),
+            in_flight: VecDeque::with_capacity(timing.max_in_flight),
             handshake_left: 0,
             backoff: timing.backoff_min,
             run_id: None,
@@ -368,11 +398,22 @@ impl Conn {
         matches!(self.state, State::Connecting { .. })
     }
 
-    /// Bytes of buffer memory this connection holds (read and write
-    /// buffers' capacities). Bounded: replies are parsed as they arrive and
-    /// a partial one cannot exceed the parser's limits.
+    /// Bytes of memory this connection's buffers hold: the read and write
+    /// buffers and the in-flight queue. Bounded, whatever the master does:
+    /// replies are parsed as they arrive and a partial one cannot exceed the
+    /// parser's limits, the write buffer is capped by [`OUT_CAPACITY`], and
+    /// the queue by [`Timing::max_in_flight`].
     pub fn buffer_capacity(&self) -> usize {
-        self.inbuf.capacity() + self.out.capacity()
+        self.inbuf.capacity()
+            + self.out.capacity()
+            + self.in_flight.capacity() * std::mem::size_of::<Expect>()
+    }
+
+    /// The memory [`Conn::buffer_capacity`] stays at while replies stay
+    /// under [`READ_CHUNK`] bytes and requests under [`OUT_CAPACITY`]: what
+    /// a connection costs, however far its master lags.
+    pub fn steady_capacity(timing: &Timing) -> usize {
+        IN_CAPACITY + OUT_CAPACITY + timing.max_in_flight * std::mem::size_of::<Expect>()
     }
 
     /// How many requests (handshake included) await a reply.
@@ -383,7 +424,7 @@ impl Conn {
     /// The driver opened a socket: queue the handshake so it leaves in the
     /// first write, together with whatever requests follow.
     pub fn handle_connect_started(&mut self, now: Instant) {
-        self.out.clear();
+        self.clear_out();
         self.inbuf.clear();
         self.in_flight.clear();
         let deadline = now.checked_add(self.timing.connect).unwrap_or(now);
@@ -447,7 +488,7 @@ impl Conn {
             at
         };
         self.state = State::Down { retry_at, cause };
-        self.out.clear();
+        self.clear_out();
         self.inbuf.clear();
         self.in_flight.clear();
         self.handshake_left = 0;
@@ -497,13 +538,12 @@ impl Conn {
         wire: &[u8],
         now: Instant,
     ) -> Result<(), Cause> {
-        match &self.state {
-            State::Down { cause, .. } => return Err(Cause::Backoff(Box::new(cause.clone()))),
-            _ if self.in_flight.len() >= MAX_IN_FLIGHT => {
-                self.handle_failure(now, Cause::Stalled);
-                return Err(Cause::Stalled);
-            }
-            _ => {}
+        if let State::Down { cause, .. } = &self.state {
+            return Err(Cause::Backoff(Box::new(cause.clone())));
+        }
+        if self.in_flight.len() >= self.timing.max_in_flight || !self.out_has_room(wire.len()) {
+            self.handle_failure(now, Cause::TooFarBehind);
+            return Err(Cause::TooFarBehind);
         }
         self.out.extend_from_slice(wire);
         self.in_flight.push_back(Expect::Reply {
@@ -549,7 +589,9 @@ impl Conn {
                     .ok()
                     .and_then(|v| v.parse::<u64>().ok());
             } else if let Some(v) = line.strip_prefix(b"run_id:") {
-                run_id = Some(info.slice_ref(v));
+                // A copy: a slice would keep the read buffer shared, and a
+                // shared buffer is reallocated instead of reused.
+                run_id = Some(Bytes::copy_from_slice(v));
             }
         }
         let (Some(uptime), Some(run_id)) = (uptime, run_id) else {
@@ -589,20 +631,37 @@ impl Conn {
     /// Bytes waiting to be written; empty while connecting.
     pub fn poll_transmit(&self) -> &[u8] {
         match self.state {
-            State::Ready => &self.out,
+            State::Ready => self.out.get(self.written..).unwrap_or_default(),
             _ => &[],
         }
     }
 
     /// The driver wrote the first `n` bytes of [`Conn::poll_transmit`].
     pub fn handle_written(&mut self, n: usize) {
-        let n = n.min(self.out.len());
-        if n == self.out.len() {
-            // Rewinds to the start of the same allocation.
-            self.out.clear();
-        } else {
-            bytes::Buf::advance(&mut self.out, n);
+        self.written = self.written.saturating_add(n).min(self.out.len());
+        if self.written == self.out.len() {
+            self.clear_out();
         }
+    }
+
+    fn clear_out(&mut self) {
+        self.out.clear();
+        self.written = 0;
+    }
+
+    /// Whether `len` more bytes fit in the write buffer without growing it,
+    /// moving the unwritten bytes to its start if that makes room. An empty
+    /// buffer takes anything: one oversized request grows it once.
+    fn out_has_room(&mut self, len: usize) -> bool {
+        if self.out.len() + len <= self.out.capacity() {
+            return true;
+        }
+        if self.written > 0 {
+            self.out.copy_within(self.written.., 0);
+            self.out.truncate(self.out.len() - self.written);
+            self.written = 0;
+        }
+        self.out.is_empty() || self.out.len() + len <= self.out.capacity()
     }
 
     /// The driver read `bytes` from the socket.
@@ -649,7 +708,14 @@ impl Conn {
                         && reply.is_error_code(b"NOSCRIPT")
                     {
                         let before = self.out.len();
-                        request.encode_as(&self.scripts, &mut self.out, true);
+                        // The EVAL carries the script's source: it may not
+                        // fit, and then the master is too far behind.
+                        let mut wire = BytesMut::new();
+                        request.encode_as(&self.scripts, &mut wire, true);
+                        if !self.out_has_room(wire.len()) {
+                            return Err(Cause::TooFarBehind);
+                        }
+                        self.out.extend_from_slice(&wire);
                         let wire_len = self.out.len() - before;
                         self.in_flight.push_back(Expect::Reply {
                             tag,

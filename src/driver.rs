@@ -17,12 +17,8 @@ use mio::net::{TcpStream, UnixStream};
 use mio::{Events, Interest, Poll, Token};
 
 use crate::addr::Endpoint;
-use crate::conn::{Cause, Conn};
+use crate::conn::{Cause, Conn, READ_CHUNK};
 use crate::quorum::Round;
-
-/// Size of the reused read buffer. A read that returns less than this has
-/// drained the socket.
-const READ_CHUNK: usize = 16 * 1024;
 
 #[derive(Debug)]
 enum Stream {
@@ -81,6 +77,8 @@ pub struct Driver {
     poll: Poll,
     events: Events,
     sockets: Vec<Option<Stream>>,
+    /// One reused buffer for every read ([`READ_CHUNK`] bytes): a read that
+    /// returns less has drained the socket.
     read_buf: Box<[u8]>,
 }
 

@@ -128,6 +128,21 @@ pub struct Config {
     /// in the kernel: lower latency for a core's worth of CPU while a round
     /// waits. Default off.
     pub spin: bool,
+    /// The most requests one master may leave unanswered. An operation
+    /// returns at its quorum, so the slowest master's replies are read
+    /// later; a master that falls this far behind is dropped (its vote
+    /// fails with [`Cause::TooFarBehind`]) and reconnected, as a stalled
+    /// one is. The queue is allocated once per connection, so that a
+    /// lagging master costs no allocation: about 150 bytes a request (see
+    /// [`Redlock::buffer_capacity`]). Default 1024: a single-operation
+    /// client issues about 10,000 requests a second per master here, so
+    /// 1024 is a lag of about 100 ms, twice the default per-instance
+    /// timeout, past which the master's votes time out anyway; raise it for
+    /// large batches ([`Redlock::try_acquire_batch`] puts one request per
+    /// resource in flight). At least 32.
+    ///
+    /// [`Cause::TooFarBehind`]: crate::conn::Cause::TooFarBehind
+    pub max_in_flight: usize,
 }
 
 impl Config {
@@ -165,6 +180,7 @@ impl Config {
             limits: Limits::default(),
             quarantine: Some(Duration::from_secs(60)),
             spin: false,
+            max_in_flight: 1024,
         })
     }
 
@@ -192,6 +208,9 @@ impl Config {
         }
         if self.retry.attempts == 0 {
             return Err(ConfigError::ZeroAttempts);
+        }
+        if self.max_in_flight < MIN_IN_FLIGHT {
+            return Err(ConfigError::InFlightTooSmall);
         }
         Ok(())
     }
@@ -228,6 +247,9 @@ pub enum ConfigError {
     /// A TTL over the restart quarantine's maximum ([`Config::quarantine`]):
     /// a restart could lose such a lock after the quarantine ended.
     TtlOverQuarantine(Duration),
+    /// [`Config::max_in_flight`] under 32: no room for a connection's
+    /// handshake and a batch.
+    InFlightTooSmall,
 }
 
 impl fmt::Display for ConfigError {
@@ -251,11 +273,18 @@ impl fmt::Display for ConfigError {
                 "TTL exceeds the restart quarantine's maximum TTL of {} ms (raise Config::quarantine, or turn it off for masters with appendfsync always)",
                 max.as_millis()
             ),
+            ConfigError::InFlightTooSmall => {
+                write!(f, "max_in_flight must be at least {MIN_IN_FLIGHT}")
+            }
         }
     }
 }
 
 impl std::error::Error for ConfigError {}
+
+/// The smallest [`Config::max_in_flight`]: a connection's handshake alone
+/// puts up to a dozen requests in flight.
+const MIN_IN_FLIGHT: usize = 32;
 
 /// One master's part in a failed operation.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -573,6 +602,7 @@ impl Redlock {
             backoff_min: Duration::from_millis(10).min(config.reconnect_backoff_max),
             backoff_max: config.reconnect_backoff_max,
             quarantine: config.quarantine,
+            max_in_flight: config.max_in_flight,
         };
         let conns = config
             .servers
@@ -1000,8 +1030,9 @@ impl Redlock {
             .count()
     }
 
-    /// Bytes of buffer memory held by all connections: stays bounded
-    /// whatever the masters send.
+    /// Bytes of memory held by all connections' buffers and in-flight
+    /// queues: bounded whatever the masters send or leave unanswered, and
+    /// constant while replies stay small (see [`Config::max_in_flight`]).
     pub fn buffer_capacity(&self) -> usize {
         self.conns.iter().map(Conn::buffer_capacity).sum()
     }
@@ -1194,7 +1225,7 @@ mod tests {
         ));
         let base = Config::new(["redis://127.0.0.1:1"]).unwrap();
         type Change = fn(&mut Config);
-        let cases: [(Change, ConfigError); 4] = [
+        let cases: [(Change, ConfigError); 5] = [
             (|c| c.drift_factor = 1.0, ConfigError::DriftFactor),
             (|c| c.drift_factor = f64::NAN, ConfigError::DriftFactor),
             (
@@ -1202,6 +1233,7 @@ mod tests {
                 ConfigError::ZeroTimeout,
             ),
             (|c| c.retry.attempts = 0, ConfigError::ZeroAttempts),
+            (|c| c.max_in_flight = 31, ConfigError::InFlightTooSmall),
         ];
         for (change, want) in cases {
             let mut config = base.clone();

@@ -179,6 +179,7 @@ fn timing() -> Timing {
         backoff_min: Duration::from_millis(10),
         backoff_max: Duration::from_millis(80),
         quarantine: None,
+        max_in_flight: 1024,
     }
 }
 

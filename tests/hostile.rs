@@ -33,8 +33,10 @@ use redlock_mio::resp::{Arg, Limit, Limits, ProtocolError, Reply, decode};
 use redlock_mio::script::{EXTEND_SOURCE, RELEASE_SOURCE, Script};
 use redlock_mio::{Config, Error, Failure, Redlock, Vote};
 
-/// The stated bound on a client's buffer memory over three masters
-/// ([`Redlock::buffer_capacity`]), whatever they send.
+/// The stated bound on how far a client's buffer memory over three masters
+/// ([`Redlock::buffer_capacity`]) may grow past what a new client holds,
+/// whatever the masters send: a flooding master's read buffer may have to
+/// hold one reply at the parser's limit.
 const CAP: usize = 256 * 1024;
 /// Long enough that no key expires during a test: a key that is gone was
 /// released.
@@ -454,9 +456,19 @@ fn client(urls: &[String], silent: bool) -> Redlock {
     redlock
 }
 
+/// What a client over `n` masters holds in buffers from its start: read
+/// and write buffers and an in-flight queue per master, allocated once.
+fn baseline(n: usize) -> usize {
+    let urls: Vec<String> = (0..n)
+        .map(|i| format!("redis://127.0.0.1:{}", i + 1))
+        .collect();
+    expect(Redlock::connect(&urls)).buffer_capacity()
+}
+
 fn assert_capped(redlock: &Redlock, what: &str) -> usize {
     let used = redlock.buffer_capacity();
-    assert!(used < CAP, "{what}: {used} bytes of buffers, cap {CAP}");
+    let cap = baseline(redlock.config().servers.len()) + CAP;
+    assert!(used < cap, "{what}: {used} bytes of buffers, cap {cap}");
     used
 }
 
@@ -503,9 +515,10 @@ fn fake_vote_ok(behaviour: Behaviour, vote: &Vote) -> bool {
             Vote::Failed(Cause::Protocol(ProtocolError::LimitExceeded(Limit::BulkLength))),
         ) => true,
         (Behaviour::Cut, Vote::Failed(Cause::Closed | Cause::Backoff(_) | Cause::Io(_))) => true,
-        (Behaviour::Silent, Vote::Failed(Cause::Timeout | Cause::Stalled | Cause::Backoff(_))) => {
-            true
-        }
+        (
+            Behaviour::Silent,
+            Vote::Failed(Cause::Timeout | Cause::Stalled | Cause::TooFarBehind | Cause::Backoff(_)),
+        ) => true,
         (Behaviour::WrongType, Vote::Failed(Cause::Server(_))) => true,
         _ => false,
     }
@@ -685,6 +698,56 @@ fn a_silent_master_costs_one_vote_and_alone_times_out() {
     let (err, cause) = alone_fails_with(Behaviour::Silent);
     assert!(matches!(err, Error::NoQuorum(_)), "{err:?}");
     assert_eq!(cause, Cause::Timeout);
+}
+
+/// Issue 14: a master that reads every request and never answers, beside
+/// two real masters, while the client keeps locking through the real ones.
+/// Its requests pile up in flight until the bound
+/// ([`Config::max_in_flight`]); then its vote fails as too far behind, the
+/// connection is dropped and made again, and the client's memory never
+/// grows: not one byte past what it held when it was created.
+#[test]
+fn a_master_that_never_answers_costs_bounded_memory() {
+    let masters = cluster(2);
+    let fake = Fake::start(Behaviour::Silent);
+    let urls = [masters[0].url(), fake.url(), masters[1].url()];
+    let mut config = expect(Config::new(urls));
+    config.quarantine = None;
+    // The stall limit must not drop the connection first: the bound is
+    // what this test is about.
+    config.connect_timeout = Duration::from_secs(600);
+    let max_in_flight = config.max_in_flight;
+    let mut redlock = expect(Redlock::new(config));
+    let held = redlock.buffer_capacity();
+    // Each cycle puts two requests in flight on the fake; each time the
+    // bound is reached the client connects again. Three connections show
+    // the bound reached twice; the cycle cap only ends a broken run.
+    let mut cycles = 0;
+    while fake.accepted() < 3 && cycles < 50 * max_in_flight {
+        cycles += 1;
+        let lock = redlock
+            .try_acquire("silent:bound", TTL)
+            .unwrap_or_else(|e| panic!("cycle {cycles}: {e}"));
+        if let Err(e) = redlock.release(&lock) {
+            panic!("cycle {cycles}: release: {e}");
+        }
+        let used = redlock.buffer_capacity();
+        assert!(
+            used <= held,
+            "cycle {cycles}: buffers grew to {used} bytes past the {held} held from the start"
+        );
+    }
+    eprintln!(
+        "silent master as 1 of 3, at most {max_in_flight} requests in flight: client buffers \
+         and queues {held} bytes from the start, never more over {cycles} cycles; \
+         {} connections to the silent master",
+        fake.accepted()
+    );
+    assert!(
+        fake.accepted() >= 3,
+        "the in-flight bound never dropped the connection in {cycles} cycles"
+    );
+    assert_nothing_left(&masters);
 }
 
 #[test]
