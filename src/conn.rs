@@ -63,6 +63,13 @@ impl Op {
         matches!(self, Op::Acquire | Op::AcquireFenced | Op::AcquireMany)
     }
 
+    /// Whether the operation only removes keys: the one kind that is still
+    /// worth sending after its round ended (the spec's cleanup after a lost
+    /// reply), since it can only free a resource, never hold one.
+    pub fn releases(self) -> bool {
+        matches!(self, Op::Release | Op::ReleaseMany)
+    }
+
     /// Whether the request's `arg` goes on the wire after the token.
     fn takes_arg(self) -> bool {
         !matches!(self, Op::Release | Op::ReleaseMany)
@@ -557,20 +564,40 @@ impl Conn {
     }
 
     /// Drops the requests of a round that is over but were never written,
-    /// because the connect has not finished: sending them late could set a
-    /// key that nobody waits for. Nothing is written while connecting and a
-    /// round's requests are the newest, so they are the tail of the queue.
+    /// because the connect has not finished: sending an acquire, extend or
+    /// fence late could set or lengthen a key that nobody waits for.
+    /// Releases stay queued and go out once connected: a release after a
+    /// lost reply is the spec's cleanup, and it can only free a resource.
+    /// Nothing is written while connecting and a round's requests are the
+    /// newest, so they are the tail of the queue (and of the bytes).
     pub fn handle_round_end(&mut self, round: u64) {
         if !self.is_connecting() {
             return;
         }
-        while let Some(Expect::Reply { tag, wire_len, .. }) = self.in_flight.back() {
+        let mut end = self.out.len();
+        let mut index = self.in_flight.len();
+        while index > 0 {
+            index -= 1;
+            let Some(Expect::Reply {
+                tag,
+                request,
+                wire_len,
+                ..
+            }) = self.in_flight.get(index)
+            else {
+                break;
+            };
             if tag.round != round {
                 break;
             }
-            let kept = self.out.len().saturating_sub(*wire_len);
-            self.out.truncate(kept);
-            self.in_flight.pop_back();
+            let start = end.saturating_sub(*wire_len);
+            if !request.op.releases() {
+                let len = self.out.len();
+                self.out.copy_within(end..len, start);
+                self.out.truncate(len - (end - start));
+                self.in_flight.remove(index);
+            }
+            end = start;
         }
     }
 
@@ -671,15 +698,23 @@ impl Conn {
 
     /// The next reply to a request, with its tag. Handshake replies are
     /// checked and consumed here; a `-NOSCRIPT` reply to a script is
-    /// answered by re-sending the request as EVAL, and the caller sees only
-    /// the EVAL's reply. Replies to rounds that are over are returned too:
-    /// the round drops tags that are not its own.
+    /// answered by re-sending the request as EVAL when `resend` says the
+    /// request still matters (its round is undecided, or it is a release),
+    /// and the caller sees only the EVAL's reply. A late `-NOSCRIPT` to an
+    /// acquire or extend whose round was decided is returned as it is:
+    /// re-sent, it could set a key again after its cleanup release.
+    /// Replies to rounds that are over are returned too: the round drops
+    /// tags that are not its own.
     ///
     /// # Errors
     /// A [`Cause`] when the connection must be dropped: malformed bytes, a
     /// reply with nothing in flight, or a failed handshake step. The caller
     /// then calls [`Conn::handle_failure`].
-    pub fn poll_reply(&mut self, now: Instant) -> Result<Option<(Tag, Reply)>, Cause> {
+    pub fn poll_reply(
+        &mut self,
+        now: Instant,
+        resend: impl Fn(Tag, Op) -> bool,
+    ) -> Result<Option<(Tag, Reply)>, Cause> {
         loop {
             let Some(reply) =
                 resp::decode(&mut self.inbuf, &self.limits).map_err(Cause::Protocol)?
@@ -706,6 +741,7 @@ impl Conn {
                     if !evaluated
                         && request.op.script().is_some()
                         && reply.is_error_code(b"NOSCRIPT")
+                        && resend(tag, request.op)
                     {
                         let before = self.out.len();
                         // The EVAL carries the script's source: it may not

@@ -31,6 +31,8 @@ pub mod script;
 
 pub mod token;
 
+pub mod clock;
+
 pub mod addr;
 
 pub mod conn;

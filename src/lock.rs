@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use crate::addr::{AddrError, ServerAddr};
+use crate::clock::{Expiry, Stamp};
 use crate::conn::{Conn, Keys, Op, Request, Timing};
 use crate::driver::Driver;
 use crate::quorum::{Decision, Loss, Round, Validity, Vote};
@@ -406,7 +407,8 @@ pub struct Lock {
     keys: Keys,
     token: Token,
     ttl: Duration,
-    deadline: Instant,
+    /// When validity ends, on the monotonic and the boot clock.
+    expiry: Expiry,
     extensions: u32,
     fence: Option<u64>,
 }
@@ -439,19 +441,26 @@ impl Lock {
         self.ttl
     }
 
-    /// The monotonic instant at which mutual exclusion ends.
+    /// The monotonic instant at which mutual exclusion ends: `ttl - drift`
+    /// after the start of the round that took or last extended the lock.
+    ///
+    /// `Instant` stops while the machine is suspended, but the keys' TTLs
+    /// on the masters do not: validity is also kept on a clock that counts
+    /// suspended time (`CLOCK_BOOTTIME` on Linux), and once a suspend is
+    /// seen the deadline returned moves earlier by its length. Read it
+    /// afresh rather than keeping it across a possible suspend.
     pub fn deadline(&self) -> Instant {
-        self.deadline
+        self.expiry.deadline(Stamp::now())
     }
 
     /// Validity left at `now`; zero once the deadline has passed.
     pub fn remaining_at(&self, now: Instant) -> Duration {
-        self.deadline.saturating_duration_since(now)
+        self.deadline().saturating_duration_since(now)
     }
 
-    /// Validity left now.
+    /// Validity left now, suspended time counted (see [`Lock::deadline`]).
     pub fn remaining(&self) -> Duration {
-        self.remaining_at(Instant::now())
+        self.expiry.remaining(Stamp::now())
     }
 
     /// True while validity is left.
@@ -465,17 +474,31 @@ impl Lock {
     }
 
     /// A lock value for a token obtained elsewhere (printed by `redlock
-    /// acquire`, say), to release or extend it. Its deadline is `now`: the
-    /// caller does not know the validity.
+    /// acquire`, say), to release or extend it.
+    ///
+    /// Its validity is unknown, so it counts as none: [`Lock::is_valid`] is
+    /// false, [`Lock::deadline`] is the moment it was made, and
+    /// [`Lock::ttl`] is zero. A successful [`Redlock::extend`] gives it the
+    /// extension's validity. [`Watchdog::keep`](crate::Watchdog::keep)
+    /// extends such a lock at once (it needs [`KeepOptions::ttl`]) and
+    /// reports it lost if that first extension fails.
+    ///
+    /// [`KeepOptions::ttl`]: crate::KeepOptions::ttl
     pub fn from_parts(resource: impl Into<Bytes>, token: Token) -> Lock {
         Lock {
             keys: Keys::One(resource.into()),
             token,
             ttl: Duration::ZERO,
-            deadline: Instant::now(),
+            expiry: Expiry::at(Stamp::now()),
             extensions: 0,
             fence: None,
         }
+    }
+
+    /// False for a lock made by [`Lock::from_parts`] and not extended
+    /// since: nobody measured its validity.
+    pub(crate) fn validity_known(&self) -> bool {
+        !self.ttl.is_zero()
     }
 }
 
@@ -571,6 +594,8 @@ pub struct Redlock {
     jitter: SplitMix64,
     /// Reused request list for batches.
     batch: Vec<Request>,
+    /// Both clocks at the start of the last round.
+    started: Stamp,
 }
 
 impl Redlock {
@@ -625,6 +650,7 @@ impl Redlock {
             tokens: TokenSource::new().map_err(|_| Error::Os(io::ErrorKind::Other))?,
             jitter: SplitMix64(u64::from_le_bytes(seed)),
             batch: Vec::new(),
+            started: Stamp::now(),
             config,
         })
     }
@@ -818,7 +844,7 @@ impl Redlock {
             self.run_round(std::slice::from_ref(&request), timeout);
             let mut won = self.validity(0, ttl).map(|v| (v, None));
             if won.is_some() && op == Op::AcquireFenced {
-                let started = self.round.started();
+                let started = self.started;
                 let fence = self
                     .round
                     .max_granted_value(0)
@@ -833,19 +859,18 @@ impl Redlock {
                 };
                 self.run_round(std::slice::from_ref(&write_back), timeout);
                 won = match (self.round.decision(0), self.round.decided_at(0)) {
-                    (Some(Decision::Won), Some(at)) => {
-                        Validity::compute(ttl, started, at, self.config.drift_factor)
-                            .map(|v| (v, u64::try_from(fence).ok()))
-                    }
+                    (Some(Decision::Won), Some(at)) => self
+                        .expiry(started, ttl, at)
+                        .map(|v| (v, u64::try_from(fence).ok())),
                     _ => None,
                 };
             }
-            if let Some((validity, fence)) = won {
+            if let Some((expiry, fence)) = won {
                 return Ok(Lock {
                     keys,
                     token: request.token,
                     ttl,
-                    deadline: validity.deadline,
+                    expiry,
                     extensions: 0,
                     fence,
                 });
@@ -907,11 +932,11 @@ impl Redlock {
         }
         for (slot, request) in requests.iter().enumerate() {
             results.push(match self.validity(slot, ttl) {
-                Some(validity) => Ok(Lock {
+                Some(expiry) => Ok(Lock {
                     keys: request.keys.clone(),
                     token: request.token,
                     ttl,
-                    deadline: validity.deadline,
+                    expiry,
                     extensions: 0,
                     fence: None,
                 }),
@@ -985,11 +1010,17 @@ impl Redlock {
     /// if a quorum confirms within the new validity, which then replaces the
     /// old one.
     ///
+    /// A failed extend can still shorten the lock: every master that ran
+    /// the script set the keys' TTL to `ttl`, whether or not its reply
+    /// arrived in time. So whatever the outcome, the lock's deadline
+    /// becomes no later than the round's start plus `ttl - drift`.
+    ///
     /// # Errors
     /// [`Error::ExtensionLimit`] past [`Config::max_extensions`];
     /// [`Error::NotHeld`] when the token no longer holds a quorum; otherwise
-    /// as [`Redlock::try_acquire`]. On error the lock's deadline is left as
-    /// it was.
+    /// as [`Redlock::try_acquire`]. On error the lock's deadline is the
+    /// earlier of the old one and the round's start plus `ttl - drift`
+    /// (nothing was sent for a config error or the extension limit).
     pub fn extend(&mut self, lock: &mut Lock, ttl: Duration) -> Result<(), Error> {
         let ttl = self.config.checked_ttl(ttl)?;
         if let Some(max) = self.config.max_extensions
@@ -1008,8 +1039,15 @@ impl Redlock {
             std::slice::from_ref(&request),
             self.config.per_instance_timeout.min(ttl),
         );
-        if let Some(validity) = self.validity(0, ttl) {
-            lock.deadline = validity.deadline;
+        let extended = self.validity(0, ttl);
+        // Masters that ran the script expire the keys `ttl - drift` after
+        // the round's start at the latest, answered or not.
+        let shortened = Validity::span(ttl, self.config.drift_factor)
+            .and_then(|span| Expiry::after(self.started, span))
+            .unwrap_or(Expiry::at(self.started));
+        lock.expiry = lock.expiry.min(shortened);
+        if let Some(expiry) = extended {
+            lock.expiry = expiry;
             lock.ttl = ttl;
             lock.extensions += 1;
             return Ok(());
@@ -1056,7 +1094,8 @@ impl Redlock {
     }
 
     fn run_round(&mut self, requests: &[Request], timeout: Duration) {
-        let now = Instant::now();
+        self.started = Stamp::now();
+        let now = self.started.mono;
         self.driver.prepare(&mut self.conns, now);
         self.round.start(&mut self.conns, requests, now, timeout);
         self.driver
@@ -1074,17 +1113,22 @@ impl Redlock {
     }
 
     /// The validity `slot` of the last round won, if it won with some left.
-    fn validity(&self, slot: usize, ttl: Duration) -> Option<Validity> {
+    fn validity(&self, slot: usize, ttl: Duration) -> Option<Expiry> {
         if self.round.decision(slot) != Some(Decision::Won) {
             return None;
         }
-        let decided_at = self.round.decided_at(slot)?;
-        Validity::compute(
-            ttl,
-            self.round.started(),
-            decided_at,
-            self.config.drift_factor,
-        )
+        self.expiry(self.started, ttl, self.round.decided_at(slot)?)
+    }
+
+    /// The end of a lock whose keys were set or extended for `ttl` by a
+    /// round (or two, for a fenced acquire) that started at `started` and
+    /// was won at `decided_at`: `None` when no validity was left then, or
+    /// is left now on the boot clock (the machine was suspended meanwhile).
+    fn expiry(&self, started: Stamp, ttl: Duration, decided_at: Instant) -> Option<Expiry> {
+        Validity::compute(ttl, started.mono, decided_at, self.config.drift_factor)?;
+        let span = Validity::span(ttl, self.config.drift_factor)?;
+        let expiry = Expiry::after(started, span)?;
+        (!expiry.remaining(Stamp::now()).is_zero()).then_some(expiry)
     }
 
     /// Turns a slot of the last round that did not produce a lock into the
@@ -1264,6 +1308,33 @@ mod tests {
         let mut redlock = Redlock::connect(["redis://127.0.0.1:1"]).unwrap();
         let got = redlock.try_acquire("r", Duration::ZERO);
         assert_eq!(got, Err(Error::Config(ConfigError::ZeroTtl)));
+    }
+
+    /// Issue 10, item 3: a lock taken 10 s before now on the boot clock but
+    /// only just now on the monotonic one, as after a 10 s suspend, has
+    /// 10 s less validity than `Instant` alone would say.
+    #[test]
+    fn a_lock_counts_time_the_machine_spent_suspended() {
+        let now = Stamp::now();
+        let taken = Stamp {
+            mono: now.mono,
+            boot: now
+                .boot
+                .checked_sub(Duration::from_secs(10))
+                .expect("up for 10 s"),
+        };
+        let lock = Lock {
+            keys: Keys::One(Bytes::from_static(b"r")),
+            token: TokenSource::new().expect("token").next_token(),
+            ttl: Duration::from_secs(30),
+            expiry: Expiry::after(taken, Duration::from_secs(30)).expect("expiry"),
+            extensions: 0,
+            fence: None,
+        };
+        assert!(lock.remaining() <= Duration::from_secs(20), "{lock:?}");
+        assert!(lock.remaining() > Duration::from_secs(19), "{lock:?}");
+        assert!(lock.deadline() <= now.mono + Duration::from_secs(20));
+        assert!(lock.is_valid());
     }
 
     #[test]

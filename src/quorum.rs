@@ -69,6 +69,20 @@ pub struct Validity {
 }
 
 impl Validity {
+    /// `ttl - drift`: how long after a round's start keys it set or
+    /// extended with `ttl` surely still stand, whatever the round's outcome.
+    /// `None` when the drift allowance takes it all.
+    pub fn span(ttl: Duration, drift_factor: f64) -> Option<Duration> {
+        let factor = if (0.0..1.0).contains(&drift_factor) {
+            drift_factor
+        } else {
+            1.0
+        };
+        let scaled = Duration::try_from_secs_f64(ttl.as_secs_f64() * factor).unwrap_or(ttl);
+        let drift = scaled.checked_add(Duration::from_millis(2))?;
+        ttl.checked_sub(drift).filter(|span| !span.is_zero())
+    }
+
     /// The spec's rule: `drift = ttl * drift_factor + 2 ms`, and the lock is
     /// valid for `ttl - (now - started) - drift` from `now`. `None` when
     /// nothing is left. `drift_factor` outside `[0, 1)` counts as 1.
@@ -79,14 +93,7 @@ impl Validity {
         drift_factor: f64,
     ) -> Option<Validity> {
         let elapsed = now.saturating_duration_since(started);
-        let factor = if (0.0..1.0).contains(&drift_factor) {
-            drift_factor
-        } else {
-            1.0
-        };
-        let scaled = Duration::try_from_secs_f64(ttl.as_secs_f64() * factor).unwrap_or(ttl);
-        let drift = scaled.checked_add(Duration::from_millis(2))?;
-        let remaining = ttl.checked_sub(elapsed)?.checked_sub(drift)?;
+        let remaining = Validity::span(ttl, drift_factor)?.checked_sub(elapsed)?;
         if remaining.is_zero() {
             return None;
         }
@@ -309,7 +316,8 @@ impl Round {
     /// Reads every complete reply that connection `i` holds.
     pub fn handle_input(&mut self, conns: &mut [Conn], i: usize, now: Instant) {
         loop {
-            match conns[i].poll_reply(now) {
+            let resend = |tag: Tag, op: Op| op.releases() || self.is_undecided(tag);
+            match conns[i].poll_reply(now, resend) {
                 Ok(Some((tag, reply))) => {
                     let slot = tag.slot as usize;
                     if tag.round == self.id && self.vote(slot, i) == Some(&Vote::Pending) {
@@ -367,6 +375,12 @@ impl Round {
         for conn in conns {
             conn.handle_round_end(self.id);
         }
+    }
+
+    /// Whether `tag` names a slot of this round still waiting for its
+    /// decision.
+    fn is_undecided(&self, tag: Tag) -> bool {
+        tag.round == self.id && self.decision(tag.slot as usize).is_none()
     }
 
     fn vote(&self, slot: usize, i: usize) -> Option<&Vote> {

@@ -271,7 +271,8 @@ impl Watchdog {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
-        let schedule = Schedule::new(ttl, every, cap, lock.deadline(), lock.extensions());
+        let mut schedule = Schedule::new(ttl, every, cap, lock.deadline(), lock.extensions());
+        schedule.unmeasured = !lock.validity_known();
         let redlock = Redlock::new(config)?;
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
@@ -523,7 +524,12 @@ impl Keeper {
             Ok(()) => self
                 .schedule
                 .handle_extended(self.lock.deadline(), self.lock.extensions()),
-            Err(error) => self.schedule.handle_failed(error, Instant::now()),
+            // A failed extension may have shortened the lock (see
+            // `Redlock::extend`): the schedule follows its deadline.
+            Err(error) => {
+                self.schedule
+                    .handle_failed(error, Instant::now(), self.lock.deadline());
+            }
         }
         let mut state = self.shared.state();
         state.lock.clone_from(&self.lock);
@@ -561,6 +567,9 @@ struct Schedule {
     retry_at: Option<Instant>,
     /// A reason to give up at once (a refusal, a cap met in the client).
     final_reason: Option<LostReason>,
+    /// The lock's validity was never measured ([`Lock::from_parts`]):
+    /// extend at once, and give up if that fails.
+    unmeasured: bool,
 }
 
 impl Schedule {
@@ -584,6 +593,7 @@ impl Schedule {
             last_error: None,
             retry_at: None,
             final_reason: None,
+            unmeasured: false,
         }
     }
 
@@ -599,6 +609,12 @@ impl Schedule {
     fn poll_next(&self, now: Instant) -> Next {
         if let Some(reason) = &self.final_reason {
             return Next::Lose(reason.clone());
+        }
+        if self.unmeasured {
+            return match &self.last_error {
+                Some(error) => Next::Lose(LostReason::Failed(error.clone())),
+                None => Next::Extend,
+            };
         }
         let capped = self.cap.filter(|&max| self.extensions >= max);
         let remaining = self.deadline.saturating_duration_since(now);
@@ -637,14 +653,17 @@ impl Schedule {
 
     /// An extension succeeded: the lock is valid until `deadline`.
     fn handle_extended(&mut self, deadline: Instant, extensions: u32) {
+        self.unmeasured = false;
         self.deadline = deadline;
         self.extensions = extensions;
         self.last_error = None;
         self.retry_at = None;
     }
 
-    /// An extension attempt failed at `now`.
-    fn handle_failed(&mut self, error: Error, now: Instant) {
+    /// An extension attempt failed at `now`, leaving the lock valid until
+    /// `deadline` at the latest.
+    fn handle_failed(&mut self, error: Error, now: Instant, deadline: Instant) {
+        self.deadline = self.deadline.min(deadline);
         match error {
             Error::NotHeld(_) => self.final_reason = Some(LostReason::Failed(error)),
             // The client's own cap (Config::max_extensions) was met first.
@@ -691,7 +710,7 @@ mod tests {
         type Setup = fn(&mut Schedule, Instant);
         let t0 = Instant::now();
         let no_quorum = || Error::NoQuorum(failure());
-        let cases: [(&str, Setup, u64, Next); 14] = [
+        let cases: [(&str, Setup, u64, Next); 18] = [
             (
                 "a fresh lock waits until a period has passed",
                 |_, _| {},
@@ -724,44 +743,44 @@ mod tests {
             ),
             (
                 "a failure waits for its retry",
-                |s, t0| s.handle_failed(Error::NoQuorum(failure()), t0 + ms(300)),
+                |s, t0| s.handle_failed(Error::NoQuorum(failure()), t0 + ms(300), t0 + ms(900)),
                 310,
                 Next::Wait(t0 + ms(350)),
             ),
             (
                 "a failure is retried when its gap has passed",
-                |s, t0| s.handle_failed(Error::NoQuorum(failure()), t0 + ms(300)),
+                |s, t0| s.handle_failed(Error::NoQuorum(failure()), t0 + ms(300), t0 + ms(900)),
                 350,
                 Next::Extend,
             ),
             (
                 "a retry is not scheduled past the point of giving up",
-                |s, t0| s.handle_failed(Error::NoQuorum(failure()), t0 + ms(590)),
+                |s, t0| s.handle_failed(Error::NoQuorum(failure()), t0 + ms(590), t0 + ms(900)),
                 595,
                 Next::Wait(t0 + ms(600)),
             ),
             (
                 "failing with one period left gives the lock up",
-                |s, t0| s.handle_failed(Error::NoQuorum(failure()), t0 + ms(550)),
+                |s, t0| s.handle_failed(Error::NoQuorum(failure()), t0 + ms(550), t0 + ms(900)),
                 600,
                 Next::Lose(LostReason::Failed(no_quorum())),
             ),
             (
                 "failing past the deadline reports the last error",
-                |s, t0| s.handle_failed(Error::NoQuorum(failure()), t0 + ms(550)),
+                |s, t0| s.handle_failed(Error::NoQuorum(failure()), t0 + ms(550), t0 + ms(900)),
                 1000,
                 Next::Lose(LostReason::Failed(no_quorum())),
             ),
             (
                 "a refusal gives the lock up at once",
-                |s, t0| s.handle_failed(Error::NotHeld(failure()), t0 + ms(300)),
+                |s, t0| s.handle_failed(Error::NotHeld(failure()), t0 + ms(300), t0 + ms(900)),
                 301,
                 Next::Lose(LostReason::Failed(Error::NotHeld(failure()))),
             ),
             (
                 "a success clears the failure",
                 |s, t0| {
-                    s.handle_failed(Error::NoQuorum(failure()), t0 + ms(300));
+                    s.handle_failed(Error::NoQuorum(failure()), t0 + ms(300), t0 + ms(900));
                     s.handle_extended(t0 + ms(1250), 1);
                 },
                 360,
@@ -769,15 +788,42 @@ mod tests {
             ),
             (
                 "the client's own cap stops extending like the watchdog's",
-                |s, t0| s.handle_failed(Error::ExtensionLimit(0), t0 + ms(300)),
+                |s, t0| s.handle_failed(Error::ExtensionLimit(0), t0 + ms(300), t0 + ms(900)),
                 301,
                 Next::Wait(t0 + ms(600)),
             ),
             (
                 "the client's cap is reported with a period left",
-                |s, t0| s.handle_failed(Error::ExtensionLimit(0), t0 + ms(300)),
+                |s, t0| s.handle_failed(Error::ExtensionLimit(0), t0 + ms(300), t0 + ms(900)),
                 600,
                 Next::Lose(LostReason::ExtensionLimit(0)),
+            ),
+            (
+                "a failure that shortened the lock gives it up a period before the new end",
+                |s, t0| s.handle_failed(Error::NoQuorum(failure()), t0 + ms(300), t0 + ms(500)),
+                200 + 1,
+                Next::Lose(LostReason::Failed(no_quorum())),
+            ),
+            (
+                "a failure never lengthens the lock",
+                |s, t0| s.handle_failed(Error::NoQuorum(failure()), t0 + ms(300), t0 + ms(5000)),
+                600,
+                Next::Lose(LostReason::Failed(no_quorum())),
+            ),
+            (
+                "a lock of unmeasured validity is extended at once",
+                |s, _| s.unmeasured = true,
+                0,
+                Next::Extend,
+            ),
+            (
+                "a lock of unmeasured validity whose first extension fails is lost",
+                |s, t0| {
+                    s.unmeasured = true;
+                    s.handle_failed(Error::NoQuorum(failure()), t0 + ms(1), t0 + ms(1));
+                },
+                2,
+                Next::Lose(LostReason::Failed(no_quorum())),
             ),
         ];
         for (name, setup, at, want) in cases {

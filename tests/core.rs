@@ -971,3 +971,97 @@ fn a_fenced_acquire_takes_the_largest_fence_among_the_granting_masters_only() {
     );
     assert_eq!(sim.round.max_granted_value(0), Some(4));
 }
+
+/// Issue 10, item 4: a multi-resource acquire that was decided lost (two
+/// refusals) while one master's `-NOSCRIPT` was still on its way. The
+/// cleanup release goes out first; the late `-NOSCRIPT` must not be
+/// answered by re-sending the acquire as EVAL, which would set the keys
+/// again, with a token nobody holds, for a whole TTL.
+#[test]
+fn a_late_noscript_never_re_sets_a_key_after_its_round_is_decided() {
+    let mut sim = Sim::new(vec![
+        vec![reply(NOSCRIPT, 30), reply(ONE, 1)],
+        vec![reply(ZERO, 1), reply(ZERO, 1)],
+        vec![reply(ZERO, 2), reply(ZERO, 1)],
+    ]);
+    let acquire = Request {
+        keys: Keys::Many(vec![Bytes::from_static(b"a"), Bytes::from_static(b"b")].into()),
+        ..sim.request(Op::AcquireMany)
+    };
+    sim.run(&acquire);
+    assert_eq!(sim.round.decision(0), Some(Decision::Lost));
+    let cleanup = Request {
+        op: Op::ReleaseMany,
+        ..acquire
+    };
+    sim.run(&cleanup);
+    // The late NOSCRIPT was read during the cleanup round; settle the rest.
+    sim.advance(100 * MS);
+    let next = sim.request(Op::Release);
+    sim.run(&next);
+    let sent: Vec<&String> = sim.masters[0]
+        .log
+        .iter()
+        .filter(|c| c.starts_with("EVAL"))
+        .collect();
+    assert_eq!(
+        sent,
+        ["EVALSHA", "EVALSHA", "EVALSHA"],
+        "acquire, cleanup, next release: the decided acquire was not re-sent as EVAL"
+    );
+}
+
+/// A late `-NOSCRIPT` to a release is still answered with EVAL: a release
+/// can only free a resource, and it may be the cleanup of a lost reply.
+#[test]
+fn a_late_noscript_to_a_release_is_still_answered_with_eval() {
+    let mut sim = Sim::new(vec![
+        vec![reply(NOSCRIPT, 30), reply(ONE, 1), reply(ONE, 1)],
+        vec![reply(ONE, 1), reply(ONE, 1)],
+        vec![reply(ONE, 2), reply(ONE, 1)],
+    ]);
+    let release = sim.request(Op::Release);
+    sim.run(&release);
+    assert_eq!(sim.round.decision(0), Some(Decision::Won));
+    sim.advance(100 * MS);
+    let next = sim.request(Op::Release);
+    sim.run(&next);
+    let sent: Vec<&String> = sim.masters[0]
+        .log
+        .iter()
+        .filter(|c| c.starts_with("EVAL"))
+        .collect();
+    // The late NOSCRIPT is read in the next round, after its EVALSHA went
+    // out; the first release is then re-sent as EVAL.
+    assert_eq!(sent, ["EVALSHA", "EVALSHA", "EVAL"]);
+}
+
+/// Issue 10, item 5: a release queued on a connection that is still
+/// connecting when its round ends is kept and sent once connected (the
+/// spec's case: the SET may have taken effect with its reply lost); the
+/// acquire queued beside it in an earlier round is dropped.
+#[test]
+fn a_release_queued_while_connecting_is_sent_once_connected() {
+    let mut sim = Sim::new(vec![
+        vec![reply(OK, 1), reply(ONE, 1)],
+        vec![reply(NIL, 1), reply(ZERO, 1)],
+        vec![reply(ONE, 1)],
+    ]);
+    sim.masters[2].connect_delay = 500 * MS;
+    let acquire = sim.request(Op::Acquire);
+    sim.run(&acquire);
+    assert_eq!(sim.round.decision(0), Some(Decision::Lost));
+    let release = Request {
+        op: Op::Release,
+        ..acquire
+    };
+    sim.run(&release);
+    sim.advance(600 * MS);
+    sim.transmit();
+    let sent: Vec<&String> = sim.masters[2]
+        .log
+        .iter()
+        .filter(|c| !c.starts_with("SCRIPT"))
+        .collect();
+    assert_eq!(sent, ["EVALSHA"], "the release only, not the acquire");
+}

@@ -723,14 +723,14 @@ fn after_a_script_flush_release_and_extend_still_succeed() {
         .extend(&mut lock, LONG_TTL)
         .unwrap_or_else(|e| panic!("extend after SCRIPT FLUSH: {e}"));
     assert_eq!(redlock.settle(WAIT), 0, "every master answered");
-    for server in servers {
-        assert!(
-            eventually(WAIT, || pttl(server, "flushed") > ms(TTL)),
-            "{}: PTTL {}",
-            server.url(),
-            pttl(server, "flushed")
-        );
-    }
+    // A quorum ran the extend; a master whose -NOSCRIPT came after the
+    // decision is not sent it again (issue 10: a decided extend is never
+    // re-sent), and keeps the old TTL.
+    let raised = servers
+        .iter()
+        .filter(|server| pttl(server, "flushed") > ms(TTL))
+        .count();
+    assert!(raised >= 2, "{raised} masters extended");
     // Flushed again before the release, and once more with the release
     // and a new extend back to back.
     flush_all();
@@ -1326,7 +1326,7 @@ fn after_a_script_flush_a_single_master_still_releases_and_extends() {
 }
 
 #[test]
-fn a_master_that_answers_noscript_after_the_quorum_still_gets_the_release_and_extend() {
+fn a_master_that_answers_noscript_after_the_quorum_gets_the_release_but_not_the_extend() {
     let mut masters = cluster(3);
     let mut redlock = client(&masters.urls());
     let flush_all = |masters: &common::Cluster| {
@@ -1355,7 +1355,10 @@ fn a_master_that_answers_noscript_after_the_quorum_still_gets_the_release_and_ex
     assert_eq!(redlock.settle(WAIT), 0, "every master answered");
     wait_gone(masters.servers(), "late");
 
-    // Extend, likewise.
+    // Extend: the quorum's masters run it; the stopped master's -NOSCRIPT
+    // comes after the decision, and a decided extend is not re-sent (it
+    // would lengthen a key past what the holder was told), so that master
+    // keeps the old TTL.
     let mut lock = redlock
         .try_acquire("late-extend", TTL)
         .unwrap_or_else(|e| panic!("{e}"));
@@ -1367,13 +1370,9 @@ fn a_master_that_answers_noscript_after_the_quorum_still_gets_the_release_and_ex
         .unwrap_or_else(|e| panic!("extend with a quorum: {e}"));
     masters[2].resume().unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(redlock.settle(WAIT), 0, "every master answered");
-    for server in &masters {
-        assert!(
-            eventually(WAIT, || pttl(server, "late-extend") > ms(TTL)),
-            "{}: PTTL {} not raised",
-            server.url(),
-            pttl(server, "late-extend")
-        );
+    for (i, server) in masters.iter().enumerate() {
+        let ttl = pttl(server, "late-extend");
+        assert_eq!(ttl > ms(TTL), i < 2, "{}: PTTL {ttl}", server.url());
     }
 }
 

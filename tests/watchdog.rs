@@ -374,17 +374,34 @@ fn a_lock_without_validity_or_ttl_is_refused_or_lost_at_once() {
         )))
     );
 
-    // Its validity is unknown, so it is not extended but reported lost.
+    // Its validity is unknown (none counted), so it is extended at once,
+    // and kept from then on like any lock.
     config.quarantine = None;
-    let with_ttl = KeepOptions {
+    let with_ttl = || KeepOptions {
         ttl: Some(Duration::from_secs(5)),
         ..KeepOptions::default()
     };
-    let kept = Watchdog::keep(config, parts(), with_ttl).expect("keep");
-    let lost = kept.subscribe().recv_timeout(WAIT).expect("no loss");
-    assert_eq!(lost.reason, LostReason::Expired);
-    assert_eq!(lost.extensions, 0);
-    // Releasing still removes the key: it holds this token.
+    assert!(!parts().is_valid(), "a lock from parts has no validity");
+    let kept = Watchdog::keep(config.clone(), parts(), with_ttl()).expect("keep");
+    assert!(
+        eventually(WAIT, || kept.extensions() >= 1),
+        "the first extension came at once: {:?}",
+        kept.lost()
+    );
+    assert!(kept.is_held() && kept.lost().is_none());
+    assert!(kept.remaining() > Duration::ZERO);
+    // Releasing removes the key: it holds this token.
     kept.release().expect("release");
+    wait_gone(&masters, "parts", WAIT);
+
+    // A token that no longer holds the key: the first extension is refused
+    // and the lock is lost at once.
+    let kept = Watchdog::keep(config, parts(), with_ttl()).expect("keep");
+    let lost = kept.subscribe().recv_timeout(WAIT).expect("no loss");
+    assert!(
+        matches!(lost.reason, LostReason::Failed(Error::NotHeld(_))),
+        "{lost}"
+    );
+    assert_eq!(lost.extensions, 0);
     wait_gone(&masters, "parts", WAIT);
 }
