@@ -181,8 +181,12 @@ pub enum Step {
 pub enum Cause {
     /// No reply within the per-instance timeout.
     Timeout,
-    /// The host name resolved to no address.
+    /// The host name resolved to no address, or its lookup ran past the
+    /// connect timeout.
     Resolve,
+    /// The host name is being looked up (off the event loop): the master
+    /// cannot vote until it has an address.
+    Resolving,
     /// Connecting failed.
     Connect(io::ErrorKind),
     /// Connecting took longer than the connect timeout.
@@ -228,6 +232,7 @@ impl fmt::Display for Cause {
         match self {
             Cause::Timeout => f.write_str("no reply within the per-instance timeout"),
             Cause::Resolve => f.write_str("host name did not resolve"),
+            Cause::Resolving => f.write_str("host name lookup still running"),
             Cause::Connect(kind) => write!(f, "connect failed: {kind}"),
             Cause::ConnectTimeout => f.write_str("connect timed out"),
             Cause::Backoff(last) => write!(f, "down, reconnect pending ({last})"),
@@ -400,6 +405,17 @@ impl Conn {
         matches!(self.state, State::Down { .. })
     }
 
+    /// True while the connection waits for its host name's lookup.
+    pub fn is_resolving(&self) -> bool {
+        matches!(
+            self.state,
+            State::Down {
+                cause: Cause::Resolving,
+                ..
+            }
+        )
+    }
+
     /// True while a connect is in progress.
     pub fn is_connecting(&self) -> bool {
         matches!(self.state, State::Connecting { .. })
@@ -545,8 +561,14 @@ impl Conn {
         wire: &[u8],
         now: Instant,
     ) -> Result<(), Cause> {
-        if let State::Down { cause, .. } = &self.state {
-            return Err(Cause::Backoff(Box::new(cause.clone())));
+        match &self.state {
+            // Not a failure to back off from: the name is being looked up.
+            State::Down {
+                cause: Cause::Resolving,
+                ..
+            } => return Err(Cause::Resolving),
+            State::Down { cause, .. } => return Err(Cause::Backoff(Box::new(cause.clone()))),
+            _ => {}
         }
         if self.in_flight.len() >= self.timing.max_in_flight || !self.out_has_room(wire.len()) {
             self.handle_failure(now, Cause::TooFarBehind);

@@ -10,15 +10,15 @@
 //! and every failure goes to the [`Conn`] and [`Round`] it belongs to.
 
 use std::io::{self, Read, Write};
-use std::net::ToSocketAddrs;
 use std::time::{Duration, Instant};
 
 use mio::net::{TcpStream, UnixStream};
 use mio::{Events, Interest, Poll, Token};
 
-use crate::addr::Endpoint;
+use crate::addr::{Endpoint, ServerAddr};
 use crate::conn::{Cause, Conn, READ_CHUNK};
 use crate::quorum::Round;
+use crate::resolve::{Resolver, Route};
 
 #[derive(Debug)]
 enum Stream {
@@ -77,21 +77,44 @@ pub struct Driver {
     poll: Poll,
     events: Events,
     sockets: Vec<Option<Stream>>,
+    /// Per master: where its TCP connects go (`None` for a Unix socket).
+    routes: Vec<Option<Route>>,
+    /// Per master: whether its socket finished connecting.
+    connected: Vec<bool>,
+    resolver: Resolver,
+    /// How long a host name lookup may run before it counts as failed.
+    lookup_limit: Duration,
     /// One reused buffer for every read ([`READ_CHUNK`] bytes): a read that
     /// returns less has drained the socket.
     read_buf: Box<[u8]>,
 }
 
 impl Driver {
-    /// A driver for `n` masters.
+    /// A driver for `servers`, looking host names up with `resolver`, each
+    /// lookup allowed `lookup_limit` (the connect timeout).
     ///
     /// # Errors
     /// When the OS refuses a new poll instance.
-    pub fn new(n: usize) -> io::Result<Driver> {
+    pub fn new(
+        servers: &[ServerAddr],
+        resolver: Resolver,
+        lookup_limit: Duration,
+    ) -> io::Result<Driver> {
+        let n = servers.len();
         Ok(Driver {
             poll: Poll::new()?,
             events: Events::with_capacity(n.max(4) * 2),
             sockets: (0..n).map(|_| None).collect(),
+            routes: servers
+                .iter()
+                .map(|server| match &server.endpoint {
+                    Endpoint::Tcp { host, port } => Some(Route::new(host, *port)),
+                    Endpoint::Unix(_) => None,
+                })
+                .collect(),
+            connected: vec![false; n],
+            resolver,
+            lookup_limit,
             read_buf: vec![0u8; READ_CHUNK].into_boxed_slice(),
         })
     }
@@ -195,7 +218,13 @@ impl Driver {
             };
             if conn.is_connecting() {
                 match stream.connect_result() {
-                    Ok(true) => conns[i].handle_connected(),
+                    Ok(true) => {
+                        conns[i].handle_connected();
+                        self.connected[i] = true;
+                        if let Some(Some(route)) = self.routes.get_mut(i) {
+                            route.handle_connected();
+                        }
+                    }
                     Ok(false) => continue,
                     Err(e) => {
                         round.handle_failure(conns, i, now, Cause::Connect(e.kind()));
@@ -262,15 +291,16 @@ impl Driver {
     }
 
     fn open(&mut self, i: usize, conn: &mut Conn, now: Instant) {
-        let opened = match &conn.addr().endpoint {
-            Endpoint::Tcp { host, port } => match (host.as_str(), *port).to_socket_addrs() {
-                Ok(mut addrs) => match addrs.next() {
-                    Some(addr) => TcpStream::connect(addr).map(Stream::Tcp),
-                    None => return conn.handle_failure(now, Cause::Resolve),
-                },
-                Err(_) => return conn.handle_failure(now, Cause::Resolve),
-            },
-            Endpoint::Unix(path) => UnixStream::connect(path).map(Stream::Unix),
+        self.connected[i] = false;
+        let opened = match (&conn.addr().endpoint, self.routes.get_mut(i)) {
+            (Endpoint::Tcp { .. }, Some(Some(route))) => {
+                match route.poll_addr(&self.resolver, now, self.lookup_limit) {
+                    Ok(addr) => TcpStream::connect(addr).map(Stream::Tcp),
+                    Err(cause) => return conn.handle_failure(now, cause),
+                }
+            }
+            (Endpoint::Unix(path), _) => UnixStream::connect(path).map(Stream::Unix),
+            (Endpoint::Tcp { .. }, _) => return conn.handle_failure(now, Cause::Resolve),
         };
         let registered = opened.and_then(|mut stream| {
             self.poll
@@ -287,7 +317,17 @@ impl Driver {
                 self.sockets[i] = Some(stream);
                 conn.handle_connect_started(now);
             }
-            Err(e) => conn.handle_failure(now, Cause::Connect(e.kind())),
+            Err(e) => {
+                self.connect_failed(i, now);
+                conn.handle_failure(now, Cause::Connect(e.kind()));
+            }
+        }
+    }
+
+    /// A connect to master `i` failed: its next one tries its next address.
+    fn connect_failed(&mut self, i: usize, now: Instant) {
+        if let Some(Some(route)) = self.routes.get_mut(i) {
+            route.handle_connect_failed(&self.resolver, now);
         }
     }
 
@@ -301,6 +341,10 @@ impl Driver {
 
     fn close(&mut self, i: usize) {
         if let Some(mut stream) = self.sockets[i].take() {
+            // Closed before it connected: refused, timed out, unreachable.
+            if !self.connected[i] {
+                self.connect_failed(i, Instant::now());
+            }
             // Dropping the socket closes it, which removes it from epoll
             // anyway; a failed deregister changes nothing.
             let _ = self.poll.registry().deregister(stream.source());

@@ -39,6 +39,8 @@ pub mod conn;
 
 pub mod quorum;
 
+pub mod resolve;
+
 pub mod driver;
 
 pub mod lock;
@@ -51,5 +53,6 @@ pub mod spawn;
 pub use addr::ServerAddr;
 pub use lock::{Config, ConfigError, Error, Failure, Lock, LockGuard, MasterVote, Redlock, Retry};
 pub use quorum::Vote;
+pub use resolve::Resolver;
 pub use token::Token;
 pub use watchdog::{KeepOptions, Lost, LostReason, Watchdog};

@@ -26,6 +26,7 @@ use crate::clock::{Expiry, Stamp};
 use crate::conn::{Conn, Keys, Op, Request, Timing};
 use crate::driver::Driver;
 use crate::quorum::{Decision, Loss, Round, Validity, Vote};
+use crate::resolve::Resolver;
 use crate::resp::Limits;
 use crate::script::Scripts;
 use crate::token::{Token, TokenSource};
@@ -144,6 +145,12 @@ pub struct Config {
     ///
     /// [`Cause::TooFarBehind`]: crate::conn::Cause::TooFarBehind
     pub max_in_flight: usize,
+    /// Looks host names up: on a thread of its own, never inside a round,
+    /// allowed [`Config::connect_timeout`] before the master counts as
+    /// unresolved. Every address it returns is tried in turn, one per
+    /// connect. Default: the system's resolver. IP literals are never
+    /// looked up.
+    pub resolver: Resolver,
 }
 
 impl Config {
@@ -182,6 +189,7 @@ impl Config {
             quarantine: Some(Duration::from_secs(60)),
             spin: false,
             max_in_flight: 1024,
+            resolver: Resolver::system(),
         })
     }
 
@@ -646,7 +654,12 @@ impl Redlock {
             names,
             conns,
             round: Round::new(n, scripts, now),
-            driver: Driver::new(n).map_err(|e| Error::Os(e.kind()))?,
+            driver: Driver::new(
+                &config.servers,
+                config.resolver.clone(),
+                config.connect_timeout,
+            )
+            .map_err(|e| Error::Os(e.kind()))?,
             tokens: TokenSource::new().map_err(|_| Error::Os(io::ErrorKind::Other))?,
             jitter: SplitMix64(u64::from_le_bytes(seed)),
             batch: Vec::new(),
@@ -1060,12 +1073,26 @@ impl Redlock {
     /// the first operation does not spend its per-instance timeout on
     /// connecting. Returns how many masters are connected afterwards.
     pub fn warm_up(&mut self, timeout: Duration) -> usize {
-        self.driver.prepare(&mut self.conns, Instant::now());
-        self.settle(timeout);
-        self.conns
-            .iter()
-            .filter(|c| !c.is_down() && !c.is_connecting())
-            .count()
+        let start = Instant::now();
+        let deadline = start.checked_add(timeout).unwrap_or(start);
+        loop {
+            self.driver.prepare(&mut self.conns, Instant::now());
+            let left = deadline.saturating_duration_since(Instant::now());
+            self.settle(left);
+            let ready = self
+                .conns
+                .iter()
+                .filter(|c| !c.is_down() && !c.is_connecting())
+                .count();
+            // A master whose host name is still being looked up is asked
+            // again shortly; one that failed otherwise is left to its
+            // reconnect backoff.
+            let resolving = self.conns.iter().any(Conn::is_resolving);
+            if !resolving || Instant::now() >= deadline {
+                return ready;
+            }
+            std::thread::sleep(left.min(Duration::from_millis(2)));
+        }
     }
 
     /// Bytes of memory held by all connections' buffers and in-flight

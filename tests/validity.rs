@@ -4,11 +4,15 @@
 
 mod common;
 
+use std::io;
+use std::net::SocketAddr;
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{Server, client, cluster, connect, eventually, status};
+use redlock_mio::conn::Cause;
 use redlock_mio::resp::Arg;
-use redlock_mio::{Error, Vote};
+use redlock_mio::{Config, Error, Redlock, Resolver, Vote};
 
 /// Generous for a loaded machine: only a broken run waits this long.
 const WAIT: Duration = Duration::from_secs(30);
@@ -75,4 +79,114 @@ fn a_failed_extend_never_leaves_a_deadline_later_than_the_keys() {
         "A was told it held the lock until {:?} after B took it",
         told - taken_at
     );
+}
+
+/// A resolver for `name` (anything else is an error) that waits for `gate`
+/// to open, then answers `addrs`, or the loopback address at the port asked
+/// for when `addrs` is empty.
+fn gated_resolver(
+    name: &'static str,
+    addrs: Vec<SocketAddr>,
+    gate: &Arc<(Mutex<bool>, Condvar)>,
+) -> Resolver {
+    let gate = Arc::clone(gate);
+    Resolver::new(move |host, port| {
+        if host != name {
+            return Err(io::Error::other(format!("unknown host {host}")));
+        }
+        let (open, wake) = &*gate;
+        let mut open = open.lock().unwrap_or_else(|e| e.into_inner());
+        while !*open {
+            open = wake.wait(open).unwrap_or_else(|e| e.into_inner());
+        }
+        if addrs.is_empty() {
+            return Ok(vec![SocketAddr::from(([127, 0, 0, 1], port))]);
+        }
+        Ok(addrs.clone())
+    })
+}
+
+fn open_gate(gate: &(Mutex<bool>, Condvar)) {
+    *gate.0.lock().unwrap_or_else(|e| e.into_inner()) = true;
+    gate.1.notify_all();
+}
+
+/// Item 6. Two of three masters are named by a host name whose lookup
+/// hangs. The acquire must not wait on it: it returns, while the lookup is
+/// still stuck, with those two votes failed as "lookup still running". Once
+/// the lookup answers, the masters are used.
+#[test]
+fn a_hanging_host_name_lookup_never_holds_a_round() {
+    let masters = cluster(3);
+    let gate = Arc::new((Mutex::new(false), Condvar::new()));
+    let addrs = masters.addrs();
+    // One name for both: the port picks the master.
+    let resolver = gated_resolver("slow.test", Vec::new(), &gate);
+    let urls = [
+        masters[0].url(),
+        format!("redis://slow.test:{}", addrs[1].port()),
+        format!("redis://slow.test:{}", addrs[2].port()),
+    ];
+    let mut config = Config::new(urls).expect("config");
+    config.quarantine = None;
+    config.per_instance_timeout = Duration::from_millis(300);
+    config.resolver = resolver;
+    let mut redlock = Redlock::new(config).expect("client");
+    let err = redlock
+        .try_acquire("validity:dns", Duration::from_secs(10))
+        .expect_err("one master of three cannot grant");
+    let failure = err.failure().expect("votes");
+    assert!(matches!(err, Error::NoQuorum(_)), "{err}");
+    for vote in &failure.votes[1..] {
+        assert_eq!(vote.vote, Vote::Failed(Cause::Resolving), "{failure}");
+    }
+    assert!(
+        !*gate.0.lock().unwrap_or_else(|e| e.into_inner()),
+        "gate still shut"
+    );
+    open_gate(&gate);
+    let mut held = None;
+    assert!(
+        eventually(WAIT, || {
+            held = redlock
+                .try_acquire("validity:dns", Duration::from_secs(10))
+                .ok();
+            held.is_some()
+        }),
+        "the masters were never used after their lookup"
+    );
+    if let Some(lock) = held {
+        redlock.release(&lock).expect("release");
+    }
+}
+
+/// Item 6. A name that resolves to two addresses, the first refusing
+/// connections: the client moves on to the second instead of retrying the
+/// first for ever.
+#[test]
+fn every_address_a_name_resolves_to_is_tried_in_turn() {
+    let master = common::master();
+    let dead = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        listener.local_addr().expect("addr")
+    };
+    let gate = Arc::new((Mutex::new(true), Condvar::new()));
+    let mut config = Config::new([format!("redis://two.test:{}", master.port())]).expect("config");
+    config.quarantine = None;
+    config.per_instance_timeout = Duration::from_millis(300);
+    config.resolver = gated_resolver("two.test", vec![dead, master.addr()], &gate);
+    let mut redlock = Redlock::new(config).expect("client");
+    let mut held = None;
+    assert!(
+        eventually(WAIT, || {
+            held = redlock
+                .try_acquire("validity:two", Duration::from_secs(10))
+                .ok();
+            held.is_some()
+        }),
+        "the second address was never tried"
+    );
+    if let Some(lock) = held {
+        redlock.release(&lock).expect("release");
+    }
 }
