@@ -647,11 +647,13 @@ impl Conn {
             let msg = Bytes::from_static(b"no uptime_in_seconds or run_id in INFO server");
             return Err(Cause::Handshake(Step::Info, msg));
         };
-        // uptime_in_seconds rounds down, so the restart was at most
-        // `uptime + 1` s ago... and at least `uptime` s: waiting out
-        // `max_ttl - uptime` is the conservative choice.
+        // Redis reports uptime_in_seconds as the difference of two whole
+        // wall-clock seconds (now and the start, both truncated), so it
+        // reads 1 a millisecond after a start just before a second's end:
+        // the restart was more than `uptime - 1` s ago, and no more can be
+        // assumed. Waiting out `max_ttl - (uptime - 1)` is the safe choice.
         let mut until = max_ttl
-            .checked_sub(Duration::from_secs(uptime))
+            .checked_sub(Duration::from_secs(uptime.saturating_sub(1)))
             .and_then(|left| now.checked_add(left));
         let restarted = self.run_id.as_ref().is_some_and(|old| *old != run_id);
         let held = self

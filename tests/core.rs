@@ -854,9 +854,9 @@ fn a_master_up_for_less_than_the_max_ttl_does_not_count_until_it_has_been() {
     let max_ttl = Duration::from_secs(60);
     let mut sim = quarantined(
         vec![
-            vec![reply(OK, 1); 3],
-            vec![reply(OK, 1); 3],
-            vec![reply(OK, 1); 3],
+            vec![reply(OK, 1); 4],
+            vec![reply(OK, 1); 4],
+            vec![reply(OK, 1); 4],
         ],
         max_ttl,
     );
@@ -874,13 +874,22 @@ fn a_master_up_for_less_than_the_max_ttl_does_not_count_until_it_has_been() {
     assert_eq!(sim.round.votes(0)[0], Vote::Granted);
     assert_eq!(
         sim.round.votes(0)[1],
-        Vote::Failed(Cause::Quarantined(Duration::from_secs(55) - MS))
+        // An uptime of 5 may mean 4.001 s: 56 s to go, less the round's 1 ms.
+        Vote::Failed(Cause::Quarantined(Duration::from_secs(56) - MS))
     );
     assert!(matches!(
         sim.round.votes(0)[2],
         Vote::Failed(Cause::Quarantined(_))
     ));
-    // A second later master 2 has been up for 60 s: it counts again.
+    // Two seconds later master 2 (uptime 59, so more than 58 s) has surely
+    // been up for 60 s: it counts again.
+    sim.advance(Duration::from_secs(1));
+    let request = sim.request(Op::Acquire);
+    sim.run(&request);
+    assert!(matches!(
+        sim.round.votes(0)[2],
+        Vote::Failed(Cause::Quarantined(_))
+    ));
     sim.advance(Duration::from_secs(1));
     let request = sim.request(Op::Acquire);
     sim.run(&request);

@@ -224,7 +224,9 @@ fn a_master_that_never_answers_times_out_and_is_killed() {
     let opts = Options::new()
         .unix_socket(true)
         .args(["--port", "0"])
-        .startup_timeout(Duration::from_millis(500));
+        // Long enough for a loaded machine's redis-server to have logged
+        // its start (the pid checked below).
+        .startup_timeout(Duration::from_secs(3));
     let err = Server::start(&opts).expect_err("nothing answers on the TCP port");
     let SpawnError::Timeout { log_tail, .. } = &err else {
         panic!("expected a timeout, got {err:?}");

@@ -442,7 +442,9 @@ fn honest_reply(state: &FakeState, args: &[&[u8]]) -> Vec<u8> {
 /// dribbles must finish a reply within it on a loaded machine), a 1 s stall
 /// limit, and a short reconnect backoff. Connects and waits for the
 /// handshakes, so that a dribbled handshake is done before the first
-/// round, at most 2 s; 1 s with a silent master, which never answers it.
+/// round: at most 10 s (a dribble on a loaded machine is slow; warming up
+/// ends as soon as every handshake is done); 1 s with a silent master,
+/// which never answers it.
 fn client(urls: &[String], silent: bool) -> Redlock {
     let mut config = expect(Config::new(urls));
     config.per_instance_timeout = Duration::from_millis(500);
@@ -452,7 +454,7 @@ fn client(urls: &[String], silent: bool) -> Redlock {
     // them, and restart quarantine would only keep them out at first.
     config.quarantine = None;
     let mut redlock = expect(Redlock::new(config));
-    redlock.warm_up(Duration::from_secs(if silent { 1 } else { 2 }));
+    redlock.warm_up(Duration::from_secs(if silent { 1 } else { 10 }));
     redlock
 }
 

@@ -22,15 +22,19 @@ use redlock_mio::{Error, Redlock, Vote};
 /// test waits little.
 const MAX_TTL: Duration = Duration::from_secs(2);
 
-/// A takes the lock on masters 0 and 1 only (2 is down), then master 1
-/// crashes and restarts empty and master 2 comes back empty. Returns A's
-/// lock and the instant the restarts were done.
-fn stage_crash_restart(masters: &mut Cluster, a: &mut Redlock) -> (redlock_mio::Lock, Instant) {
+/// A takes the lock for `ttl` on masters 0 and 1 only (2 is down), then
+/// master 1 crashes and restarts empty and master 2 comes back empty.
+/// Returns A's lock and the instant the restarts were done.
+fn stage_crash_restart(
+    masters: &mut Cluster,
+    a: &mut Redlock,
+    ttl: Duration,
+) -> (redlock_mio::Lock, Instant) {
     wait_for_uptime(masters, MAX_TTL);
     assert_eq!(a.warm_up(Duration::from_secs(5)), 3);
     masters[2].kill().unwrap_or_else(|e| panic!("{e}"));
     let lock = a
-        .try_acquire("crash", MAX_TTL)
+        .try_acquire("crash", ttl)
         .unwrap_or_else(|e| panic!("A's acquire on two masters: {e}"));
     masters[1].restart().unwrap_or_else(|e| panic!("{e}"));
     masters[2].restart().unwrap_or_else(|e| panic!("{e}"));
@@ -42,9 +46,12 @@ fn without_quarantine_a_crash_restart_grants_the_lock_twice() {
     let mut masters = cluster(3);
     let urls = masters.urls();
     let mut a = client(&urls, None);
-    let (held, _) = stage_crash_restart(&mut masters, &mut a);
+    // Quarantine is off, so any TTL goes: long enough that A's lock
+    // outlasts two restarts and B's first round on a loaded machine.
+    let ttl = Duration::from_secs(10);
+    let (held, _) = stage_crash_restart(&mut masters, &mut a, ttl);
     let mut b = client(&urls, None);
-    let second = b.try_acquire("crash", MAX_TTL);
+    let second = b.try_acquire("crash", ttl);
     let now = Instant::now();
     let both = held.deadline() > now && second.as_ref().is_ok_and(|l| l.deadline() > now);
     assert!(
@@ -59,7 +66,7 @@ fn with_quarantine_the_restarted_masters_do_not_count_until_the_max_ttl_has_pass
     let mut masters = cluster(3);
     let urls = masters.urls();
     let mut a = client(&urls, Some(MAX_TTL));
-    let (held, restarted) = stage_crash_restart(&mut masters, &mut a);
+    let (held, restarted) = stage_crash_restart(&mut masters, &mut a, MAX_TTL);
     let mut b = client(&urls, Some(MAX_TTL));
     let refused = b.try_acquire("crash", MAX_TTL);
     // Held or NoQuorum, depending on whether master 0's refusal or the

@@ -199,7 +199,11 @@ pub fn client(urls: &[String], quarantine: Option<Duration>) -> redlock_mio::Red
     let mut config = redlock_mio::Config::new(urls).unwrap_or_else(|e| panic!("{e}"));
     config.per_instance_timeout = Duration::from_millis(300);
     config.quarantine = quarantine;
-    redlock_mio::Redlock::new(config).unwrap_or_else(|e| panic!("{e}"))
+    let mut client = redlock_mio::Redlock::new(config).unwrap_or_else(|e| panic!("{e}"));
+    // Connected before the first round, so that a test's first operation
+    // does not spend its per-instance timeout on connect and handshake.
+    client.warm_up(Duration::from_secs(5));
+    client
 }
 
 /// A master's `uptime_in_seconds`.
@@ -215,13 +219,15 @@ pub fn uptime(server: &Server) -> u64 {
         .unwrap_or_else(|| panic!("no uptime from {}", server.url()))
 }
 
-/// Waits until every master has been up for at least `at_least`, so that
-/// only a test's own restarts trigger restart quarantine.
+/// Waits until every master has been up for at least `at_least` as the
+/// client reckons it (an `uptime_in_seconds` of `u` means more than
+/// `u - 1` s), so that only a test's own restarts trigger restart
+/// quarantine.
 pub fn wait_for_uptime(masters: &Cluster, at_least: Duration) {
     let ready = || {
         masters
             .iter()
-            .all(|s| Duration::from_secs(uptime(s)) >= at_least)
+            .all(|s| Duration::from_secs(uptime(s).saturating_sub(1)) >= at_least)
     };
     assert!(
         eventually(at_least + Duration::from_secs(10), ready),
