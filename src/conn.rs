@@ -217,6 +217,9 @@ pub enum Cause {
     /// The master restarted recently and stays out of the quorum for this
     /// much longer (restart quarantine).
     Quarantined(Duration),
+    /// The same server process (same `run_id`) as the master at this index
+    /// in the configuration: it votes once, not once per name.
+    SameServer(usize),
 }
 
 impl Cause {
@@ -254,6 +257,11 @@ impl fmt::Display for Cause {
                 write!(f, "{step} failed: {}", String::from_utf8_lossy(msg))
             }
             Cause::Server(msg) => write!(f, "error reply: {}", String::from_utf8_lossy(msg)),
+            Cause::SameServer(other) => write!(
+                f,
+                "the same server as master #{} (same run_id): one server votes once",
+                other + 1
+            ),
             Cause::Quarantined(left) => write!(
                 f,
                 "restarted recently: out of the quorum for another {} ms (restart quarantine)",
@@ -357,6 +365,8 @@ pub struct Conn {
     quarantined_until: Option<Instant>,
     /// When the master last granted a lock to this client.
     last_grant: Option<Instant>,
+    /// Set when `run_id` changed (or was first read), until taken.
+    new_run_id: bool,
 }
 
 impl Conn {
@@ -386,6 +396,7 @@ impl Conn {
             run_id: None,
             quarantined_until: None,
             last_grant: None,
+            new_run_id: false,
         }
     }
 
@@ -482,10 +493,10 @@ impl Conn {
             self.in_flight
                 .push_back(Expect::Handshake(Step::ScriptLoad));
         }
-        if self.timing.quarantine.is_some() {
-            resp::encode_command(&mut self.out, &[Arg::Bytes(b"INFO"), Arg::Bytes(b"server")]);
-            self.in_flight.push_back(Expect::Handshake(Step::Info));
-        }
+        // Always: the run_id tells one server named twice (it must not vote
+        // twice), and the uptime drives restart quarantine.
+        resp::encode_command(&mut self.out, &[Arg::Bytes(b"INFO"), Arg::Bytes(b"server")]);
+        self.in_flight.push_back(Expect::Handshake(Step::Info));
         self.handshake_left = self.in_flight.len();
     }
 
@@ -626,9 +637,6 @@ impl Conn {
     /// Reads `uptime_in_seconds` and `run_id` from an `INFO server` reply
     /// and starts the quarantine they call for.
     fn handle_info(&mut self, info: &Bytes, now: Instant) -> Result<(), Cause> {
-        let Some(max_ttl) = self.timing.quarantine else {
-            return Ok(());
-        };
         let mut uptime = None;
         let mut run_id = None;
         for line in info.split(|&b| b == b'\n') {
@@ -646,6 +654,13 @@ impl Conn {
         let (Some(uptime), Some(run_id)) = (uptime, run_id) else {
             let msg = Bytes::from_static(b"no uptime_in_seconds or run_id in INFO server");
             return Err(Cause::Handshake(Step::Info, msg));
+        };
+        if self.run_id.as_ref() != Some(&run_id) {
+            self.new_run_id = true;
+        }
+        let Some(max_ttl) = self.timing.quarantine else {
+            self.run_id = Some(run_id);
+            return Ok(());
         };
         // Redis reports uptime_in_seconds as the difference of two whole
         // wall-clock seconds (now and the start, both truncated), so it
@@ -665,6 +680,18 @@ impl Conn {
         self.quarantined_until = until.max(self.quarantined_until.filter(|t| *t > now));
         self.run_id = Some(run_id);
         Ok(())
+    }
+
+    /// The server's `run_id`, as last read in a handshake: the same for
+    /// every connection to one server process.
+    pub fn run_id(&self) -> Option<&Bytes> {
+        self.run_id.as_ref()
+    }
+
+    /// Whether a new `run_id` was read since the last call.
+    #[must_use]
+    pub fn take_new_run_id(&mut self) -> bool {
+        std::mem::take(&mut self.new_run_id)
     }
 
     /// How much longer the master stays out of the quorum, if at all.

@@ -25,7 +25,7 @@ use crate::addr::{AddrError, ServerAddr};
 use crate::clock::{Expiry, Stamp};
 use crate::conn::{Conn, Keys, Op, Request, Timing};
 use crate::driver::Driver;
-use crate::quorum::{Decision, Loss, Round, Validity, Vote};
+use crate::quorum::{Decision, Loss, Round, Validity, Vote, same_server};
 use crate::resolve::Resolver;
 use crate::resp::Limits;
 use crate::script::Scripts;
@@ -226,7 +226,7 @@ impl Config {
 }
 
 /// A setting or argument that cannot work.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ConfigError {
     /// No master was given.
@@ -259,6 +259,15 @@ pub enum ConfigError {
     /// [`Config::max_in_flight`] under 32: no room for a connection's
     /// handshake and a batch.
     InFlightTooSmall,
+    /// Two URLs name the same server process (the same `run_id`, read on
+    /// connect): it would vote twice and make a fake majority. Seen once
+    /// both are connected; from then on every operation is refused.
+    SameServer {
+        /// The first URL (password hidden).
+        first: Arc<str>,
+        /// The second URL (password hidden).
+        second: Arc<str>,
+    },
 }
 
 impl fmt::Display for ConfigError {
@@ -285,6 +294,11 @@ impl fmt::Display for ConfigError {
             ConfigError::InFlightTooSmall => {
                 write!(f, "max_in_flight must be at least {MIN_IN_FLIGHT}")
             }
+            ConfigError::SameServer { first, second } => write!(
+                f,
+                "{first} and {second} are the same server (same run_id): one server \
+                 cannot be two of the independent masters"
+            ),
         }
     }
 }
@@ -604,6 +618,9 @@ pub struct Redlock {
     batch: Vec<Request>,
     /// Both clocks at the start of the last round.
     started: Stamp,
+    /// Set once two masters turned out to be one server: every operation
+    /// is refused from then on.
+    same_server: Option<ConfigError>,
 }
 
 impl Redlock {
@@ -664,6 +681,7 @@ impl Redlock {
             jitter: SplitMix64(u64::from_le_bytes(seed)),
             batch: Vec::new(),
             started: Stamp::now(),
+            same_server: None,
             config,
         })
     }
@@ -834,6 +852,7 @@ impl Redlock {
         if retry.attempts == 0 {
             return Err(ConfigError::ZeroAttempts.into());
         }
+        self.check_servers()?;
         let first = Instant::now();
         let give_up = retry.max_wait.and_then(|w| first.checked_add(w));
         let timeout = self.config.per_instance_timeout.min(ttl);
@@ -928,6 +947,7 @@ impl Redlock {
         I::Item: Into<Bytes>,
     {
         let ttl = self.config.checked_ttl(ttl)?;
+        self.check_servers()?;
         let mut requests = std::mem::take(&mut self.batch);
         requests.clear();
         for resource in resources {
@@ -1041,6 +1061,7 @@ impl Redlock {
         {
             return Err(Error::ExtensionLimit(max));
         }
+        self.check_servers()?;
         let request = Request {
             op: extend_op(&lock.keys),
             keys: lock.keys.clone(),
@@ -1116,8 +1137,11 @@ impl Redlock {
     pub fn settle(&mut self, timeout: Duration) -> usize {
         let deadline = Instant::now().checked_add(timeout);
         let deadline = deadline.unwrap_or_else(|| Instant::now() + Duration::from_secs(86_400));
-        self.driver
-            .settle(&mut self.conns, &mut self.round, deadline)
+        let unanswered = self
+            .driver
+            .settle(&mut self.conns, &mut self.round, deadline);
+        self.check_distinct();
+        unanswered
     }
 
     fn run_round(&mut self, requests: &[Request], timeout: Duration) {
@@ -1128,6 +1152,36 @@ impl Redlock {
         self.driver
             .run(&mut self.conns, &mut self.round, self.config.spin);
         self.round.finish(&mut self.conns);
+        self.check_distinct();
+    }
+
+    /// Looks for two masters that are one server, once a connection has
+    /// read a new `run_id`.
+    fn check_distinct(&mut self) {
+        let mut learned = false;
+        for conn in &mut self.conns {
+            learned |= conn.take_new_run_id();
+        }
+        if !learned || self.same_server.is_some() {
+            return;
+        }
+        let twin = (0..self.conns.len())
+            .find_map(|i| same_server(&self.conns, i).map(|j| (i.min(j), i.max(j))));
+        if let Some((first, second)) = twin {
+            self.same_server = Some(ConfigError::SameServer {
+                first: Arc::clone(&self.names[first]),
+                second: Arc::clone(&self.names[second]),
+            });
+        }
+    }
+
+    /// Refuses to take or extend locks once two masters turned out to be
+    /// one server (releasing stays allowed: it can only free keys).
+    fn check_servers(&self) -> Result<(), Error> {
+        match &self.same_server {
+            Some(error) => Err(Error::Config(error.clone())),
+            None => Ok(()),
+        }
     }
 
     fn send_only(&mut self, requests: &[Request]) {

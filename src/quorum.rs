@@ -331,6 +331,13 @@ impl Round {
                         if vote == Vote::Granted && op.sets_keys() {
                             conns[i].handle_grant(now);
                         }
+                        // One server named twice votes once: the first of
+                        // its connections to answer counts.
+                        if let (Vote::Granted | Vote::Refused, Some(other)) =
+                            (&vote, same_server(conns, i))
+                        {
+                            vote = Vote::Failed(Cause::SameServer(other));
+                        }
                         // A quarantined master's answer is read, never
                         // counted: it may have lost keys in a restart.
                         if let (Vote::Granted | Vote::Refused, Some(left)) =
@@ -416,6 +423,17 @@ impl Round {
             self.undecided = self.undecided.saturating_sub(1);
         }
     }
+}
+
+/// The first other connection to the same server process as connection
+/// `i`, by `run_id`, if any.
+pub fn same_server(conns: &[Conn], i: usize) -> Option<usize> {
+    let run_id = conns.get(i)?.run_id()?;
+    conns
+        .iter()
+        .enumerate()
+        .find(|(j, conn)| *j != i && conn.run_id() == Some(run_id))
+        .map(|(j, _)| j)
 }
 
 /// What one reply means for one operation.

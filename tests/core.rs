@@ -186,7 +186,11 @@ fn timing() -> Timing {
 impl Sim {
     fn new(scripts: Vec<Vec<Act>>) -> Sim {
         let now = Instant::now();
-        let masters: Vec<Master> = scripts.into_iter().map(Master::new).collect();
+        let mut masters: Vec<Master> = scripts.into_iter().map(Master::new).collect();
+        // Independent masters: each its own server process.
+        for (i, master) in masters.iter_mut().enumerate() {
+            master.run_id = format!("{i:040}");
+        }
         let conns = (0..masters.len())
             .map(|i| {
                 let addr = format!("redis://127.0.0.1:{}", 7000 + i).parse().unwrap();
@@ -544,7 +548,11 @@ fn a_second_noscript_is_a_failed_vote_not_a_loop() {
 #[test]
 fn the_handshake_goes_out_in_the_first_write_with_the_request() {
     let (sim, _, _) = acquire_round(vec![vec![reply(OK, 1)]]);
-    let loads = vec!["SCRIPT LOAD"; Scripts::new().all().len()];
+    let loads = [
+        vec!["SCRIPT LOAD"; Scripts::new().all().len()],
+        vec!["INFO"],
+    ]
+    .concat();
     assert_eq!(sim.masters[0].log, [loads.clone(), vec!["SET"]].concat());
     let mut with_auth = Sim::new(vec![vec![reply(OK, 1)]]);
     with_auth.conns[0] = Conn::new(
@@ -648,7 +656,11 @@ fn requests_queued_on_a_connection_still_connecting_are_dropped_when_the_round_e
     sim.transmit();
     assert_eq!(
         sim.masters[2].log,
-        vec!["SCRIPT LOAD"; Scripts::new().all().len()]
+        [
+            vec!["SCRIPT LOAD"; Scripts::new().all().len()],
+            vec!["INFO"]
+        ]
+        .concat()
     );
 }
 
@@ -1070,7 +1082,24 @@ fn a_release_queued_while_connecting_is_sent_once_connected() {
     let sent: Vec<&String> = sim.masters[2]
         .log
         .iter()
-        .filter(|c| !c.starts_with("SCRIPT"))
+        .filter(|c| !c.starts_with("SCRIPT") && *c != "INFO")
         .collect();
     assert_eq!(sent, ["EVALSHA"], "the release only, not the acquire");
+}
+
+/// Issue 10, item 7: two connections to one server process (the same
+/// run_id in INFO, as when one server is named twice) vote once. Here the
+/// extend script answers 1 on both: two votes would be a fake quorum while
+/// the third master is silent.
+#[test]
+fn one_server_behind_two_connections_votes_once() {
+    let mut sim = Sim::new(vec![vec![reply(ONE, 1)], vec![reply(ONE, 2)], vec![]]);
+    sim.masters[1].run_id = sim.masters[0].run_id.clone();
+    let extend = sim.request(Op::Extend);
+    sim.run(&extend);
+    assert_eq!(sim.round.decision(0), Some(Decision::Lost));
+    // Both handshakes were read before either reply: neither counts. (Had
+    // one reply come before the other's handshake, it alone would.)
+    assert_eq!(sim.votes()[0], Vote::Failed(Cause::SameServer(1)));
+    assert_eq!(sim.votes()[1], Vote::Failed(Cause::SameServer(0)));
 }

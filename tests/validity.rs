@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use common::{Server, client, cluster, connect, eventually, status};
 use redlock_mio::conn::Cause;
 use redlock_mio::resp::Arg;
-use redlock_mio::{Config, Error, Redlock, Resolver, Vote};
+use redlock_mio::{Config, ConfigError, Error, Lock, Redlock, Resolver, Token, Vote};
 
 /// Generous for a loaded machine: only a broken run waits this long.
 const WAIT: Duration = Duration::from_secs(30);
@@ -189,4 +189,53 @@ fn every_address_a_name_resolves_to_is_tried_in_turn() {
     if let Some(lock) = held {
         redlock.release(&lock).expect("release");
     }
+}
+
+/// Item 7. One server named twice (`127.0.0.1:P` and `localhost:P`)
+/// beside one other master: two votes from the one server would make a
+/// fake majority. Once both names are connected
+/// every acquire or extend is refused with a configuration error naming
+/// both URLs. (A vote from the second name of a server is never counted
+/// even within the round that connects it: see the simulator test
+/// `one_server_behind_two_connections_votes_once`.)
+#[test]
+fn one_server_named_twice_never_votes_twice() {
+    let mut masters = cluster(2);
+    let port = masters[0].port();
+    let urls = [
+        format!("redis://127.0.0.1:{port}"),
+        format!("redis://localhost:{port}"),
+        masters[1].url(),
+    ];
+    let mut config = Config::new(&urls).expect("config");
+    config.quarantine = None;
+    config.per_instance_timeout = Duration::from_millis(300);
+    let mut redlock = Redlock::new(config).expect("client");
+    // Every name looked up and connected: the one server answers twice.
+    assert_eq!(redlock.warm_up(WAIT), 3, "all three names connected");
+    let refused = redlock.try_acquire("validity:twice", Duration::from_secs(10));
+    if let Ok(mut lock) = refused {
+        // SET NX refuses the second name, so an acquire alone cannot show
+        // it: an extend can. With the real second master stopped, one
+        // server's two names extend the lock "on a quorum".
+        masters[1].pause().expect("pause");
+        let extended = redlock.extend(&mut lock, Duration::from_secs(10));
+        masters[1].resume().expect("resume");
+        panic!(
+            "acquired with one server named twice; with the other master stopped, extend said {extended:?}"
+        );
+    }
+    let Err(Error::Config(error @ ConfigError::SameServer { .. })) = &refused else {
+        panic!("expected SameServer, got {refused:?}");
+    };
+    let message = error.to_string();
+    assert!(
+        message.contains(&urls[0]) && message.contains(&urls[1]),
+        "{message}"
+    );
+    let mut lock = Lock::from_parts("validity:twice", Token::parse("t").expect("token"));
+    assert!(matches!(
+        redlock.extend(&mut lock, Duration::from_secs(1)),
+        Err(Error::Config(ConfigError::SameServer { .. }))
+    ));
 }
