@@ -128,6 +128,13 @@ pub struct Config {
     /// in the kernel: lower latency for a core's worth of CPU while a round
     /// waits. Default off.
     pub spin: bool,
+    /// Test knob, present only with the `test-knobs` feature (not in
+    /// `default`; the crate's tests turn it on): added to every validity the
+    /// client computes, so that a lock claims to outlive its keys.
+    /// `tests/safety.rs` uses it to show that its checker catches a validity
+    /// wrong by a few milliseconds. Default zero.
+    #[cfg(feature = "test-knobs")]
+    pub overstate_validity: Duration,
 }
 
 impl Config {
@@ -165,7 +172,22 @@ impl Config {
             limits: Limits::default(),
             quarantine: Some(Duration::from_secs(60)),
             spin: false,
+            #[cfg(feature = "test-knobs")]
+            overstate_validity: Duration::ZERO,
         })
+    }
+
+    /// The spec's validity of a round that started at `started` and was
+    /// won at `decided_at`, with this client's drift factor (and, with the
+    /// `test-knobs` feature, overstated by [`Config::overstate_validity`]).
+    fn validity(&self, ttl: Duration, started: Instant, decided_at: Instant) -> Option<Validity> {
+        let validity = Validity::compute(ttl, started, decided_at, self.drift_factor);
+        #[cfg(feature = "test-knobs")]
+        let validity = validity.map(|v| Validity {
+            remaining: v.remaining + self.overstate_validity,
+            deadline: v.deadline + self.overstate_validity,
+        });
+        validity
     }
 
     /// `ttl` rounded down to whole milliseconds, if Redis and the restart
@@ -803,10 +825,10 @@ impl Redlock {
                 };
                 self.run_round(std::slice::from_ref(&write_back), timeout);
                 won = match (self.round.decision(0), self.round.decided_at(0)) {
-                    (Some(Decision::Won), Some(at)) => {
-                        Validity::compute(ttl, started, at, self.config.drift_factor)
-                            .map(|v| (v, u64::try_from(fence).ok()))
-                    }
+                    (Some(Decision::Won), Some(at)) => self
+                        .config
+                        .validity(ttl, started, at)
+                        .map(|v| (v, u64::try_from(fence).ok())),
                     _ => None,
                 };
             }
@@ -1048,12 +1070,7 @@ impl Redlock {
             return None;
         }
         let decided_at = self.round.decided_at(slot)?;
-        Validity::compute(
-            ttl,
-            self.round.started(),
-            decided_at,
-            self.config.drift_factor,
-        )
+        self.config.validity(ttl, self.round.started(), decided_at)
     }
 
     /// Turns a slot of the last round that did not produce a lock into the
