@@ -476,7 +476,8 @@ fn client(
                 let seen = counter.load(Ordering::Acquire);
                 if kept {
                     // Work to the deadline, stopping short of it by this
-                    // thread's own clock; a holder woken too late overruns.
+                    // thread's own clock; one woken too late gives its
+                    // write up below.
                     let stop_at = lock.deadline().checked_sub(STOP_BEFORE);
                     if let Some(left) =
                         stop_at.and_then(|t| t.checked_duration_since(Instant::now()))
