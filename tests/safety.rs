@@ -93,7 +93,7 @@ const QUARANTINE_WAIT: Duration = Duration::from_secs(5);
 /// How many times the quarantine test restarts its master in one fault,
 /// and how long apart: less than the longest TTL, so that each restart
 /// comes while locks granted around the previous one may still be valid.
-const RESTARTS_PER_FAULT: usize = 4;
+const RESTARTS_PER_FAULT: usize = 6;
 const RESTART_SPACING: Duration = Duration::from_millis(25);
 /// Acquire attempts one client may make in one run, whatever its length.
 const MAX_ATTEMPTS: u64 = 5_000_000;
