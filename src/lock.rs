@@ -151,6 +151,13 @@ pub struct Config {
     /// connect. Default: the system's resolver. IP literals are never
     /// looked up.
     pub resolver: Resolver,
+    /// Test knob, present only with the `test-knobs` feature (not in
+    /// `default`; the crate's tests turn it on): added to every validity the
+    /// client computes, so that a lock claims to outlive its keys.
+    /// `tests/safety.rs` uses it to show that its checker catches a validity
+    /// wrong by a few milliseconds. Default zero.
+    #[cfg(feature = "test-knobs")]
+    pub overstate_validity: Duration,
 }
 
 impl Config {
@@ -190,7 +197,20 @@ impl Config {
             spin: false,
             max_in_flight: 1024,
             resolver: Resolver::system(),
+            #[cfg(feature = "test-knobs")]
+            overstate_validity: Duration::ZERO,
         })
+    }
+
+    /// `ttl - drift` with this client's drift factor: how long after a
+    /// round's start its keys surely stand (see [`Validity::span`]); with
+    /// the `test-knobs` feature, overstated by
+    /// [`Config::overstate_validity`].
+    fn validity_span(&self, ttl: Duration) -> Option<Duration> {
+        let span = Validity::span(ttl, self.drift_factor);
+        #[cfg(feature = "test-knobs")]
+        let span = span.map(|span| span + self.overstate_validity);
+        span
     }
 
     /// `ttl` rounded down to whole milliseconds, if Redis and the restart
@@ -1076,7 +1096,9 @@ impl Redlock {
         let extended = self.validity(0, ttl);
         // Masters that ran the script expire the keys `ttl - drift` after
         // the round's start at the latest, answered or not.
-        let shortened = Validity::span(ttl, self.config.drift_factor)
+        let shortened = self
+            .config
+            .validity_span(ttl)
             .and_then(|span| Expiry::after(self.started, span))
             .unwrap_or(Expiry::at(self.started));
         lock.expiry = lock.expiry.min(shortened);
@@ -1207,7 +1229,7 @@ impl Redlock {
     /// is left now on the boot clock (the machine was suspended meanwhile).
     fn expiry(&self, started: Stamp, ttl: Duration, decided_at: Instant) -> Option<Expiry> {
         Validity::compute(ttl, started.mono, decided_at, self.config.drift_factor)?;
-        let span = Validity::span(ttl, self.config.drift_factor)?;
+        let span = self.config.validity_span(ttl)?;
         let expiry = Expiry::after(started, span)?;
         (!expiry.remaining(Stamp::now()).is_zero()).then_some(expiry)
     }
