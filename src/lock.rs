@@ -24,9 +24,9 @@ use bytes::Bytes;
 use crate::addr::{AddrError, ServerAddr};
 use crate::conn::{Conn, Keys, Op, Request, Timing};
 use crate::driver::Driver;
-use crate::quorum::{Decision, Loss, Round, Validity, Vote};
+use crate::quorum::{Decision, FencePlan, Loss, Round, Validity, Vote, plan_fence};
 use crate::resp::Limits;
-use crate::script::Scripts;
+use crate::script::{FENCE_STATE_KEY, Scripts};
 use crate::token::{Token, TokenSource};
 
 /// The largest TTL accepted, in milliseconds. Redis refuses a `PX` whose
@@ -324,6 +324,22 @@ pub enum Error {
     /// A quorum granted, but the round took so long that no validity was
     /// left; the keys have been released.
     ValidityExpired(Failure),
+    /// Fenced acquire: a quorum granted the lock, but fewer than a quorum
+    /// of the masters that granted could vouch for their fence value (they
+    /// lost their data and have not been repaired for this resource, see
+    /// `SAFETY.md`), so no fence could be trusted; the keys have been
+    /// released. Retrying succeeds once enough intact masters answer.
+    FenceUnknown {
+        /// The votes of the first phase.
+        failure: Failure,
+        /// The masters that granted without vouching for their fence.
+        untrusted: Vec<Arc<str>>,
+    },
+    /// Fenced acquire: the fence write-back (the second phase) was refused
+    /// because the lock key was gone on too many masters between the two
+    /// phases (it expired, or was deleted, or the master lost it); the
+    /// keys have been released. Not a lock held by someone else.
+    FenceRefused(Failure),
     /// The lock has been extended [`Config::max_extensions`] times.
     ExtensionLimit(u32),
     /// The OS refused a poll instance or random bytes.
@@ -338,7 +354,9 @@ impl Error {
             | Error::NotHeld(f)
             | Error::NoQuorum(f)
             | Error::Protocol(f)
-            | Error::ValidityExpired(f) => Some(f),
+            | Error::ValidityExpired(f)
+            | Error::FenceRefused(f)
+            | Error::FenceUnknown { failure: f, .. } => Some(f),
             _ => None,
         }
     }
@@ -353,6 +371,22 @@ impl fmt::Display for Error {
             Error::NoQuorum(fail) => write!(f, "quorum of masters unreachable: {fail}"),
             Error::Protocol(fail) => write!(f, "a master broke the protocol: {fail}"),
             Error::ValidityExpired(fail) => write!(f, "validity used up by a slow round: {fail}"),
+            Error::FenceUnknown { failure, untrusted } => {
+                write!(
+                    f,
+                    "fence unknown: {} of the granting masters can vouch for their fence value, {} needed; without the fencing marker (lost their data, not yet repaired for this resource): ",
+                    failure.granted.saturating_sub(untrusted.len()),
+                    failure.quorum
+                )?;
+                for (i, name) in untrusted.iter().enumerate() {
+                    write!(f, "{}{name}", if i == 0 { "" } else { ", " })?;
+                }
+                write!(f, "; {failure}")
+            }
+            Error::FenceRefused(fail) => write!(
+                f,
+                "fence write-back refused: the lock key was gone between the two phases: {fail}"
+            ),
             Error::ExtensionLimit(max) => write!(f, "lock already extended {max} times"),
             Error::Os(kind) => write!(f, "operating system error: {kind}"),
         }
@@ -768,12 +802,15 @@ impl Redlock {
         let first = Instant::now();
         let give_up = retry.max_wait.and_then(|w| first.checked_add(w));
         let timeout = self.config.per_instance_timeout.min(ttl);
-        // A fenced acquire's requests also name the fence key; its lock,
-        // like its release, names the lock key alone.
+        // A fenced acquire's requests also name the fence key and the
+        // master's fencing state; its lock, like its release, names the lock
+        // key alone.
         let wire_keys = match (&keys, op) {
-            (Keys::One(key), Op::AcquireFenced) => {
-                Keys::Many(Arc::from([key.clone(), fence_key(key)]))
-            }
+            (Keys::One(key), Op::AcquireFenced) => Keys::Many(Arc::from([
+                key.clone(),
+                fence_key(key),
+                Bytes::from_static(FENCE_STATE_KEY),
+            ])),
             _ => keys.clone(),
         };
         let mut request = Request {
@@ -786,41 +823,26 @@ impl Redlock {
         loop {
             attempt += 1;
             self.run_round(std::slice::from_ref(&request), timeout);
-            let mut won = self.validity(0, ttl).map(|v| (v, None));
-            if won.is_some() && op == Op::AcquireFenced {
-                let started = self.round.started();
-                let fence = self
-                    .round
-                    .max_granted_value(0)
-                    .unwrap_or(0)
-                    .max(0)
-                    .saturating_add(1);
-                let write_back = Request {
-                    op: Op::Fence,
-                    keys: request.keys.clone(),
-                    token: request.token,
-                    arg: fence,
-                };
-                self.run_round(std::slice::from_ref(&write_back), timeout);
-                won = match (self.round.decision(0), self.round.decided_at(0)) {
-                    (Some(Decision::Won), Some(at)) => {
-                        Validity::compute(ttl, started, at, self.config.drift_factor)
-                            .map(|v| (v, u64::try_from(fence).ok()))
-                    }
-                    _ => None,
-                };
-            }
-            if let Some((validity, fence)) = won {
-                return Ok(Lock {
-                    keys,
-                    token: request.token,
-                    ttl,
-                    deadline: validity.deadline,
-                    extensions: 0,
-                    fence,
-                });
-            }
-            let error = self.verdict(op, 0, first, attempt);
+            let outcome = match self.validity(0, ttl) {
+                None => Err(self.verdict(op, 0, first, attempt)),
+                Some(validity) if op != Op::AcquireFenced => Ok((validity, None)),
+                Some(_) => self
+                    .write_fence(&request, ttl, timeout, first, attempt)
+                    .map(|(validity, fence)| (validity, Some(fence))),
+            };
+            let error = match outcome {
+                Ok((validity, fence)) => {
+                    return Ok(Lock {
+                        keys,
+                        token: request.token,
+                        ttl,
+                        deadline: validity.deadline,
+                        extensions: 0,
+                        fence,
+                    });
+                }
+                Err(error) => error,
+            };
             // The SET may have taken effect where no reply came back: release
             // on every master, without waiting for the answers.
             let cleanup = Request {
@@ -987,6 +1009,81 @@ impl Redlock {
         Err(self.verdict(Op::Extend, 0, first, 1))
     }
 
+    /// Phase two of a fenced acquire whose first round (`request`) won with
+    /// validity left: decides the fence from what the masters reported
+    /// ([`plan_fence`]), waiting within the round's time for masters that
+    /// had not answered when the quorum was reached if the reports so far
+    /// cannot decide it, then writes it back to every master. The fence is
+    /// valid once a quorum confirms the write-back within the validity,
+    /// counted from the start of the first round.
+    fn write_fence(
+        &mut self,
+        request: &Request,
+        ttl: Duration,
+        timeout: Duration,
+        first: Instant,
+        attempt: u32,
+    ) -> Result<(Validity, u64), Error> {
+        let started = self.round.started();
+        let readmit = self
+            .config
+            .quarantine
+            .map(|max| readmit_after(max, self.config.drift_factor));
+        let plan = |round: &Round| {
+            plan_fence(
+                round.votes(0),
+                round.fence_reads(0),
+                round.quorum(),
+                readmit,
+            )
+        };
+        let mut decided = plan(&self.round);
+        if matches!(decided, FencePlan::Unknown { .. }) && self.round.is_waiting(0) {
+            let deadline = started.checked_add(timeout).unwrap_or(started);
+            self.driver
+                .settle(&mut self.conns, &mut self.round, deadline);
+            decided = plan(&self.round);
+        }
+        let (fence, directive) = match decided {
+            FencePlan::Write { fence, directive } => (fence, directive),
+            FencePlan::Unknown { .. } => {
+                let untrusted = self
+                    .names
+                    .iter()
+                    .zip(self.round.votes(0).iter().zip(self.round.fence_reads(0)))
+                    .filter(|(_, (vote, read))| {
+                        **vote == Vote::Granted && !read.is_some_and(|r| r.is_trusted())
+                    })
+                    .map(|(name, _)| Arc::clone(name))
+                    .collect();
+                return Err(Error::FenceUnknown {
+                    failure: self.failure(0, first, attempt),
+                    untrusted,
+                });
+            }
+        };
+        let mut keys = request.keys.as_slice().to_vec();
+        keys.push(directive.to_bytes());
+        let write_back = Request {
+            op: Op::Fence,
+            keys: Keys::Many(Arc::from(keys)),
+            token: request.token,
+            arg: fence,
+        };
+        self.run_round(std::slice::from_ref(&write_back), timeout);
+        if let (Some(Decision::Won), Some(at)) = (self.round.decision(0), self.round.decided_at(0))
+            && let Some(validity) = Validity::compute(ttl, started, at, self.config.drift_factor)
+        {
+            return Ok((validity, fence.unsigned_abs()));
+        }
+        // Refusals here mean the lock key was gone, not held elsewhere.
+        Err(match self.verdict(Op::Fence, 0, first, attempt) {
+            Error::NotHeld(f) => Error::FenceRefused(f),
+            Error::NoQuorum(f) if self.round.loss(0) == Loss::Refused => Error::FenceRefused(f),
+            other => other,
+        })
+    }
+
     /// Connects every master that is not connected (and not in reconnect
     /// backoff) and waits, at most `timeout`, for their handshakes, so that
     /// the first operation does not spend its per-instance timeout on
@@ -1059,7 +1156,26 @@ impl Redlock {
     /// Turns a slot of the last round that did not produce a lock into the
     /// error that says why.
     fn verdict(&self, op: Op, slot: usize, first: Instant, attempts: u32) -> Error {
-        let failure = Failure {
+        let failure = self.failure(slot, first, attempts);
+        if self.round.decision(slot) == Some(Decision::Won) {
+            return Error::ValidityExpired(failure);
+        }
+        match self.round.loss(slot) {
+            Loss::Protocol => Error::Protocol(failure),
+            Loss::Unreachable => Error::NoQuorum(failure),
+            Loss::Refused if op.sets_keys() => Error::Held(failure),
+            // Not held only when refusals alone explain the loss; a refusal
+            // beside a failure cannot tell whether the failed master held it.
+            Loss::Refused if failure.refused > failure.votes.len() - failure.quorum => {
+                Error::NotHeld(failure)
+            }
+            Loss::Refused => Error::NoQuorum(failure),
+        }
+    }
+
+    /// The votes of `slot` in the last round, for an error.
+    fn failure(&self, slot: usize, first: Instant, attempts: u32) -> Failure {
+        Failure {
             quorum: self.round.quorum(),
             granted: self.round.granted(slot),
             refused: self.round.refused(slot),
@@ -1074,20 +1190,6 @@ impl Redlock {
                 .collect(),
             elapsed: first.elapsed(),
             attempts,
-        };
-        if self.round.decision(slot) == Some(Decision::Won) {
-            return Error::ValidityExpired(failure);
-        }
-        match self.round.loss(slot) {
-            Loss::Protocol => Error::Protocol(failure),
-            Loss::Unreachable => Error::NoQuorum(failure),
-            Loss::Refused if op.sets_keys() => Error::Held(failure),
-            // Not held only when refusals alone explain the loss; a refusal
-            // beside a failure cannot tell whether the failed master held it.
-            Loss::Refused if failure.refused > failure.votes.len() - failure.quorum => {
-                Error::NotHeld(failure)
-            }
-            Loss::Refused => Error::NoQuorum(failure),
         }
     }
 }
@@ -1112,6 +1214,24 @@ fn extend_op(keys: &Keys) -> Op {
 /// [`MAX_TTL_MS`], so it fits.
 fn millis(ttl: Duration) -> i64 {
     i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// How long a master must have been seen unmarked before a fenced acquire
+/// may readmit it with a floor: long enough, by the master's clock, that
+/// every write-back it confirmed before losing its data has landed on the
+/// other masters of that write-back's quorum, and that the readmitting
+/// acquire read them afterwards. Both spans are bounded by the largest TTL
+/// in use (`max`, the restart quarantine's): twice that, stretched by the
+/// clock drift allowance both ways, plus a few milliseconds.
+fn readmit_after(max: Duration, drift_factor: f64) -> Duration {
+    let drift = if (0.0..1.0).contains(&drift_factor) {
+        drift_factor
+    } else {
+        0.0
+    };
+    let stretch = 2.0 * (1.0 + drift) / (1.0 - drift);
+    let span = Duration::try_from_secs_f64(max.as_secs_f64() * stretch).unwrap_or(Duration::MAX);
+    span.saturating_add(Duration::from_millis(10))
 }
 
 /// Where a resource's fencing counter lives: `<resource>:fence`.
