@@ -1355,6 +1355,16 @@ mod tests {
     }
 
     #[test]
+    fn readmission_waits_twice_the_max_ttl_stretched_by_drift_both_ways() {
+        let max = Duration::from_secs(1);
+        // 2 s * 1.01 / 0.99 = 2040.4 ms, plus 10 ms.
+        let wait = readmit_after(max, 0.01);
+        assert!(wait > Duration::from_millis(2_050) && wait < Duration::from_millis(2_051));
+        assert_eq!(readmit_after(max, 0.0), Duration::from_millis(2_010));
+        assert_eq!(readmit_after(Duration::MAX, 0.01), Duration::MAX);
+    }
+
+    #[test]
     fn jitter_stays_within_its_bounds() {
         let mut rng = SplitMix64(7);
         let (low, high) = (Duration::from_millis(100), Duration::from_millis(200));

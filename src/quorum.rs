@@ -727,4 +727,201 @@ mod tests {
             );
         }
     }
+
+    fn read(fence: i64, standing: Standing, high: i64, unmarked_ms: u64) -> Option<FenceRead> {
+        Some(FenceRead {
+            fence,
+            standing,
+            high,
+            unmarked_for: (standing != Standing::Marked)
+                .then(|| Duration::from_millis(unmarked_ms)),
+        })
+    }
+
+    #[test]
+    fn fence_reports_parse_from_the_phase_one_reply() {
+        let reply =
+            |items: &[i64]| Reply::Array(items.iter().map(|&n| Reply::Integer(n)).collect());
+        let cases = [
+            (
+                "a marked master",
+                reply(&[7, 2, 9, -1]),
+                read(7, Standing::Marked, 9, 0),
+            ),
+            (
+                "a repaired master",
+                reply(&[4, 1, 0, 30]),
+                read(4, Standing::Repaired, 0, 30),
+            ),
+            (
+                "an unmarked master",
+                reply(&[0, 0, 0, 5]),
+                read(0, Standing::Unmarked, 0, 5),
+            ),
+            ("an unknown standing", reply(&[1, 3, 0, -1]), None),
+            ("a negative fence", reply(&[-2, 2, 0, -1]), None),
+            (
+                "an unmarked master without an age",
+                reply(&[0, 0, 0, -1]),
+                None,
+            ),
+            ("too few items", reply(&[1, 2, 3]), None),
+            ("a bare integer", Reply::Integer(5), None),
+        ];
+        for (name, reply, want) in cases {
+            assert_eq!(FenceRead::parse(&reply), want, "{name}");
+            let vote = classify(Op::AcquireFenced, reply);
+            let granted = want.is_some() || name == "a bare integer";
+            assert_eq!(vote == Vote::Granted, granted, "{name}: {vote:?}");
+        }
+    }
+
+    #[test]
+    fn the_fence_counts_only_masters_that_can_vouch_for_it() {
+        use Standing::{Marked, Repaired, Unmarked};
+        const G: Vote = Vote::Granted;
+        const P: Vote = Vote::Pending;
+        const R: Vote = Vote::Refused;
+        let after = Some(Duration::from_secs(4));
+        let keep = |fence| FencePlan::Write {
+            fence,
+            directive: Directive::Keep,
+        };
+        #[rustfmt::skip]
+        type Case = (&'static str, Vec<Vote>, Vec<Option<FenceRead>>, Option<Duration>, FencePlan);
+        let cases: Vec<Case> = vec![
+            (
+                "a quorum of marked masters: one more than their largest",
+                vec![G, G, P],
+                vec![read(5, Marked, 9, 0), read(4, Marked, 9, 0), None],
+                None,
+                keep(6),
+            ),
+            (
+                "a master that lost its data does not count, and a lone marked one is no quorum",
+                vec![P, G, G],
+                vec![None, read(0, Unmarked, 0, 10), read(4, Marked, 4, 0)],
+                None,
+                FencePlan::Unknown { trusted: 1 },
+            ),
+            (
+                "a master repaired for this resource counts",
+                vec![P, G, G],
+                vec![None, read(6, Repaired, 0, 10), read(4, Marked, 4, 0)],
+                None,
+                keep(7),
+            ),
+            (
+                "a refusing master's report counts for nothing",
+                vec![G, R, G],
+                vec![
+                    read(1, Marked, 1, 0),
+                    read(50, Marked, 50, 0),
+                    read(2, Marked, 2, 0),
+                ],
+                None,
+                keep(3),
+            ),
+            (
+                "every master granted, none marked: bootstrap above every reading",
+                vec![G, G, G],
+                vec![
+                    read(0, Unmarked, 0, 0),
+                    read(3, Repaired, 0, 0),
+                    read(0, Unmarked, 0, 0),
+                ],
+                None,
+                FencePlan::Write {
+                    fence: 4,
+                    directive: Directive::Bootstrap,
+                },
+            ),
+            (
+                "no bootstrap while a master has not answered",
+                vec![G, G, P],
+                vec![read(0, Unmarked, 0, 0), read(0, Unmarked, 0, 0), None],
+                None,
+                FencePlan::Unknown { trusted: 0 },
+            ),
+            (
+                "no bootstrap when one master is marked: the others lost their data",
+                vec![G, G, G],
+                vec![
+                    read(3, Marked, 3, 0),
+                    read(0, Unmarked, 0, 0),
+                    read(0, Unmarked, 0, 0),
+                ],
+                None,
+                FencePlan::Unknown { trusted: 1 },
+            ),
+            (
+                "a master unmarked long enough is readmitted, the fence above the marked masters' high",
+                vec![G, G, G],
+                vec![
+                    read(2, Marked, 8, 0),
+                    read(1, Marked, 5, 0),
+                    read(0, Unmarked, 0, 4_000),
+                ],
+                after,
+                FencePlan::Write {
+                    fence: 9,
+                    directive: Directive::Readmit(Duration::from_secs(4)),
+                },
+            ),
+            (
+                "not before it has been unmarked that long",
+                vec![G, G, G],
+                vec![
+                    read(2, Marked, 8, 0),
+                    read(1, Marked, 5, 0),
+                    read(0, Unmarked, 0, 3_999),
+                ],
+                after,
+                keep(3),
+            ),
+            (
+                "nor without a quorum of marked masters to take the floor from",
+                vec![G, G, G],
+                vec![
+                    read(2, Marked, 8, 0),
+                    read(3, Repaired, 0, 9_000),
+                    read(0, Unmarked, 0, 9_000),
+                ],
+                after,
+                keep(4),
+            ),
+            (
+                "nor without restart quarantine",
+                vec![G, G, G],
+                vec![
+                    read(2, Marked, 8, 0),
+                    read(1, Marked, 5, 0),
+                    read(0, Unmarked, 0, 9_000),
+                ],
+                None,
+                keep(3),
+            ),
+            (
+                "one master: its own marker decides",
+                vec![G],
+                vec![read(7, Marked, 7, 0)],
+                None,
+                keep(8),
+            ),
+        ];
+        for (name, votes, reads, readmit, want) in cases {
+            let quorum = quorum(votes.len());
+            assert_eq!(plan_fence(&votes, &reads, quorum, readmit), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn directives_read_as_the_write_back_script_expects() {
+        assert_eq!(Directive::Keep.to_bytes(), "keep");
+        assert_eq!(Directive::Bootstrap.to_bytes(), "bootstrap");
+        assert_eq!(
+            Directive::Readmit(Duration::from_millis(2_050)).to_bytes(),
+            "readmit:2050"
+        );
+    }
 }

@@ -1,6 +1,10 @@
 //! Fencing tokens for a quorum, against real masters: strictly increasing
-//! across successive holders of one resource, under contention and across a
-//! minority master's data loss, which the next acquisition repairs.
+//! across successive holders of one resource, under contention, and across
+//! a minority master's data loss (the marker rule of `SAFETY.md`): a
+//! master that lost its data does not count until repaired, a fresh
+//! deployment bootstraps once every master answers, a majority's loss
+//! leaves the fence unknown, and a master is readmitted with a floor.
+//! A refused write-back is its own error.
 
 mod common;
 
@@ -14,7 +18,7 @@ use std::time::{Duration, Instant};
 use bytes::BytesMut;
 use common::{client, cluster, connect, eventually, try_connect_addr, wait_for_uptime};
 use redlock_mio::resp::{Arg, Limits, Reply, decode};
-use redlock_mio::script::{FENCE_SOURCE, Script};
+use redlock_mio::script::{FENCE_SOURCE, FENCE_STATE_KEY, Script};
 use redlock_mio::spawn::Server;
 use redlock_mio::{Error, Lock, Redlock};
 
@@ -152,10 +156,41 @@ fn fences_increase_under_contention_while_a_minority_master_crashes_and_restarts
     );
 }
 
+/// A master's fencing state: whether it carries the marker, and its floor.
+fn fence_state(server: &Server) -> (bool, Option<u64>) {
+    let reply = connect(server).cmd(&[
+        Arg::Bytes(b"HMGET"),
+        Arg::Bytes(FENCE_STATE_KEY),
+        Arg::Bytes(b"marked"),
+        Arg::Bytes(b"floor"),
+    ]);
+    let Reply::Array(fields) = reply else {
+        panic!("HMGET on {}: {reply:?}", server.url());
+    };
+    let floor = match fields.get(1) {
+        Some(Reply::Bulk(v)) => std::str::from_utf8(v).ok().and_then(|v| v.parse().ok()),
+        _ => None,
+    };
+    (matches!(fields.first(), Some(Reply::Bulk(_))), floor)
+}
+
+fn flushall(server: &Server) {
+    assert_eq!(
+        connect(server).cmd(&[Arg::Bytes(b"FLUSHALL")]),
+        Reply::Status(bytes::Bytes::from_static(b"OK")),
+        "FLUSHALL on {}",
+        server.url()
+    );
+}
+
+fn names(servers: &[&str]) -> Vec<Arc<str>> {
+    servers.iter().map(|s| Arc::from(*s)).collect()
+}
+
 /// The scenario of issue 10, item 8, on three real masters: a fence that
 /// reached only M1 and M2 (M3 unreachable) must not be handed out again
 /// after M2 lost its data and M1 is slow, when the grants come from M2
-/// and M3.
+/// and M3. Before the marker, B got fence 5 a second time.
 #[test]
 fn a_fence_is_not_handed_out_again_after_a_master_that_had_it_lost_its_data() {
     let mut masters = cluster(3);
@@ -166,8 +201,10 @@ fn a_fence_is_not_handed_out_again_after_a_master_that_had_it_lost_its_data() {
         let lock = fenced(&mut a, "item8");
         a.release(&lock).unwrap_or_else(|e| panic!("{e}"));
     }
+    assert_eq!(a.settle(Duration::from_secs(5)), 0);
     for server in &masters {
         assert_eq!(stored_fence(server, "item8"), Some(4), "{}", server.url());
+        assert!(fence_state(server).0, "{} is marked", server.url());
     }
     // A takes fence 5 while M3 is unreachable: it reaches M1 and M2 only.
     m3.set_swallow(true);
@@ -194,24 +231,44 @@ fn a_fence_is_not_handed_out_again_after_a_master_that_had_it_lost_its_data() {
     masters[0]
         .resume()
         .unwrap_or_else(|e| panic!("resume: {e}"));
-    match &got {
-        Ok(lock) => assert!(
-            lock.fence() > Some(5),
+    match got {
+        Ok(lock) => panic!(
             "B was granted fence {:?} by M2 (empty) and M3, after A held 5",
             lock.fence()
         ),
-        Err(e) => println!("B refused while M1 is slow: {e}"),
+        // M2 cannot vouch for its reading, M3 alone is no quorum.
+        Err(Error::FenceUnknown { untrusted, failure }) => {
+            assert_eq!(untrusted, names(&[&masters[1].url()]), "{failure}");
+            assert_eq!(failure.granted, 2, "{failure}");
+        }
+        Err(e) => panic!("{e}"),
     }
-    if let Ok(lock) = &got {
-        b.release(lock).unwrap_or_else(|e| panic!("{e}"));
+    // With M1 back, B reads 5 from it and writes 6 everywhere, which
+    // repairs M2 for this resource (and only for it: M2 stays unmarked).
+    let mut second = None;
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            second = b.try_acquire_fenced("item8", TTL).ok();
+            second.is_some()
+        }),
+        "B never got the lock once M1 answered again"
+    );
+    let lock = second.unwrap_or_else(|| unreachable!());
+    assert_eq!(lock.fence(), Some(6));
+    b.release(&lock).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(b.settle(Duration::from_secs(5)), 0);
+    for server in &masters {
+        assert_eq!(stored_fence(server, "item8"), Some(6), "{}", server.url());
     }
+    assert_eq!(fence_state(&masters[1]), (false, None), "M2 stays unmarked");
 }
 
 /// Item 12: the write-back of phase two finds the lock key gone (deleted
 /// here between the phases by a proxy in front of two of the three
-/// masters): that is not "held by another client".
+/// masters). That is its own error, not "held by another client", and the
+/// next acquisition still gets a larger fence.
 #[test]
-fn a_refused_fence_write_back_is_not_reported_as_held() {
+fn a_refused_fence_write_back_is_its_own_error() {
     let masters = cluster(3);
     let p1 = Proxy::start(masters[0].addr());
     let p2 = Proxy::start(masters[1].addr());
@@ -222,23 +279,164 @@ fn a_refused_fence_write_back_is_not_reported_as_held() {
     // Every reply of that first lock read, so that only the next
     // acquisition's write-backs meet the deletion.
     assert_eq!(a.settle(Duration::from_secs(5)), 0);
-    p1.delete_before_write_back("vanishing");
-    p2.delete_before_write_back("vanishing");
+    p1.delete_before_write_back(Some("vanishing"));
+    p2.delete_before_write_back(Some("vanishing"));
     let got = a.try_acquire_fenced("vanishing", TTL);
     assert_eq!(
         (p1.deletions(), p2.deletions()),
         (1, 1),
         "one write-back through each proxy"
     );
-    let err = match got {
+    match got {
+        Err(Error::FenceRefused(failure)) => {
+            assert_eq!((failure.granted, failure.refused), (1, 2), "{failure}");
+            let text = Error::FenceRefused(failure).to_string();
+            assert!(text.contains("lock key was gone"), "{text}");
+        }
         Ok(lock) => panic!("granted fence {:?} without a quorum", lock.fence()),
-        Err(e) => e,
+        Err(e) => panic!("expected FenceRefused: {e}"),
+    }
+    p1.delete_before_write_back(None);
+    p2.delete_before_write_back(None);
+    // M3 took fence 2 from the failed attempt; the next one goes past it.
+    let lock = fenced(&mut a, "vanishing");
+    assert_eq!(lock.fence(), Some(3));
+    a.release(&lock).unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// A fresh deployment: no master carries the marker, and an unmarked
+/// master may equally have lost its data, so fencing starts only once
+/// every master has granted in one acquisition; from then on a quorum
+/// suffices.
+#[test]
+fn a_fresh_deployment_starts_fencing_once_every_master_answers() {
+    let masters = cluster(3);
+    let m3 = Proxy::start(masters[2].addr());
+    let urls = vec![masters[0].url(), masters[1].url(), m3.url()];
+    let mut early = client(&urls, None);
+    assert_eq!(early.warm_up(Duration::from_secs(5)), 3);
+    m3.set_swallow(true);
+    match early.try_acquire_fenced("fresh", TTL) {
+        Err(Error::FenceUnknown { untrusted, failure }) => assert_eq!(
+            untrusted,
+            names(&[&masters[0].url(), &masters[1].url()]),
+            "{failure}"
+        ),
+        Ok(lock) => panic!("fence {:?} from two unmarked masters", lock.fence()),
+        Err(e) => panic!("{e}"),
+    }
+    drop(early);
+    for server in &masters {
+        assert_eq!(fence_state(server), (false, None), "{}", server.url());
+    }
+    m3.set_swallow(false);
+    let mut c = client(&urls, None);
+    let lock = fenced(&mut c, "fresh");
+    assert_eq!(lock.fence(), Some(1));
+    c.release(&lock).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.settle(Duration::from_secs(5)), 0);
+    for server in &masters {
+        assert!(fence_state(server).0, "{} is marked", server.url());
+    }
+    // Marked: a quorum now suffices, for this resource and a new one.
+    m3.set_swallow(true);
+    for (resource, want) in [("fresh", 2), ("new", 1)] {
+        let lock = fenced(&mut c, resource);
+        assert_eq!(lock.fence(), Some(want), "{resource}");
+        c.release(&lock).unwrap_or_else(|e| panic!("{e}"));
+    }
+}
+
+/// Two of three masters lose their data: what they confirmed may now live
+/// on no intact master, so every fenced acquire fails with FenceUnknown
+/// instead of starting the fences over. Plain locks are unaffected.
+#[test]
+fn two_masters_that_lost_their_data_leave_the_fence_unknown_rather_than_start_over() {
+    let masters = cluster(3);
+    let urls = masters.urls();
+    let mut c = client(&urls, None);
+    for _ in 0..3 {
+        let lock = fenced(&mut c, "lost");
+        c.release(&lock).unwrap_or_else(|e| panic!("{e}"));
+    }
+    assert_eq!(c.settle(Duration::from_secs(5)), 0);
+    flushall(&masters[1]);
+    flushall(&masters[2]);
+    for resource in ["lost", "never-fenced"] {
+        match c.try_acquire_fenced(resource, TTL) {
+            Err(Error::FenceUnknown { untrusted, failure }) => {
+                assert_eq!(failure.granted, 3, "{failure}");
+                assert_eq!(
+                    untrusted,
+                    names(&[&masters[1].url(), &masters[2].url()]),
+                    "{resource}: {failure}"
+                );
+            }
+            Ok(lock) => panic!(
+                "{resource}: fence {:?} after losing a majority",
+                lock.fence()
+            ),
+            Err(e) => panic!("{resource}: {e}"),
+        }
+    }
+    let plain = c.try_acquire("lost", TTL).unwrap_or_else(|e| panic!("{e}"));
+    c.release(&plain).unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// With restart quarantine on (max TTL 1 s), a master seen without its
+/// marker for twice that is readmitted by the next fenced acquire, with a
+/// floor above every fence a quorum of marked masters holds, so that the
+/// fences it lost cannot come back. Here fence 3 of "item" reached only
+/// M1 and M3 before M3 lost its data; once M3 is readmitted, M1 stops, and
+/// M2 (which has 2) and M3 must still give more than 3.
+#[test]
+fn a_master_that_lost_its_data_is_readmitted_with_a_floor_after_twice_the_max_ttl() {
+    let max_ttl = Duration::from_secs(1);
+    let ttl = Duration::from_millis(500);
+    let mut masters = cluster(3);
+    wait_for_uptime(&masters, max_ttl);
+    let m2 = Proxy::start(masters[1].addr());
+    let urls = vec![masters[0].url(), m2.url(), masters[2].url()];
+    let mut a = client(&urls, Some(max_ttl));
+    let take = |redlock: &mut Redlock, resource: &str| {
+        let lock = redlock
+            .try_acquire_fenced(resource.to_owned(), ttl)
+            .unwrap_or_else(|e| panic!("{resource}: {e}"));
+        redlock.release(&lock).unwrap_or_else(|e| panic!("{e}"));
+        lock.fence().unwrap_or_else(|| panic!("no fence"))
     };
+    assert_eq!((take(&mut a, "item"), take(&mut a, "item")), (1, 2));
+    assert_eq!(a.settle(Duration::from_secs(5)), 0);
+    m2.set_swallow(true);
+    assert_eq!(take(&mut a, "item"), 3);
+    drop(a);
+    m2.set_swallow(false);
+    let stored: Vec<_> = masters.iter().map(|s| stored_fence(s, "item")).collect();
+    assert_eq!(stored, [Some(3), Some(2), Some(3)]);
+    flushall(&masters[2]);
+    let mut c = client(&urls, Some(max_ttl));
     assert!(
-        !matches!(err, Error::Held(_)),
-        "reported as held by another client: {err}"
+        eventually(Duration::from_secs(30), || {
+            take(&mut c, "other");
+            c.settle(Duration::from_secs(5));
+            fence_state(&masters[2]).0
+        }),
+        "M3 was never readmitted"
     );
-    println!("{err}");
+    let (_, floor) = fence_state(&masters[2]);
+    assert!(floor.is_some_and(|f| f > 3), "M3's floor {floor:?}");
+    masters[0].pause().unwrap_or_else(|e| panic!("pause: {e}"));
+    let got = c.try_acquire_fenced("item", ttl);
+    masters[0]
+        .resume()
+        .unwrap_or_else(|e| panic!("resume: {e}"));
+    let lock = got.unwrap_or_else(|e| panic!("M2 and M3 are marked: {e}"));
+    assert!(
+        lock.fence() > Some(3),
+        "fence {:?} from M2 and the readmitted M3",
+        lock.fence()
+    );
+    let _ = c.release(&lock);
 }
 
 // The proxy: a TCP relay in front of one master, with std threads (one
@@ -301,9 +499,9 @@ impl Proxy {
     }
 
     /// From now on, `resource`'s lock key is deleted on the master just
-    /// before each fence write-back is forwarded to it.
-    fn delete_before_write_back(&self, resource: &str) {
-        *lock(&self.relay.delete) = Some(resource.to_owned());
+    /// before each fence write-back is forwarded to it; `None` stops that.
+    fn delete_before_write_back(&self, resource: Option<&str>) {
+        *lock(&self.relay.delete) = resource.map(str::to_owned);
     }
 
     fn deletions(&self) -> usize {
