@@ -428,8 +428,9 @@ impl Lock {
     }
 
     /// The fencing token of a lock taken with
-    /// [`Redlock::try_acquire_fenced`]: larger than that of every earlier
-    /// fenced acquisition of the same resource.
+    /// [`Redlock::try_acquire_fenced`]: larger than that of every fenced
+    /// lock on the same resource returned before that acquire began, under
+    /// the assumptions of `SAFETY.md` (*Fencing tokens*).
     pub fn fence(&self) -> Option<u64> {
         self.fence
     }
@@ -708,24 +709,35 @@ impl Redlock {
     }
 
     /// One attempt to acquire `resource` with a fencing token
-    /// ([`Lock::fence`]): a number larger than that of every earlier fenced
-    /// acquisition of the resource, for a storage service to reject writes
-    /// from a holder that was paused past its validity.
+    /// ([`Lock::fence`]): a number larger than that of every fenced lock on
+    /// the resource returned before this call began, for a storage service
+    /// to reject writes from a holder that was paused past its validity.
     ///
     /// Two round trips instead of one: (a) on each master a script does the
-    /// SET NX PX and, atomically with it, returns the fence value stored at
-    /// `<resource>:fence`; (b) the client takes the largest value among the
-    /// masters that granted, adds one, and writes it back to every master
-    /// with a script that stores it only while the caller still holds the
-    /// key, and only if it is larger. The token is valid once a quorum
-    /// confirmed the write-back within the validity, which counts both
-    /// round trips. Any two quorums share a master, so the next holder
-    /// reads a value at least this large, provided a majority keeps its
-    /// fence values (the `:fence` keys have no TTL; do not let eviction or
-    /// a data-losing restart take them from a majority).
+    /// SET NX PX and, atomically with it, reports the master's fence for
+    /// the resource (`<resource>:fence`) and whether it can vouch for it;
+    /// (b) the client takes the largest value among at least a quorum of
+    /// granting masters that can, adds one, and writes it back to every
+    /// master with a script that stores it only while the caller still
+    /// holds the key, and only if it is larger. The fence is valid once a
+    /// quorum confirmed the write-back within the validity, which counts
+    /// both round trips.
+    ///
+    /// A master vouches for its fence when it carries the fencing marker
+    /// (it has kept its data since it was marked), or when it holds this
+    /// resource's fence (written back since it lost its data). A master
+    /// that lost its data loses the marker with it, and does not count
+    /// until a write-back has repaired it for the resource or it has been
+    /// readmitted. The first fenced acquire of a fresh deployment needs
+    /// every master to grant, to mark them all. The exact assumptions (a
+    /// master loses all its data or none, a minority at most, every client
+    /// on these scripts) are in `SAFETY.md`, *Fencing tokens*.
     ///
     /// # Errors
-    /// As [`Redlock::try_acquire`].
+    /// As [`Redlock::try_acquire`]; also [`Error::FenceUnknown`] when too
+    /// few of the granting masters could vouch for their fence, and
+    /// [`Error::FenceRefused`] when the write-back found the lock key gone
+    /// on too many masters. The keys are released in every case.
     pub fn try_acquire_fenced(
         &mut self,
         resource: impl Into<Bytes>,
@@ -737,7 +749,7 @@ impl Redlock {
     /// [`Redlock::try_acquire_fenced`] with a retry policy.
     ///
     /// # Errors
-    /// As [`Redlock::try_acquire`], for the last attempt.
+    /// As [`Redlock::try_acquire_fenced`], for the last attempt.
     pub fn acquire_fenced_with(
         &mut self,
         resource: impl Into<Bytes>,
