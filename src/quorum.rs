@@ -250,8 +250,8 @@ impl Round {
         self.tally(slot).failed
     }
 
-    /// The largest integer replied to `slot` by a master that granted it:
-    /// for a fenced acquire, the highest fence value a quorum has seen.
+    /// The largest integer replied to `slot` by a master that granted it.
+    /// A fenced acquire's reports are richer: see [`Round::fence_reads`].
     pub fn max_granted_value(&self, slot: usize) -> Option<i64> {
         let values = self
             .values
