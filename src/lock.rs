@@ -25,10 +25,10 @@ use crate::addr::{AddrError, ServerAddr};
 use crate::clock::{Expiry, Stamp};
 use crate::conn::{Conn, Keys, Op, Request, Timing};
 use crate::driver::Driver;
-use crate::quorum::{Decision, Loss, Round, Validity, Vote, same_server};
+use crate::quorum::{Decision, FencePlan, Loss, Round, Validity, Vote, plan_fence, same_server};
 use crate::resolve::Resolver;
 use crate::resp::Limits;
-use crate::script::Scripts;
+use crate::script::{FENCE_STATE_KEY, Scripts};
 use crate::token::{Token, TokenSource};
 
 /// The largest TTL accepted, in milliseconds. Redis refuses a `PX` whose
@@ -396,6 +396,22 @@ pub enum Error {
     /// A quorum granted, but the round took so long that no validity was
     /// left; the keys have been released.
     ValidityExpired(Failure),
+    /// Fenced acquire: a quorum granted the lock, but fewer than a quorum
+    /// of the masters that granted could vouch for their fence value (they
+    /// lost their data and have not been repaired for this resource, see
+    /// `SAFETY.md`), so no fence could be trusted; the keys have been
+    /// released. Retrying succeeds once enough intact masters answer.
+    FenceUnknown {
+        /// The votes of the first phase.
+        failure: Failure,
+        /// The masters that granted without vouching for their fence.
+        untrusted: Vec<Arc<str>>,
+    },
+    /// Fenced acquire: the fence write-back (the second phase) was refused
+    /// because the lock key was gone on too many masters between the two
+    /// phases (it expired, or was deleted, or the master lost it); the
+    /// keys have been released. Not a lock held by someone else.
+    FenceRefused(Failure),
     /// The lock has been extended [`Config::max_extensions`] times.
     ExtensionLimit(u32),
     /// The OS refused a poll instance or random bytes.
@@ -410,7 +426,9 @@ impl Error {
             | Error::NotHeld(f)
             | Error::NoQuorum(f)
             | Error::Protocol(f)
-            | Error::ValidityExpired(f) => Some(f),
+            | Error::ValidityExpired(f)
+            | Error::FenceRefused(f)
+            | Error::FenceUnknown { failure: f, .. } => Some(f),
             _ => None,
         }
     }
@@ -425,6 +443,22 @@ impl fmt::Display for Error {
             Error::NoQuorum(fail) => write!(f, "quorum of masters unreachable: {fail}"),
             Error::Protocol(fail) => write!(f, "a master broke the protocol: {fail}"),
             Error::ValidityExpired(fail) => write!(f, "validity used up by a slow round: {fail}"),
+            Error::FenceUnknown { failure, untrusted } => {
+                write!(
+                    f,
+                    "fence unknown: {} of the granting masters can vouch for their fence value, {} needed; without the fencing marker (lost their data, not yet repaired for this resource): ",
+                    failure.granted.saturating_sub(untrusted.len()),
+                    failure.quorum
+                )?;
+                for (i, name) in untrusted.iter().enumerate() {
+                    write!(f, "{}{name}", if i == 0 { "" } else { ", " })?;
+                }
+                write!(f, "; {failure}")
+            }
+            Error::FenceRefused(fail) => write!(
+                f,
+                "fence write-back refused: the lock key was gone between the two phases: {fail}"
+            ),
             Error::ExtensionLimit(max) => write!(f, "lock already extended {max} times"),
             Error::Os(kind) => write!(f, "operating system error: {kind}"),
         }
@@ -467,8 +501,9 @@ impl Lock {
     }
 
     /// The fencing token of a lock taken with
-    /// [`Redlock::try_acquire_fenced`]: larger than that of every earlier
-    /// fenced acquisition of the same resource.
+    /// [`Redlock::try_acquire_fenced`]: larger than that of every fenced
+    /// lock on the same resource returned before that acquire began, under
+    /// the assumptions of `SAFETY.md` (*Fencing tokens*).
     pub fn fence(&self) -> Option<u64> {
         self.fence
     }
@@ -781,24 +816,35 @@ impl Redlock {
     }
 
     /// One attempt to acquire `resource` with a fencing token
-    /// ([`Lock::fence`]): a number larger than that of every earlier fenced
-    /// acquisition of the resource, for a storage service to reject writes
-    /// from a holder that was paused past its validity.
+    /// ([`Lock::fence`]): a number larger than that of every fenced lock on
+    /// the resource returned before this call began, for a storage service
+    /// to reject writes from a holder that was paused past its validity.
     ///
     /// Two round trips instead of one: (a) on each master a script does the
-    /// SET NX PX and, atomically with it, returns the fence value stored at
-    /// `<resource>:fence`; (b) the client takes the largest value among the
-    /// masters that granted, adds one, and writes it back to every master
-    /// with a script that stores it only while the caller still holds the
-    /// key, and only if it is larger. The token is valid once a quorum
-    /// confirmed the write-back within the validity, which counts both
-    /// round trips. Any two quorums share a master, so the next holder
-    /// reads a value at least this large, provided a majority keeps its
-    /// fence values (the `:fence` keys have no TTL; do not let eviction or
-    /// a data-losing restart take them from a majority).
+    /// SET NX PX and, atomically with it, reports the master's fence for
+    /// the resource (`<resource>:fence`) and whether it can vouch for it;
+    /// (b) the client takes the largest value among at least a quorum of
+    /// granting masters that can, adds one, and writes it back to every
+    /// master with a script that stores it only while the caller still
+    /// holds the key, and only if it is larger. The fence is valid once a
+    /// quorum confirmed the write-back within the validity, which counts
+    /// both round trips.
+    ///
+    /// A master vouches for its fence when it carries the fencing marker
+    /// (it has kept its data since it was marked), or when it holds this
+    /// resource's fence (written back since it lost its data). A master
+    /// that lost its data loses the marker with it, and does not count
+    /// until a write-back has repaired it for the resource or it has been
+    /// readmitted. The first fenced acquire of a fresh deployment needs
+    /// every master to grant, to mark them all. The exact assumptions (a
+    /// master loses all its data or none, a minority at most, every client
+    /// on these scripts) are in `SAFETY.md`, *Fencing tokens*.
     ///
     /// # Errors
-    /// As [`Redlock::try_acquire`].
+    /// As [`Redlock::try_acquire`]; also [`Error::FenceUnknown`] when too
+    /// few of the granting masters could vouch for their fence, and
+    /// [`Error::FenceRefused`] when the write-back found the lock key gone
+    /// on too many masters. The keys are released in every case.
     pub fn try_acquire_fenced(
         &mut self,
         resource: impl Into<Bytes>,
@@ -810,7 +856,7 @@ impl Redlock {
     /// [`Redlock::try_acquire_fenced`] with a retry policy.
     ///
     /// # Errors
-    /// As [`Redlock::try_acquire`], for the last attempt.
+    /// As [`Redlock::try_acquire_fenced`], for the last attempt.
     pub fn acquire_fenced_with(
         &mut self,
         resource: impl Into<Bytes>,
@@ -876,12 +922,15 @@ impl Redlock {
         let first = Instant::now();
         let give_up = retry.max_wait.and_then(|w| first.checked_add(w));
         let timeout = self.config.per_instance_timeout.min(ttl);
-        // A fenced acquire's requests also name the fence key; its lock,
-        // like its release, names the lock key alone.
+        // A fenced acquire's requests also name the fence key and the
+        // master's fencing state; its lock, like its release, names the lock
+        // key alone.
         let wire_keys = match (&keys, op) {
-            (Keys::One(key), Op::AcquireFenced) => {
-                Keys::Many(Arc::from([key.clone(), fence_key(key)]))
-            }
+            (Keys::One(key), Op::AcquireFenced) => Keys::Many(Arc::from([
+                key.clone(),
+                fence_key(key),
+                Bytes::from_static(FENCE_STATE_KEY),
+            ])),
             _ => keys.clone(),
         };
         let mut request = Request {
@@ -894,40 +943,26 @@ impl Redlock {
         loop {
             attempt += 1;
             self.run_round(std::slice::from_ref(&request), timeout);
-            let mut won = self.validity(0, ttl).map(|v| (v, None));
-            if won.is_some() && op == Op::AcquireFenced {
-                let started = self.started;
-                let fence = self
-                    .round
-                    .max_granted_value(0)
-                    .unwrap_or(0)
-                    .max(0)
-                    .saturating_add(1);
-                let write_back = Request {
-                    op: Op::Fence,
-                    keys: request.keys.clone(),
-                    token: request.token,
-                    arg: fence,
-                };
-                self.run_round(std::slice::from_ref(&write_back), timeout);
-                won = match (self.round.decision(0), self.round.decided_at(0)) {
-                    (Some(Decision::Won), Some(at)) => self
-                        .expiry(started, ttl, at)
-                        .map(|v| (v, u64::try_from(fence).ok())),
-                    _ => None,
-                };
-            }
-            if let Some((expiry, fence)) = won {
-                return Ok(Lock {
-                    keys,
-                    token: request.token,
-                    ttl,
-                    expiry,
-                    extensions: 0,
-                    fence,
-                });
-            }
-            let error = self.verdict(op, 0, first, attempt);
+            let outcome = match self.validity(0, ttl) {
+                None => Err(self.verdict(op, 0, first, attempt)),
+                Some(validity) if op != Op::AcquireFenced => Ok((validity, None)),
+                Some(_) => self
+                    .write_fence(&request, ttl, timeout, first, attempt)
+                    .map(|(validity, fence)| (validity, Some(fence))),
+            };
+            let error = match outcome {
+                Ok((expiry, fence)) => {
+                    return Ok(Lock {
+                        keys,
+                        token: request.token,
+                        ttl,
+                        expiry,
+                        extensions: 0,
+                        fence,
+                    });
+                }
+                Err(error) => error,
+            };
             // The SET may have taken effect where no reply came back: release
             // on every master, without waiting for the answers.
             let cleanup = Request {
@@ -1111,6 +1146,81 @@ impl Redlock {
         Err(self.verdict(Op::Extend, 0, first, 1))
     }
 
+    /// Phase two of a fenced acquire whose first round (`request`) won with
+    /// validity left: decides the fence from what the masters reported
+    /// ([`plan_fence`]), waiting within the round's time for masters that
+    /// had not answered when the quorum was reached if the reports so far
+    /// cannot decide it, then writes it back to every master. The fence is
+    /// valid once a quorum confirms the write-back within the validity,
+    /// counted from the start of the first round.
+    fn write_fence(
+        &mut self,
+        request: &Request,
+        ttl: Duration,
+        timeout: Duration,
+        first: Instant,
+        attempt: u32,
+    ) -> Result<(Expiry, u64), Error> {
+        let started = self.started;
+        let readmit = self
+            .config
+            .quarantine
+            .map(|max| readmit_after(max, self.config.drift_factor));
+        let plan = |round: &Round| {
+            plan_fence(
+                round.votes(0),
+                round.fence_reads(0),
+                round.quorum(),
+                readmit,
+            )
+        };
+        let mut decided = plan(&self.round);
+        if matches!(decided, FencePlan::Unknown { .. }) && self.round.is_waiting(0) {
+            let deadline = started.mono.checked_add(timeout).unwrap_or(started.mono);
+            self.driver
+                .settle(&mut self.conns, &mut self.round, deadline);
+            decided = plan(&self.round);
+        }
+        let (fence, directive) = match decided {
+            FencePlan::Write { fence, directive } => (fence, directive),
+            FencePlan::Unknown { .. } => {
+                let untrusted = self
+                    .names
+                    .iter()
+                    .zip(self.round.votes(0).iter().zip(self.round.fence_reads(0)))
+                    .filter(|(_, (vote, read))| {
+                        **vote == Vote::Granted && !read.is_some_and(|r| r.is_trusted())
+                    })
+                    .map(|(name, _)| Arc::clone(name))
+                    .collect();
+                return Err(Error::FenceUnknown {
+                    failure: self.failure(0, first, attempt),
+                    untrusted,
+                });
+            }
+        };
+        let mut keys = request.keys.as_slice().to_vec();
+        keys.push(directive.to_bytes());
+        let write_back = Request {
+            op: Op::Fence,
+            keys: Keys::Many(Arc::from(keys)),
+            token: request.token,
+            arg: fence,
+        };
+        self.run_round(std::slice::from_ref(&write_back), timeout);
+        if let (Some(Decision::Won), Some(at)) = (self.round.decision(0), self.round.decided_at(0))
+            && let Some(expiry) = self.expiry(started, ttl, at)
+        {
+            return Ok((expiry, fence.unsigned_abs()));
+        }
+        // Refusals here mean the lock key was gone, not held elsewhere.
+        Err(match self.verdict(Op::Fence, 0, first, attempt) {
+            Error::NotHeld(f) => Error::FenceRefused(f),
+            Error::NoQuorum(f) if self.round.loss(0) == Loss::Refused => Error::FenceRefused(f),
+            other => other,
+        })
+    }
+
     /// Connects every master that is not connected (and not in reconnect
     /// backoff) and waits, at most `timeout`, for their handshakes, so that
     /// the first operation does not spend its per-instance timeout on
@@ -1237,7 +1347,26 @@ impl Redlock {
     /// Turns a slot of the last round that did not produce a lock into the
     /// error that says why.
     fn verdict(&self, op: Op, slot: usize, first: Instant, attempts: u32) -> Error {
-        let failure = Failure {
+        let failure = self.failure(slot, first, attempts);
+        if self.round.decision(slot) == Some(Decision::Won) {
+            return Error::ValidityExpired(failure);
+        }
+        match self.round.loss(slot) {
+            Loss::Protocol => Error::Protocol(failure),
+            Loss::Unreachable => Error::NoQuorum(failure),
+            Loss::Refused if op.sets_keys() => Error::Held(failure),
+            // Not held only when refusals alone explain the loss; a refusal
+            // beside a failure cannot tell whether the failed master held it.
+            Loss::Refused if failure.refused > failure.votes.len() - failure.quorum => {
+                Error::NotHeld(failure)
+            }
+            Loss::Refused => Error::NoQuorum(failure),
+        }
+    }
+
+    /// The votes of `slot` in the last round, for an error.
+    fn failure(&self, slot: usize, first: Instant, attempts: u32) -> Failure {
+        Failure {
             quorum: self.round.quorum(),
             granted: self.round.granted(slot),
             refused: self.round.refused(slot),
@@ -1252,20 +1381,6 @@ impl Redlock {
                 .collect(),
             elapsed: first.elapsed(),
             attempts,
-        };
-        if self.round.decision(slot) == Some(Decision::Won) {
-            return Error::ValidityExpired(failure);
-        }
-        match self.round.loss(slot) {
-            Loss::Protocol => Error::Protocol(failure),
-            Loss::Unreachable => Error::NoQuorum(failure),
-            Loss::Refused if op.sets_keys() => Error::Held(failure),
-            // Not held only when refusals alone explain the loss; a refusal
-            // beside a failure cannot tell whether the failed master held it.
-            Loss::Refused if failure.refused > failure.votes.len() - failure.quorum => {
-                Error::NotHeld(failure)
-            }
-            Loss::Refused => Error::NoQuorum(failure),
         }
     }
 }
@@ -1290,6 +1405,24 @@ fn extend_op(keys: &Keys) -> Op {
 /// [`MAX_TTL_MS`], so it fits.
 fn millis(ttl: Duration) -> i64 {
     i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// How long a master must have been seen unmarked before a fenced acquire
+/// may readmit it with a floor: long enough, by the master's clock, that
+/// every write-back it confirmed before losing its data has landed on the
+/// other masters of that write-back's quorum, and that the readmitting
+/// acquire read them afterwards. Both spans are bounded by the largest TTL
+/// in use (`max`, the restart quarantine's): twice that, stretched by the
+/// clock drift allowance both ways, plus a few milliseconds.
+fn readmit_after(max: Duration, drift_factor: f64) -> Duration {
+    let drift = if (0.0..1.0).contains(&drift_factor) {
+        drift_factor
+    } else {
+        0.0
+    };
+    let stretch = 2.0 * (1.0 + drift) / (1.0 - drift);
+    let span = Duration::try_from_secs_f64(max.as_secs_f64() * stretch).unwrap_or(Duration::MAX);
+    span.saturating_add(Duration::from_millis(10))
 }
 
 /// Where a resource's fencing counter lives: `<resource>:fence`.
@@ -1438,6 +1571,16 @@ mod tests {
         assert!(lock.remaining() > Duration::from_secs(19), "{lock:?}");
         assert!(lock.deadline() <= now.mono + Duration::from_secs(20));
         assert!(lock.is_valid());
+    }
+
+    #[test]
+    fn readmission_waits_twice_the_max_ttl_stretched_by_drift_both_ways() {
+        let max = Duration::from_secs(1);
+        // 2 s * 1.01 / 0.99 = 2040.4 ms, plus 10 ms.
+        let wait = readmit_after(max, 0.01);
+        assert!(wait > Duration::from_millis(2_050) && wait < Duration::from_millis(2_051));
+        assert_eq!(readmit_after(max, 0.0), Duration::from_millis(2_010));
+        assert_eq!(readmit_after(Duration::MAX, 0.01), Duration::MAX);
     }
 
     #[test]

@@ -138,8 +138,11 @@ pub struct Round {
     /// `votes[slot * n + master]`.
     votes: Vec<Vote>,
     /// The integer each master replied, where it replied one, laid out as
-    /// `votes`: a fenced acquire's fence values.
+    /// `votes`.
     values: Vec<Option<i64>>,
+    /// What each master reported in phase one of a fenced acquire, laid
+    /// out as `votes`.
+    reads: Vec<Option<FenceRead>>,
     tallies: Vec<Tally>,
     undecided: usize,
     wire: BytesMut,
@@ -158,6 +161,7 @@ impl Round {
             deadline: now,
             votes: vec![Vote::Pending; n],
             values: vec![None; n],
+            reads: vec![None; n],
             tallies: vec![EMPTY],
             undecided: 0,
             wire: BytesMut::with_capacity(512),
@@ -186,6 +190,8 @@ impl Round {
         self.votes.resize(k * self.n, Vote::Pending);
         self.values.clear();
         self.values.resize(k * self.n, None);
+        self.reads.clear();
+        self.reads.resize(k * self.n, None);
         self.tallies.clear();
         self.tallies.resize(k, EMPTY);
         self.undecided = k;
@@ -251,8 +257,8 @@ impl Round {
         self.tally(slot).failed
     }
 
-    /// The largest integer replied to `slot` by a master that granted it:
-    /// for a fenced acquire, the highest fence value a quorum has seen.
+    /// The largest integer replied to `slot` by a master that granted it.
+    /// A fenced acquire's reports are richer: see [`Round::fence_reads`].
     pub fn max_granted_value(&self, slot: usize) -> Option<i64> {
         let values = self
             .values
@@ -264,6 +270,20 @@ impl Round {
             .filter(|(vote, _)| **vote == Vote::Granted)
             .filter_map(|(_, value)| *value)
             .max()
+    }
+
+    /// What each master reported in phase one of a fenced acquire on
+    /// `slot`, in master order: `None` where it sent no such report (it
+    /// refused, failed, has not answered, or ran another script).
+    pub fn fence_reads(&self, slot: usize) -> &[Option<FenceRead>] {
+        self.reads
+            .get(slot * self.n..(slot + 1) * self.n)
+            .unwrap_or_default()
+    }
+
+    /// Whether some master has not answered `slot` yet.
+    pub fn is_waiting(&self, slot: usize) -> bool {
+        self.votes(slot).contains(&Vote::Pending)
     }
 
     /// When `slot` was decided: the instant its validity is measured to.
@@ -326,6 +346,11 @@ impl Round {
                             (&reply, self.values.get_mut(slot * self.n + i))
                         {
                             *cell = Some(*value);
+                        }
+                        if let (Op::AcquireFenced, Some(cell)) =
+                            (op, self.reads.get_mut(slot * self.n + i))
+                        {
+                            *cell = FenceRead::parse(&reply);
                         }
                         let mut vote = classify(op, reply);
                         if vote == Vote::Granted && op.sets_keys() {
@@ -436,11 +461,203 @@ pub fn same_server(conns: &[Conn], i: usize) -> Option<usize> {
         .map(|(j, _)| j)
 }
 
+/// How far one master's fence reading can be trusted, as phase one of a
+/// fenced acquire reports it (see `SAFETY.md`, *Fencing tokens*).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Standing {
+    /// The master carries the fencing marker: it has kept its data since it
+    /// was marked, so its reading holds for every resource, a missing fence
+    /// meaning "none was ever written here".
+    Marked,
+    /// No marker, but it holds this resource's fence, which was written
+    /// back after it lost its data: its reading holds for this resource.
+    Repaired,
+    /// No marker and no fence for this resource: it may have lost one. Its
+    /// reading does not count.
+    Unmarked,
+}
+
+/// One master's report in phase one of a fenced acquire: the reply
+/// `{reading, standing, high, unmarked_ms}` of the phase-one script
+/// ([`crate::script::ACQUIRE_FENCED_SOURCE`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FenceRead {
+    /// The master's fence for the resource; for a marked master, at least
+    /// its floor.
+    pub fence: i64,
+    /// Whether `fence` counts.
+    pub standing: Standing,
+    /// For a marked master, the largest fence it ever stored, for any
+    /// resource; 0 otherwise.
+    pub high: i64,
+    /// For an unmarked master, how long ago (by its own clock) a fenced
+    /// acquire first found it unmarked.
+    pub unmarked_for: Option<Duration>,
+}
+
+impl FenceRead {
+    /// Reads the phase-one script's reply; `None` for any other shape.
+    pub fn parse(reply: &Reply) -> Option<FenceRead> {
+        let Reply::Array(items) = reply else {
+            return None;
+        };
+        let [
+            Reply::Integer(fence),
+            Reply::Integer(standing),
+            Reply::Integer(high),
+            Reply::Integer(unmarked_ms),
+        ] = items.as_slice()
+        else {
+            return None;
+        };
+        let standing = match standing {
+            2 => Standing::Marked,
+            1 => Standing::Repaired,
+            0 => Standing::Unmarked,
+            _ => return None,
+        };
+        if *fence < 0 || *high < 0 {
+            return None;
+        }
+        let unmarked_for = match (standing, u64::try_from(*unmarked_ms)) {
+            (Standing::Marked, _) => None,
+            (_, Ok(ms)) => Some(Duration::from_millis(ms)),
+            (_, Err(_)) => return None,
+        };
+        Some(FenceRead {
+            fence: *fence,
+            standing,
+            high: *high,
+            unmarked_for,
+        })
+    }
+
+    /// Whether the reading counts toward the fence.
+    pub fn is_trusted(&self) -> bool {
+        self.standing != Standing::Unmarked
+    }
+}
+
+/// What phase two of a fenced acquire does besides writing the fence back:
+/// the directive the write-back script ([`crate::script::FENCE_SOURCE`])
+/// applies to unmarked masters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Directive {
+    /// Nothing.
+    Keep,
+    /// Every master granted and none was marked: a fresh deployment. Mark
+    /// every master that still holds the lock.
+    Bootstrap,
+    /// Mark, with the fence as floor, each master that has been seen
+    /// unmarked for at least this long: the fence is larger than the
+    /// `high` of a quorum of marked masters, read after every write-back
+    /// that such a master confirmed before it lost its data had landed.
+    Readmit(Duration),
+}
+
+impl Directive {
+    /// The directive's text, as the write-back script reads it.
+    pub fn to_bytes(self) -> Bytes {
+        match self {
+            Directive::Keep => Bytes::from_static(b"keep"),
+            Directive::Bootstrap => Bytes::from_static(b"bootstrap"),
+            Directive::Readmit(after) => Bytes::from(format!("readmit:{}", after.as_millis())),
+        }
+    }
+}
+
+/// The fence a fenced acquire may hand out, decided from phase one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub enum FencePlan {
+    /// Write `fence` back to every master, with `directive`.
+    Write {
+        /// The new fence: one more than every trusted reading.
+        fence: i64,
+        /// What to do to unmarked masters.
+        directive: Directive,
+    },
+    /// Fewer than a quorum of the masters that granted can vouch for their
+    /// reading: no fence can be trusted.
+    Unknown {
+        /// How many could.
+        trusted: usize,
+    },
+}
+
+/// The fencing rule, on the votes and reports of phase one (one entry per
+/// master, in master order):
+///
+/// 1. Every master granted and none is marked: a fresh deployment (or one
+///    that predates the marker). The fence is one more than every reading,
+///    and phase two marks them all ([`Directive::Bootstrap`]).
+/// 2. At least `quorum` masters that granted are trusted (marked, or
+///    repaired for this resource): the fence is one more than their
+///    largest reading. Any quorum meets the quorum that confirmed the
+///    previous fence, and a trusted master still holds what it confirmed.
+///    When `readmit_after` is given, a quorum of the granting masters is
+///    marked, and some granting master has been unmarked for that long,
+///    the fence is also made larger than those marked masters' `high`, and
+///    phase two readmits the master ([`Directive::Readmit`]).
+/// 3. Otherwise the fence is [`FencePlan::Unknown`].
+pub fn plan_fence(
+    votes: &[Vote],
+    reads: &[Option<FenceRead>],
+    quorum: usize,
+    readmit_after: Option<Duration>,
+) -> FencePlan {
+    let granted = || {
+        votes
+            .iter()
+            .zip(reads)
+            .filter(|(vote, _)| **vote == Vote::Granted)
+            .filter_map(|(_, read)| read.as_ref())
+    };
+    let max_of = |values: &mut dyn Iterator<Item = i64>| values.max().unwrap_or(0).max(0);
+    let next = |max: i64| max.saturating_add(1);
+    let all = granted().count();
+    if all == votes.len() && all > 0 && granted().all(|r| r.standing != Standing::Marked) {
+        return FencePlan::Write {
+            fence: next(max_of(&mut granted().map(|r| r.fence))),
+            directive: Directive::Bootstrap,
+        };
+    }
+    let trusted = granted().filter(|r| r.is_trusted()).count();
+    if trusted < quorum {
+        return FencePlan::Unknown { trusted };
+    }
+    let fence = next(max_of(
+        &mut granted().filter(|r| r.is_trusted()).map(|r| r.fence),
+    ));
+    let marked = granted().filter(|r| r.standing == Standing::Marked).count();
+    let due = |after: Duration| granted().any(|r| r.unmarked_for.is_some_and(|u| u >= after));
+    match readmit_after {
+        Some(after) if marked >= quorum && due(after) => {
+            let high = max_of(
+                &mut granted()
+                    .filter(|r| r.standing == Standing::Marked)
+                    .map(|r| r.high),
+            );
+            FencePlan::Write {
+                fence: fence.max(next(high)),
+                directive: Directive::Readmit(after),
+            }
+        }
+        _ => FencePlan::Write {
+            fence,
+            directive: Directive::Keep,
+        },
+    }
+}
+
 /// What one reply means for one operation.
 fn classify(op: Op, reply: Reply) -> Vote {
     match (op, reply) {
         (Op::Acquire, reply) if reply.is_ok() => Vote::Granted,
         (Op::Acquire, Reply::Nil) => Vote::Refused,
+        (Op::AcquireFenced, ref reply) if FenceRead::parse(reply).is_some() => Vote::Granted,
+        // A bare fence value: a master running an older script. It grants,
+        // but its value vouches for nothing (no fence read is kept).
         (Op::AcquireFenced, Reply::Integer(n)) if n >= 0 => Vote::Granted,
         (Op::AcquireFenced, Reply::Integer(-1)) => Vote::Refused,
         // Every script but the fenced acquire answers 1 or 0.
@@ -541,5 +758,202 @@ mod tests {
                 "{op:?} {reply:?}"
             );
         }
+    }
+
+    fn read(fence: i64, standing: Standing, high: i64, unmarked_ms: u64) -> Option<FenceRead> {
+        Some(FenceRead {
+            fence,
+            standing,
+            high,
+            unmarked_for: (standing != Standing::Marked)
+                .then(|| Duration::from_millis(unmarked_ms)),
+        })
+    }
+
+    #[test]
+    fn fence_reports_parse_from_the_phase_one_reply() {
+        let reply =
+            |items: &[i64]| Reply::Array(items.iter().map(|&n| Reply::Integer(n)).collect());
+        let cases = [
+            (
+                "a marked master",
+                reply(&[7, 2, 9, -1]),
+                read(7, Standing::Marked, 9, 0),
+            ),
+            (
+                "a repaired master",
+                reply(&[4, 1, 0, 30]),
+                read(4, Standing::Repaired, 0, 30),
+            ),
+            (
+                "an unmarked master",
+                reply(&[0, 0, 0, 5]),
+                read(0, Standing::Unmarked, 0, 5),
+            ),
+            ("an unknown standing", reply(&[1, 3, 0, -1]), None),
+            ("a negative fence", reply(&[-2, 2, 0, -1]), None),
+            (
+                "an unmarked master without an age",
+                reply(&[0, 0, 0, -1]),
+                None,
+            ),
+            ("too few items", reply(&[1, 2, 3]), None),
+            ("a bare integer", Reply::Integer(5), None),
+        ];
+        for (name, reply, want) in cases {
+            assert_eq!(FenceRead::parse(&reply), want, "{name}");
+            let vote = classify(Op::AcquireFenced, reply);
+            let granted = want.is_some() || name == "a bare integer";
+            assert_eq!(vote == Vote::Granted, granted, "{name}: {vote:?}");
+        }
+    }
+
+    #[test]
+    fn the_fence_counts_only_masters_that_can_vouch_for_it() {
+        use Standing::{Marked, Repaired, Unmarked};
+        const G: Vote = Vote::Granted;
+        const P: Vote = Vote::Pending;
+        const R: Vote = Vote::Refused;
+        let after = Some(Duration::from_secs(4));
+        let keep = |fence| FencePlan::Write {
+            fence,
+            directive: Directive::Keep,
+        };
+        #[rustfmt::skip]
+        type Case = (&'static str, Vec<Vote>, Vec<Option<FenceRead>>, Option<Duration>, FencePlan);
+        let cases: Vec<Case> = vec![
+            (
+                "a quorum of marked masters: one more than their largest",
+                vec![G, G, P],
+                vec![read(5, Marked, 9, 0), read(4, Marked, 9, 0), None],
+                None,
+                keep(6),
+            ),
+            (
+                "a master that lost its data does not count, and a lone marked one is no quorum",
+                vec![P, G, G],
+                vec![None, read(0, Unmarked, 0, 10), read(4, Marked, 4, 0)],
+                None,
+                FencePlan::Unknown { trusted: 1 },
+            ),
+            (
+                "a master repaired for this resource counts",
+                vec![P, G, G],
+                vec![None, read(6, Repaired, 0, 10), read(4, Marked, 4, 0)],
+                None,
+                keep(7),
+            ),
+            (
+                "a refusing master's report counts for nothing",
+                vec![G, R, G],
+                vec![
+                    read(1, Marked, 1, 0),
+                    read(50, Marked, 50, 0),
+                    read(2, Marked, 2, 0),
+                ],
+                None,
+                keep(3),
+            ),
+            (
+                "every master granted, none marked: bootstrap above every reading",
+                vec![G, G, G],
+                vec![
+                    read(0, Unmarked, 0, 0),
+                    read(3, Repaired, 0, 0),
+                    read(0, Unmarked, 0, 0),
+                ],
+                None,
+                FencePlan::Write {
+                    fence: 4,
+                    directive: Directive::Bootstrap,
+                },
+            ),
+            (
+                "no bootstrap while a master has not answered",
+                vec![G, G, P],
+                vec![read(0, Unmarked, 0, 0), read(0, Unmarked, 0, 0), None],
+                None,
+                FencePlan::Unknown { trusted: 0 },
+            ),
+            (
+                "no bootstrap when one master is marked: the others lost their data",
+                vec![G, G, G],
+                vec![
+                    read(3, Marked, 3, 0),
+                    read(0, Unmarked, 0, 0),
+                    read(0, Unmarked, 0, 0),
+                ],
+                None,
+                FencePlan::Unknown { trusted: 1 },
+            ),
+            (
+                "a master unmarked long enough is readmitted, the fence above the marked masters' high",
+                vec![G, G, G],
+                vec![
+                    read(2, Marked, 8, 0),
+                    read(1, Marked, 5, 0),
+                    read(0, Unmarked, 0, 4_000),
+                ],
+                after,
+                FencePlan::Write {
+                    fence: 9,
+                    directive: Directive::Readmit(Duration::from_secs(4)),
+                },
+            ),
+            (
+                "not before it has been unmarked that long",
+                vec![G, G, G],
+                vec![
+                    read(2, Marked, 8, 0),
+                    read(1, Marked, 5, 0),
+                    read(0, Unmarked, 0, 3_999),
+                ],
+                after,
+                keep(3),
+            ),
+            (
+                "nor without a quorum of marked masters to take the floor from",
+                vec![G, G, G],
+                vec![
+                    read(2, Marked, 8, 0),
+                    read(3, Repaired, 0, 9_000),
+                    read(0, Unmarked, 0, 9_000),
+                ],
+                after,
+                keep(4),
+            ),
+            (
+                "nor without restart quarantine",
+                vec![G, G, G],
+                vec![
+                    read(2, Marked, 8, 0),
+                    read(1, Marked, 5, 0),
+                    read(0, Unmarked, 0, 9_000),
+                ],
+                None,
+                keep(3),
+            ),
+            (
+                "one master: its own marker decides",
+                vec![G],
+                vec![read(7, Marked, 7, 0)],
+                None,
+                keep(8),
+            ),
+        ];
+        for (name, votes, reads, readmit, want) in cases {
+            let quorum = quorum(votes.len());
+            assert_eq!(plan_fence(&votes, &reads, quorum, readmit), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn directives_read_as_the_write_back_script_expects() {
+        assert_eq!(Directive::Keep.to_bytes(), "keep");
+        assert_eq!(Directive::Bootstrap.to_bytes(), "bootstrap");
+        assert_eq!(
+            Directive::Readmit(Duration::from_millis(2_050)).to_bytes(),
+            "readmit:2050"
+        );
     }
 }

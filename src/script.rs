@@ -44,15 +44,74 @@ pub const RELEASE_SOURCE: &str = "if redis.call(\"get\",KEYS[1]) == ARGV[1] then
 /// `ARGV[2]` the new TTL in milliseconds. Returns 1 when extended, else 0.
 pub const EXTEND_SOURCE: &str = "if redis.call(\"get\",KEYS[1]) == ARGV[1] then return redis.call(\"pexpire\",KEYS[1],ARGV[2]) else return 0 end";
 
-/// Fenced acquire, phase one: `SET KEYS[1] ARGV[1] NX PX ARGV[2]` and,
-/// atomically with it, the fence value stored at `KEYS[2]` (0 when none).
-/// Returns that value when the lock key was set, -1 when it was held.
-pub const ACQUIRE_FENCED_SOURCE: &str = "if redis.call(\"set\",KEYS[1],ARGV[1],\"NX\",\"PX\",ARGV[2]) then return tonumber(redis.call(\"get\",KEYS[2]) or \"0\") end return -1";
+/// The key, on every master, holding that master's fencing state: a hash
+/// with `marked` (present while the master has kept its data since it was
+/// marked), `floor` (a lower bound for every fence it reports, set when it
+/// was readmitted after losing its data), `high` (the largest fence ever
+/// written to it, for any resource) and `since` (while unmarked: the
+/// master's clock, in ms, when a fenced acquire first found it unmarked).
+/// A master that loses its data loses this key with every fence, which is
+/// how the loss shows.
+pub const FENCE_STATE_KEY: &[u8] = b"redlock-mio:fence-state";
 
-/// Fenced acquire, phase two: while `KEYS[1]` still holds the token
-/// `ARGV[1]`, raises the fence at `KEYS[2]` to `ARGV[2]` (never lowers it)
-/// and returns 1; else 0.
-pub const FENCE_SOURCE: &str = "if redis.call(\"get\",KEYS[1]) == ARGV[1] then local f = tonumber(redis.call(\"get\",KEYS[2]) or \"0\") if f == nil or tonumber(ARGV[2]) > f then redis.call(\"set\",KEYS[2],ARGV[2]) end return 1 end return 0";
+/// Fenced acquire, phase one. `KEYS[1]` the lock, `KEYS[2]` the resource's
+/// fence, `KEYS[3]` [`FENCE_STATE_KEY`]; `ARGV[1]` the token, `ARGV[2]` the
+/// TTL in ms. Does `SET KEYS[1] ARGV[1] NX PX ARGV[2]` and returns -1 when
+/// the key was held. Otherwise, atomically with the SET, returns what the
+/// master knows of the fence: `{reading, standing, high, unmarked_ms}`.
+///
+/// - Marked master (standing 2): reading = max(fence, floor), `high` its
+///   largest fence for any resource, `unmarked_ms` -1.
+/// - Unmarked, but holding this resource's fence (standing 1): the fence,
+///   written back since the master lost its data. `high` 0.
+/// - Unmarked, no fence for this resource (standing 0): reading 0, which
+///   may be a lost value. `high` 0.
+///
+/// An unmarked master's `since` is set the first time it is seen so, and
+/// `unmarked_ms` is its age by the master's clock.
+pub const ACQUIRE_FENCED_SOURCE: &str = r#"if not redis.call("set",KEYS[1],ARGV[1],"NX","PX",ARGV[2]) then return -1 end
+local fence = tonumber(redis.call("get",KEYS[2]))
+local s = redis.call("hmget",KEYS[3],"marked","floor","high","since")
+if s[1] then return {math.max(fence or 0, tonumber(s[2]) or 0), 2, tonumber(s[3]) or 0, -1} end
+local t = redis.call("time")
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local since = tonumber(s[4])
+if not since then since = now redis.call("hset",KEYS[3],"since",now) end
+if fence then return {fence, 1, 0, now - since} end
+return {0, 0, 0, now - since}"#;
+
+/// Fenced acquire, phase two. `KEYS[1]` the lock, `KEYS[2]` the resource's
+/// fence, `KEYS[3]` [`FENCE_STATE_KEY`], `KEYS[4]` the directive (not a
+/// key: a request has room for one integer argument, and the masters are
+/// independent, so no cluster slot rule applies); `ARGV[1]` the token,
+/// `ARGV[2]` the fence. While `KEYS[1]` still holds the token: raises the
+/// resource's fence and the master's `high` to `ARGV[2]` (never lowers
+/// them) and returns 1; else changes nothing and returns 0. On an unmarked
+/// master it also applies the directive:
+///
+/// - `bootstrap`: marks it (the client saw every master unmarked: a fresh
+///   deployment).
+/// - `readmit:<ms>`: marks it with `floor` = `ARGV[2]` if it has been seen
+///   unmarked for at least `<ms>` by its own clock (the client made the
+///   fence larger than the `high` of a quorum of marked masters).
+/// - anything else: nothing.
+pub const FENCE_SOURCE: &str = r#"if redis.call("get",KEYS[1]) ~= ARGV[1] then return 0 end
+local v = tonumber(ARGV[2])
+local f = tonumber(redis.call("get",KEYS[2]))
+if not f or v > f then redis.call("set",KEYS[2],ARGV[2]) end
+local s = redis.call("hmget",KEYS[3],"marked","high","since")
+if not s[1] then
+local admit = KEYS[4] == "bootstrap"
+local wait = tonumber(string.match(KEYS[4], "^readmit:(%d+)$"))
+if wait and s[3] then
+local t = redis.call("time")
+admit = t[1] * 1000 + math.floor(t[2] / 1000) - tonumber(s[3]) >= wait
+if admit then redis.call("hset",KEYS[3],"floor",ARGV[2]) end
+end
+if admit then redis.call("hset",KEYS[3],"marked","1") redis.call("hdel",KEYS[3],"since") end
+end
+if not tonumber(s[2]) or v > tonumber(s[2]) then redis.call("hset",KEYS[3],"high",ARGV[2]) end
+return 1"#;
 
 /// Multi-resource acquire: all of `KEYS` set to the token `ARGV[1]` with TTL
 /// `ARGV[2]` ms, or none of them when any exists. Returns 1 or 0.
