@@ -752,3 +752,87 @@ fn a_short_ttl_is_kept_alive_for_as_long_as_the_command_runs() {
     assert!(!err.contains("lost the lock"), "{err}");
     assert_free(&masters, "short");
 }
+
+/// The headline counts locks taken and released; failed attempts stand
+/// beside it; a batch draws distinct resources, so that one thread's batch
+/// over exactly as many resources never contends with itself.
+#[test]
+fn bench_counts_only_locks_taken_and_released_and_a_batch_never_contends_with_itself() {
+    let mut bench = redlock(&[]);
+    bench.args([
+        "bench",
+        "--spawn",
+        "1",
+        "--duration",
+        "1s",
+        "--threads",
+        "1",
+        "--batch",
+        "16",
+        "--resources",
+        "16",
+        "--json",
+    ]);
+    let out = finish(bench);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let text = stdout(&out);
+    let report: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+    let count = |key: &str| {
+        report[key]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{key} in {text}"))
+    };
+    assert_eq!(count("acquire_failed"), 0, "self-contention: {text}");
+    assert_eq!(count("errors"), 0, "{text}");
+    assert!(count("cycles") >= 16, "{text}");
+    assert_eq!(
+        count("attempts"),
+        count("cycles") + count("acquire_failed") + count("errors"),
+        "{text}"
+    );
+    assert_eq!(count("attempts") % 16, 0, "whole batches: {text}");
+
+    // Two threads over the same 16 resources do contend: failures are
+    // counted beside the headline, never in it.
+    let mut bench = redlock(&[]);
+    bench.args([
+        "bench",
+        "--spawn",
+        "1",
+        "--duration",
+        "1s",
+        "--threads",
+        "2",
+        "--batch",
+        "16",
+        "--resources",
+        "16",
+    ]);
+    let out = finish(bench);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let report = stdout(&out);
+    let headline = report
+        .lines()
+        .find(|l| l.contains("locks taken and released"))
+        .unwrap_or_else(|| panic!("no headline: {report}"));
+    let failed = report
+        .lines()
+        .find(|l| l.starts_with("failed attempts"))
+        .unwrap_or_else(|| panic!("no failures line: {report}"));
+    assert!(!headline.contains("failed"), "{report}");
+    assert!(failed.contains("held elsewhere"), "{report}");
+}
+
+#[test]
+fn bench_refuses_fewer_resources_than_a_batch() {
+    let mut bench = redlock(&[]);
+    bench.args(["bench", "--batch", "16", "--resources", "4"]);
+    let out = finish(bench);
+    let err = stderr(&out);
+    assert_eq!(code(&out), 2, "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("--resources") && err.contains("--batch"),
+        "{err}"
+    );
+}
