@@ -178,14 +178,17 @@ impl fmt::Display for Lost {
 /// - An extension refused with [`Error::NotHeld`] loses the lock at once.
 /// - Any other failure ([`Error::NoQuorum`], [`Error::Protocol`],
 ///   [`Error::ValidityExpired`]) is retried every 50 ms (a quarter of the
-///   period when that is shorter), while more than one period of validity
-///   is left. Once it is not, the lock is given up: the holder learns with
-///   about one period of validity still left (less one per-instance
-///   timeout, if an extension was in flight), enough to stop its work
+///   period when that is shorter), as long as a retry, which may take one
+///   *round* (the per-instance timeout, [`Config::per_instance_timeout`]),
+///   would end with more than one period of validity left. Once it would
+///   not, the lock is given up: the holder learns with one period of
+///   validity still left, up to one round more, enough to stop its work
 ///   before mutual exclusion ends, instead of learning when it is over.
 ///   After a majority of masters goes away, the loss is reported at most
-///   `ttl - period` later (two periods with the default `every`), plus
-///   one per-instance timeout for a round in flight.
+///   `ttl - period` later (two periods with the default `every`).
+/// - A failed extension never lengthens the validity, and may shorten it
+///   (an extension can shorten keys even when it fails): the schedule
+///   follows the lock's deadline as the failed attempt left it.
 /// - Past the extension cap ([`KeepOptions::max_extensions`],
 ///   [`Config::max_extensions`]) nothing more is extended, and the loss
 ///   ([`LostReason::ExtensionLimit`]) is reported like any other: when
@@ -196,6 +199,27 @@ impl fmt::Display for Lost {
 ///
 /// A loss is final: the keeper extends nothing afterwards, and waits to
 /// be told to release.
+///
+/// # When [`Watchdog::lost`] fires, relative to the deadline
+/// With `period = every * ttl` and `round` the per-instance timeout (at
+/// most the TTL), the loss is reported:
+/// - after a refusal ([`Error::NotHeld`]): when that round ends, whatever
+///   validity is left;
+/// - while extensions fail: between `deadline - period - round` and
+///   `deadline - period`;
+/// - past the extension cap: at `deadline - period`;
+/// - as [`LostReason::Expired`]: once the keeper finds no validity left.
+///
+/// So, but for a refusal, the report comes with at least one period of
+/// validity left, *provided the keeper thread runs when it should*. No
+/// thread can promise that: a stopped or starved process, or a lock handed
+/// over with less than a period left, gets its report late, possibly after
+/// the deadline (then as [`LostReason::Expired`]). The report is a
+/// warning, not the bound. The bound is [`Watchdog::deadline`], on the
+/// holder's own monotonic clock: work that needs the lock must end by
+/// then whether or not a loss was reported ([`Watchdog::is_held`] checks
+/// both). `redlock run` does exactly that: SIGTERM at the report, SIGKILL
+/// by the deadline in any case.
 ///
 /// A watchdog keeps a slow holder's lock, not a paused one's: a process
 /// stopped (GC, swap, SIGSTOP) stops its keeper thread too, and wakes up
@@ -271,7 +295,11 @@ impl Watchdog {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
-        let mut schedule = Schedule::new(ttl, every, cap, lock.deadline(), lock.extensions());
+        // How long one extension round may take: the keeper's client waits
+        // this long for the masters (Redlock::extend).
+        let round = config.per_instance_timeout.min(ttl);
+        let mut schedule =
+            Schedule::new(ttl, every, round, cap, lock.deadline(), lock.extensions());
         schedule.unmeasured = !lock.validity_known();
         let redlock = Redlock::new(config)?;
         let shared = Arc::new(Shared {
@@ -329,7 +357,10 @@ impl Watchdog {
     }
 
     /// The monotonic instant at which mutual exclusion ends, as of the last
-    /// successful extension (or the acquire).
+    /// extension attempt (or the acquire): later after a success, never
+    /// later after a failure, and earlier when a failed attempt shortened
+    /// the keys. Work that needs the lock must end by then, lost or not
+    /// (see "When lost() fires" on [`Watchdog`]).
     pub fn deadline(&self) -> Instant {
         self.shared.state().lock.deadline()
     }
@@ -345,7 +376,7 @@ impl Watchdog {
         self.shared.state().lock.extensions()
     }
 
-    /// A copy of the lock as of the last successful extension: its current
+    /// A copy of the lock as of the last extension attempt: its current
     /// deadline and extension count.
     pub fn lock(&self) -> Lock {
         self.shared.state().lock.clone()
@@ -359,6 +390,15 @@ impl Watchdog {
     }
 
     /// Why the lock was lost, once it is; `None` while it is kept.
+    ///
+    /// It becomes `Some` (and stays so) when the keeper gives the lock up:
+    /// at once after a quorum refused an extension; with at least one
+    /// extension period of validity left when extensions keep failing or
+    /// the cap is reached, provided the keeper thread runs on time; after
+    /// the deadline only when it did not (see "When lost() fires" on
+    /// [`Watchdog`] for the exact bounds). `None` therefore does not mean
+    /// that the lock is valid: compare [`Watchdog::deadline`] with the
+    /// time, or ask [`Watchdog::is_held`].
     pub fn lost(&self) -> Option<Lost> {
         self.shared.state().lost.clone()
     }
@@ -434,7 +474,7 @@ impl Shared {
 
 #[derive(Debug)]
 struct State {
-    /// The lock as of the last successful extension.
+    /// The lock as of the last extension attempt.
     lock: Lock,
     last_error: Option<Error>,
     lost: Option<Lost>,
@@ -524,11 +564,9 @@ impl Keeper {
             Ok(()) => self
                 .schedule
                 .handle_extended(self.lock.deadline(), self.lock.extensions()),
-            // A failed extension may have shortened the lock (see
-            // `Redlock::extend`): the schedule follows its deadline.
             Err(error) => {
-                self.schedule
-                    .handle_failed(error, Instant::now(), self.lock.deadline());
+                self.schedule.handle_shortened(self.lock.deadline());
+                self.schedule.handle_failed(error, Instant::now());
             }
         }
         let mut state = self.shared.state();
@@ -558,6 +596,9 @@ struct Schedule {
     period: Duration,
     /// How soon to retry a failed extension.
     retry_gap: Duration,
+    /// How long an extension round may take (the per-instance timeout):
+    /// a retry is started only if it ends with more than a period left.
+    round: Duration,
     cap: Option<u32>,
     deadline: Instant,
     extensions: u32,
@@ -576,6 +617,7 @@ impl Schedule {
     fn new(
         ttl: Duration,
         every: f64,
+        round: Duration,
         cap: Option<u32>,
         deadline: Instant,
         extensions: u32,
@@ -587,6 +629,7 @@ impl Schedule {
             ttl,
             period,
             retry_gap: (period / 4).clamp(TICK, RETRY_GAP_MAX),
+            round,
             cap,
             deadline,
             extensions,
@@ -637,11 +680,16 @@ impl Schedule {
             };
         }
         if let Some(error) = &self.last_error {
-            if low {
+            // Give up while a retry could still end with a period left: the
+            // holder is then warned with at least a period to spare, not a
+            // period less a round that was in flight.
+            let give_up = self.period.saturating_add(self.round);
+            if remaining <= give_up {
                 return Next::Lose(LostReason::Failed(error.clone()));
             }
+            let give_up_at = self.deadline.checked_sub(give_up).unwrap_or(now);
             return match self.retry_at {
-                Some(at) if at > now => Next::Wait(at.min(warn_at)),
+                Some(at) if at > now => Next::Wait(at.min(give_up_at)),
                 _ => Next::Extend,
             };
         }
@@ -660,10 +708,14 @@ impl Schedule {
         self.retry_at = None;
     }
 
-    /// An extension attempt failed at `now`, leaving the lock valid until
-    /// `deadline` at the latest.
-    fn handle_failed(&mut self, error: Error, now: Instant, deadline: Instant) {
+    /// A failed extension left the lock valid until `deadline`: no later
+    /// than before, and earlier when the attempt shortened some keys.
+    fn handle_shortened(&mut self, deadline: Instant) {
         self.deadline = self.deadline.min(deadline);
+    }
+
+    /// An extension attempt failed at `now`.
+    fn handle_failed(&mut self, error: Error, now: Instant) {
         match error {
             Error::NotHeld(_) => self.final_reason = Some(LostReason::Failed(error)),
             // The client's own cap (Config::max_extensions) was met first.
@@ -700,9 +752,10 @@ mod tests {
     }
 
     /// A schedule for a lock acquired at `t0` with 900 ms of validity, kept
-    /// at a TTL of 900 ms every third (period 300 ms, retries every 50 ms).
+    /// at a TTL of 900 ms every third (period 300 ms, retries every 50 ms)
+    /// by rounds of at most 20 ms: failing, it gives up at 580 ms.
     fn schedule(t0: Instant, cap: Option<u32>) -> Schedule {
-        Schedule::new(ms(900), 1.0 / 3.0, cap, t0 + ms(900), 0)
+        Schedule::new(ms(900), 1.0 / 3.0, ms(20), cap, t0 + ms(900), 0)
     }
 
     #[test]
@@ -710,7 +763,7 @@ mod tests {
         type Setup = fn(&mut Schedule, Instant);
         let t0 = Instant::now();
         let no_quorum = || Error::NoQuorum(failure());
-        let cases: [(&str, Setup, u64, Next); 18] = [
+        let cases: [(&str, Setup, u64, Next); 19] = [
             (
                 "a fresh lock waits until a period has passed",
                 |_, _| {},
@@ -743,44 +796,68 @@ mod tests {
             ),
             (
                 "a failure waits for its retry",
-                |s, t0| s.handle_failed(Error::NoQuorum(failure()), t0 + ms(300), t0 + ms(900)),
+                |s, t0| s.handle_failed(Error::NoQuorum(failure()), t0 + ms(300)),
                 310,
                 Next::Wait(t0 + ms(350)),
             ),
             (
                 "a failure is retried when its gap has passed",
-                |s, t0| s.handle_failed(Error::NoQuorum(failure()), t0 + ms(300), t0 + ms(900)),
+                |s, t0| s.handle_failed(Error::NoQuorum(failure()), t0 + ms(300)),
                 350,
                 Next::Extend,
             ),
             (
                 "a retry is not scheduled past the point of giving up",
-                |s, t0| s.handle_failed(Error::NoQuorum(failure()), t0 + ms(590), t0 + ms(900)),
-                595,
-                Next::Wait(t0 + ms(600)),
+                |s, t0| s.handle_failed(Error::NoQuorum(failure()), t0 + ms(560)),
+                565,
+                Next::Wait(t0 + ms(580)),
             ),
             (
-                "failing with one period left gives the lock up",
-                |s, t0| s.handle_failed(Error::NoQuorum(failure()), t0 + ms(550), t0 + ms(900)),
-                600,
+                "failing with one period and one round left gives the lock up",
+                |s, t0| s.handle_failed(Error::NoQuorum(failure()), t0 + ms(550)),
+                580,
                 Next::Lose(LostReason::Failed(no_quorum())),
             ),
             (
+                "a retry that could end with less than a period left is not started",
+                |s, t0| s.handle_failed(Error::NoQuorum(failure()), t0 + ms(540)),
+                590,
+                Next::Lose(LostReason::Failed(no_quorum())),
+            ),
+            (
+                "a failed extension that shortened the keys brings the loss forward",
+                |s, t0| {
+                    s.handle_shortened(t0 + ms(700));
+                    s.handle_failed(Error::NoQuorum(failure()), t0 + ms(300));
+                },
+                380,
+                Next::Lose(LostReason::Failed(no_quorum())),
+            ),
+            (
+                "a failed extension never moves the deadline later",
+                |s, t0| {
+                    s.handle_shortened(t0 + ms(5000));
+                    s.handle_failed(Error::NoQuorum(failure()), t0 + ms(300));
+                },
+                350,
+                Next::Extend,
+            ),
+            (
                 "failing past the deadline reports the last error",
-                |s, t0| s.handle_failed(Error::NoQuorum(failure()), t0 + ms(550), t0 + ms(900)),
+                |s, t0| s.handle_failed(Error::NoQuorum(failure()), t0 + ms(550)),
                 1000,
                 Next::Lose(LostReason::Failed(no_quorum())),
             ),
             (
                 "a refusal gives the lock up at once",
-                |s, t0| s.handle_failed(Error::NotHeld(failure()), t0 + ms(300), t0 + ms(900)),
+                |s, t0| s.handle_failed(Error::NotHeld(failure()), t0 + ms(300)),
                 301,
                 Next::Lose(LostReason::Failed(Error::NotHeld(failure()))),
             ),
             (
                 "a success clears the failure",
                 |s, t0| {
-                    s.handle_failed(Error::NoQuorum(failure()), t0 + ms(300), t0 + ms(900));
+                    s.handle_failed(Error::NoQuorum(failure()), t0 + ms(300));
                     s.handle_extended(t0 + ms(1250), 1);
                 },
                 360,
@@ -788,27 +865,15 @@ mod tests {
             ),
             (
                 "the client's own cap stops extending like the watchdog's",
-                |s, t0| s.handle_failed(Error::ExtensionLimit(0), t0 + ms(300), t0 + ms(900)),
+                |s, t0| s.handle_failed(Error::ExtensionLimit(0), t0 + ms(300)),
                 301,
                 Next::Wait(t0 + ms(600)),
             ),
             (
                 "the client's cap is reported with a period left",
-                |s, t0| s.handle_failed(Error::ExtensionLimit(0), t0 + ms(300), t0 + ms(900)),
+                |s, t0| s.handle_failed(Error::ExtensionLimit(0), t0 + ms(300)),
                 600,
                 Next::Lose(LostReason::ExtensionLimit(0)),
-            ),
-            (
-                "a failure that shortened the lock gives it up a period before the new end",
-                |s, t0| s.handle_failed(Error::NoQuorum(failure()), t0 + ms(300), t0 + ms(500)),
-                200 + 1,
-                Next::Lose(LostReason::Failed(no_quorum())),
-            ),
-            (
-                "a failure never lengthens the lock",
-                |s, t0| s.handle_failed(Error::NoQuorum(failure()), t0 + ms(300), t0 + ms(5000)),
-                600,
-                Next::Lose(LostReason::Failed(no_quorum())),
             ),
             (
                 "a lock of unmeasured validity is extended at once",
@@ -820,7 +885,7 @@ mod tests {
                 "a lock of unmeasured validity whose first extension fails is lost",
                 |s, t0| {
                     s.unmeasured = true;
-                    s.handle_failed(Error::NoQuorum(failure()), t0 + ms(1), t0 + ms(1));
+                    s.handle_failed(Error::NoQuorum(failure()), t0 + ms(1));
                 },
                 2,
                 Next::Lose(LostReason::Failed(no_quorum())),
@@ -862,7 +927,7 @@ mod tests {
             (ms(2), 0.1, ms(1), ms(1)),
         ];
         for (ttl, every, period, gap) in cases {
-            let s = Schedule::new(ttl, every, None, t0 + ttl, 0);
+            let s = Schedule::new(ttl, every, ms(50), None, t0 + ttl, 0);
             assert_eq!((s.period, s.retry_gap), (period, gap), "{ttl:?} x {every}");
         }
     }

@@ -10,10 +10,12 @@
 //! benchmark should not load a deployment because of a variable left in
 //! the environment.
 //!
-//! Failed acquires (the lock held by another thread: contention) and
-//! errors (masters unreachable, slow rounds, failed releases) are counted
-//! apart and always reported; only successful operations enter the
-//! latency histograms.
+//! The headline counts only what happened: locks taken and released.
+//! Every attempt that fell short is counted beside it, never in it: failed
+//! acquires (the lock held elsewhere: contention) and errors (masters
+//! unreachable, slow rounds, failed releases). Only successful operations
+//! enter the latency histograms. A batch locks distinct resources, so that
+//! it never contends with itself.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -38,7 +40,9 @@ pub const LONG_ABOUT: &str = "Measure acquire and release latency and throughput
     (one attempt, no retry), release it. Acquire and release are timed apart into \
     HDR histograms (microseconds). Resources are drawn from R names; the default, \
     one per thread (bench:0, bench:1, ...), means no contention, and a small R \
-    means a lot. Failed acquires (contention) and errors are counted, never hidden.\n\n\
+    means a lot. The headline counts locks taken and released; failed acquires \
+    (contention) and errors are counted beside it, never in it. With --batch K, \
+    each batch draws K distinct resources, so R must be at least K.\n\n\
     Without --servers, N local redis-server masters are started on free loopback \
     ports (--spawn N, default 3) and stopped at the end, so that \
     `cargo run --release -- bench` works on any machine with redis-server \
@@ -67,7 +71,8 @@ pub struct BenchArgs {
     #[arg(short, long, value_name = "T", default_value_t = 4)]
     threads: usize,
 
-    /// Resource names to draw from [default: one per thread]
+    /// Resource names to draw from [default: one per thread, or one per
+    /// batch slot]; at least --batch
     #[arg(short, long, value_name = "R")]
     resources: Option<usize>,
 
@@ -95,7 +100,11 @@ pub struct BenchArgs {
 struct Tally {
     acquire: Histogram<u64>,
     release: Histogram<u64>,
+    /// Locks tried: each resource of a batch counts.
+    attempts: u64,
+    /// Locks taken and released: the headline.
     cycles: u64,
+    /// Locks held elsewhere (contention).
     acquire_failed: u64,
     /// Errors by kind ("acquire: quorum unreachable"): count and the
     /// first message.
@@ -111,6 +120,7 @@ impl Tally {
         Tally {
             acquire: histogram(),
             release: histogram(),
+            attempts: 0,
             cycles: 0,
             acquire_failed: 0,
             errors: BTreeMap::new(),
@@ -118,6 +128,11 @@ impl Tally {
     }
 
     fn error(&mut self, op: &str, error: &Error) {
+        self.errors_of(op, error, 1);
+    }
+
+    /// Counts `n` attempts that failed with `error`.
+    fn errors_of(&mut self, op: &str, error: &Error, n: u64) {
         let kind = match error {
             Error::Held(_) => "held",
             Error::NotHeld(_) => "not held",
@@ -131,7 +146,7 @@ impl Tally {
         self.errors
             .entry(format!("{op}: {kind}"))
             .or_insert_with(|| (0, error.to_string()))
-            .0 += 1;
+            .0 += n;
     }
 
     fn error_count(&self) -> u64 {
@@ -142,6 +157,7 @@ impl Tally {
         // Same bounds on both sides: adding cannot fail.
         let _ = self.acquire.add(&other.acquire);
         let _ = self.release.add(&other.release);
+        self.attempts += other.attempts;
         self.cycles += other.cycles;
         self.acquire_failed += other.acquire_failed;
         for (kind, (n, message)) in other.errors {
@@ -180,6 +196,17 @@ pub fn bench(
     }
     if args.duration.is_zero() {
         return Err(Failure::usage("--duration must be more than zero"));
+    }
+    if let Some(r) = args.resources
+        && r < args.batch as usize
+    {
+        // Refused rather than clamped: a batch locks distinct resources,
+        // and quietly measuring smaller batches than asked would mislead.
+        return Err(Failure::usage(format!(
+            "--resources {r} is fewer than --batch {}: a batch locks distinct resources; \
+             give --resources {} or more, or a smaller --batch",
+            args.batch, args.batch
+        )));
     }
     let given: Vec<String> = servers
         .iter()
@@ -275,14 +302,16 @@ fn measure(
             .collect();
         start.wait();
         let began = Instant::now();
-        let deadline = began + args.duration;
+        // No end an Instant can hold: measure until interrupted.
+        let deadline = began.checked_add(args.duration);
         let mut interrupted = None;
         loop {
             let now = Instant::now();
-            if now >= deadline {
+            let left = deadline.map_or(PROGRESS_EVERY, |d| d.saturating_duration_since(now));
+            if left.is_zero() {
                 break;
             }
-            signals.wait(PROGRESS_EVERY.min(deadline - now));
+            signals.wait(PROGRESS_EVERY.min(left));
             let pending = signals.take();
             if let Some(&signal) = [libc::SIGINT, libc::SIGTERM]
                 .iter()
@@ -327,7 +356,7 @@ fn draw_progress(elapsed: Duration, total: Duration, cycles: u64) {
     let rate = cycles as f64 / elapsed.as_secs_f64().max(1e-9);
     let _ = write!(
         io::stderr().lock(),
-        "\r[{}{}] {:5.1}s/{:.1}s {:>10} cycles {:>9.0}/s ",
+        "\r[{}{}] {:5.1}s/{:.1}s {:>10} locks {:>9.0}/s ",
         "#".repeat(filled),
         ".".repeat(width as usize - filled),
         elapsed.as_secs_f64(),
@@ -341,6 +370,17 @@ fn draw_progress(elapsed: Duration, total: Duration, cycles: u64) {
 struct Pick(u64);
 
 impl Pick {
+    /// Moves `k` distinct entries of `order`, drawn uniformly, to its
+    /// front (a partial Fisher-Yates shuffle) and returns them.
+    fn distinct<'a, T>(&mut self, order: &'a mut [T], k: usize) -> &'a [T] {
+        let k = k.min(order.len());
+        for i in 0..k {
+            let j = i + self.below(order.len() - i);
+            order.swap(i, j);
+        }
+        &order[..k]
+    }
+
     fn below(&mut self, n: usize) -> usize {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
@@ -388,15 +428,12 @@ fn worker(
     // Odd, hence never the all-zero state xorshift cannot leave.
     let mut pick = Pick((index as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
     if batch > 1 {
-        let mut chosen = Vec::with_capacity(batch);
+        // A batch never names one resource twice: it would contend with
+        // itself, and count as contention what no other client caused.
+        let mut order = names;
         while !stop.load(Ordering::Relaxed) {
-            chosen.clear();
-            if args.resources.is_none() {
-                chosen.extend(names.iter().cloned());
-            } else {
-                chosen.extend((0..batch).map(|_| names[pick.below(names.len())].clone()));
-            }
-            batch_cycle(&mut client, &chosen, args.ttl, &mut tally, progress);
+            let chosen = pick.distinct(&mut order, batch);
+            batch_cycle(&mut client, chosen, args.ttl, &mut tally, progress);
         }
         return Ok(tally);
     }
@@ -407,6 +444,7 @@ fn worker(
             pick.below(names.len())
         }]
         .clone();
+        tally.attempts += 1;
         let t0 = Instant::now();
         let acquired = client.try_acquire(resource, args.ttl);
         let t1 = Instant::now();
@@ -438,8 +476,8 @@ fn worker(
 }
 
 /// One batch: lock every resource in one pass, release those taken in one
-/// pass. Each lock taken and released counts as one cycle; latencies are
-/// per batch.
+/// pass. Each resource is an attempt, and each lock taken and released one
+/// cycle; latencies are per batch.
 fn batch_cycle(
     client: &mut Redlock,
     resources: &[Bytes],
@@ -447,13 +485,15 @@ fn batch_cycle(
     tally: &mut Tally,
     progress: &AtomicU64,
 ) {
+    let tries = resources.len() as u64;
+    tally.attempts += tries;
     let t0 = Instant::now();
     let acquired = client.try_acquire_batch(resources.iter().cloned(), ttl);
     let t1 = Instant::now();
     let results = match acquired {
         Ok(results) => results,
         Err(e) => {
-            tally.error("acquire", &e);
+            tally.errors_of("acquire", &e, tries);
             thread::sleep(ERROR_PAUSE);
             return;
         }
@@ -552,8 +592,10 @@ fn json_report(
         "spin": args.spin,
         "duration_s": elapsed.as_secs_f64(),
         "interrupted": interrupted.is_some(),
+        "attempts": tally.attempts,
         "cycles": tally.cycles,
         "cycles_per_sec": rate(tally.cycles, elapsed),
+        "failed_attempts": tally.attempts.saturating_sub(tally.cycles),
         "acquire_failed": tally.acquire_failed,
         "errors": tally.error_count(),
         "errors_by_kind": errors,
@@ -612,17 +654,19 @@ fn text_report(
     }
     let _ = writeln!(
         out,
-        "{:.2} s: {} acquire+release cycles, {:.0} cycles/s",
+        "{:.2} s: {} locks taken and released, {:.0}/s",
         elapsed.as_secs_f64(),
         tally.cycles,
         rate(tally.cycles, elapsed)
     );
     let _ = writeln!(
         out,
-        "acquire failed (held by another thread): {}",
-        tally.acquire_failed
+        "failed attempts: {} of {} (held elsewhere: {}; errors: {})",
+        tally.attempts.saturating_sub(tally.cycles),
+        tally.attempts,
+        tally.acquire_failed,
+        tally.error_count()
     );
-    let _ = writeln!(out, "errors: {}", tally.error_count());
     for (kind, (n, message)) in &tally.errors {
         let _ = writeln!(out, "  {kind}: {n}, first: {message}");
     }
@@ -724,12 +768,14 @@ mod tests {
         a.acquire.saturating_record(10);
         let mut b = Tally::new();
         b.cycles = 3;
+        b.attempts = 6;
         b.acquire_failed = 1;
         b.acquire.saturating_record(20);
         b.error("acquire", &Error::Os(io::ErrorKind::Other));
         b.error("acquire", &Error::Os(io::ErrorKind::Other));
         a.merge(b);
         assert_eq!((a.cycles, a.acquire_failed, a.error_count()), (5, 1, 2));
+        assert_eq!(a.attempts, 6);
         assert_eq!(a.acquire.len(), 2);
         assert_eq!(a.errors.keys().collect::<Vec<_>>(), ["acquire: OS error"]);
     }
@@ -740,6 +786,25 @@ mod tests {
         let draws: Vec<usize> = (0..1000).map(|_| pick.below(7)).collect();
         assert!(draws.iter().all(|&d| d < 7));
         assert!((0..7).all(|v| draws.contains(&v)));
+    }
+
+    #[test]
+    fn a_batch_draws_distinct_resources_and_all_of_them_over_time() {
+        let mut pick = Pick(42);
+        let mut order: Vec<usize> = (0..10).collect();
+        let mut seen = [false; 10];
+        for k in [1, 4, 10] {
+            for _ in 0..100 {
+                let mut chosen = pick.distinct(&mut order, k).to_vec();
+                assert_eq!(chosen.len(), k);
+                chosen.iter().for_each(|&c| seen[c] = true);
+                chosen.sort_unstable();
+                chosen.dedup();
+                assert_eq!(chosen.len(), k, "a resource drawn twice");
+            }
+        }
+        assert!(seen.iter().all(|s| *s));
+        assert_eq!(pick.distinct(&mut order, 99).len(), 10);
     }
 
     #[test]

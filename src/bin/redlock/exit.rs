@@ -6,7 +6,7 @@
 //! a signal, 126 and 127 when it cannot be executed). The table below is
 //! shown by `--help` and repeated in the README: change both together.
 
-use redlock_mio::Error;
+use redlock_mio::{ConfigError, Error};
 
 /// Success.
 pub const OK: u8 = 0;
@@ -21,7 +21,8 @@ pub const SOFTWARE: u8 = 70;
 /// The OS refused something: a poll instance, random bytes, a pipe,
 /// writing the output (EX_OSERR).
 pub const OSERR: u8 = 71;
-/// `run`: the lock was lost while the command ran (EX_TEMPFAIL).
+/// `run`: the lock was lost while the command ran, or the command ended
+/// after the lock's deadline (EX_TEMPFAIL).
 pub const LOST: u8 = 75;
 /// `run`: the command exists but cannot be executed.
 pub const CANNOT_EXECUTE: u8 = 126;
@@ -40,7 +41,8 @@ Exit status:
            probe: fewer than a quorum healthy
   70       an unexpected library error
   71       the OS refused a resource (poll, random bytes, pipe, output)
-  75       run: the lock was lost while the command ran; it was terminated
+  75       run: the lock was lost while the command ran (it was terminated),
+           or the command ended after the lock's deadline
   126/127  run: the command cannot be executed / was not found";
 
 /// A failure: one line for stderr, and the exit code.
@@ -74,7 +76,10 @@ pub fn is_conflict(error: &Error) -> bool {
 
 /// True for errors that mean "too few masters answered".
 pub fn is_unreachable(error: &Error) -> bool {
-    matches!(error, Error::NoQuorum(_) | Error::Protocol(_))
+    matches!(
+        error,
+        Error::NoQuorum(_) | Error::Protocol(_) | Error::FenceUnknown { .. }
+    )
 }
 
 /// The exit code for a library error; `conflict` is the code for a lock
@@ -82,17 +87,30 @@ pub fn is_unreachable(error: &Error) -> bool {
 pub fn code_for(error: &Error, conflict: u8) -> u8 {
     match error {
         Error::Held(_) | Error::ValidityExpired(_) | Error::NotHeld(_) => conflict,
-        Error::ExtensionLimit(_) => conflict,
-        Error::NoQuorum(_) | Error::Protocol(_) => UNAVAILABLE,
+        // The key was lost between the fenced acquire's two phases.
+        Error::ExtensionLimit(_) | Error::FenceRefused(_) => conflict,
+        // Too few masters that can vouch for their fence readings.
+        Error::NoQuorum(_) | Error::Protocol(_) | Error::FenceUnknown { .. } => UNAVAILABLE,
         Error::Config(_) => USAGE,
         Error::Os(_) => OSERR,
         _ => SOFTWARE,
     }
 }
 
-/// A failure from a library error, its Display prefixed with `context`.
+/// A failure from a library error, its Display prefixed with `context`;
+/// where the library names a setting, the message names the flag instead.
 pub fn lock_error(context: &str, error: &Error, conflict: u8) -> Failure {
-    Failure::new(code_for(error, conflict), format!("{context}: {error}"))
+    let message = match error {
+        Error::Config(ConfigError::TtlOverQuarantine(max)) => format!(
+            "{context}: the TTL exceeds restart quarantine's maximum TTL of {}: raise it with \
+             --max-ttl (on every client of these masters; a master up for less than that \
+             stays out of the quorum), or turn quarantine off with --no-quarantine for \
+             masters that persist every write (appendfsync always)",
+            humantime::format_duration(*max)
+        ),
+        _ => format!("{context}: {error}"),
+    };
+    Failure::new(code_for(error, conflict), message)
 }
 
 #[cfg(test)]
@@ -100,7 +118,7 @@ mod tests {
     use std::io;
     use std::time::Duration;
 
-    use redlock_mio::{ConfigError, Failure as Votes};
+    use redlock_mio::Failure as Votes;
 
     use super::*;
 
@@ -141,5 +159,26 @@ mod tests {
                 .starts_with("cannot acquire \"r\": quorum of masters unreachable")
         );
         assert!(!failure.message.contains('\n'));
+    }
+
+    #[test]
+    fn a_ttl_over_the_quarantine_names_the_flags_that_change_it() {
+        let over = Error::Config(ConfigError::TtlOverQuarantine(Duration::from_secs(60)));
+        let failure = lock_error("cannot acquire \"r\"", &over, 1);
+        assert_eq!(failure.code, USAGE);
+        assert!(
+            failure.message.starts_with(
+                "cannot acquire \"r\": the TTL exceeds restart quarantine's maximum TTL of 1m:"
+            ),
+            "{}",
+            failure.message
+        );
+        assert!(failure.message.contains("--max-ttl"), "{}", failure.message);
+        assert!(
+            failure.message.contains("--no-quarantine"),
+            "{}",
+            failure.message
+        );
+        assert!(!failure.message.contains("Config::"), "{}", failure.message);
     }
 }

@@ -90,22 +90,26 @@ enum Command {
         long_about = "Acquire RESOURCE, run CMD while keeping the lock alive, release it \
             when CMD exits, and exit with CMD's status.\n\n\
             The lock is extended (to the same TTL) every third of the TTL. When \
-            extending fails until the validity runs out, the lock is lost: CMD gets \
-            SIGTERM, SIGKILL after --kill-after, and redlock exits 75. SIGINT, SIGTERM \
-            and SIGHUP sent to redlock are forwarded to CMD. CMD sees REDLOCK_RESOURCE \
-            and REDLOCK_TOKEN in its environment, and is sent SIGTERM if redlock itself \
-            dies (Linux), since nobody then keeps its lock alive.",
+            extending keeps failing until about a third of the TTL of validity is left \
+            (or a quorum says the token no longer holds the key), the lock is lost: CMD \
+            gets SIGTERM, then SIGKILL after --kill-after or just before the lock's \
+            deadline, whichever comes first, and redlock exits 75. CMD never outlives the \
+            lock: redlock also watches the deadline on its own clock, and exits 75 when \
+            CMD finishes after it, whatever CMD's status. SIGINT, SIGTERM and SIGHUP sent \
+            to redlock are forwarded to CMD. CMD sees REDLOCK_RESOURCE and REDLOCK_TOKEN \
+            (and REDLOCK_FENCE with --fence) in its environment, and is sent SIGTERM if \
+            redlock itself dies (Linux), since nobody then keeps its lock alive.",
         after_help = exit::TABLE
     )]
     Run(run::RunArgs),
 
-    /// Acquire a lock; print its token on stdout and its validity on stderr
+    /// Acquire a lock; print its token (and fence) on stdout, its validity on stderr
     #[command(
         long_about = "Acquire RESOURCE and print the lock's token as the only line on \
-            stdout, so that `token=$(redlock acquire RESOURCE)` works; the validity \
-            (milliseconds of mutual exclusion left) goes to stderr as \
-            `redlock: validity N ms`. Release with `redlock release RESOURCE TOKEN`, \
-            or let the lock expire after its TTL.",
+            stdout, so that `token=$(redlock acquire RESOURCE)` works; with --fence the \
+            line is `TOKEN FENCE` (`read -r token fence`). The validity (milliseconds of \
+            mutual exclusion left) goes to stderr as `redlock: validity N ms`. Release \
+            with `redlock release RESOURCE TOKEN`, or let the lock expire after its TTL.",
         after_help = exit::TABLE
     )]
     Acquire(AcquireArgs),
@@ -150,6 +154,11 @@ pub struct AcquireOptions {
         default_value_t = exit::CONFLICT
     )]
     pub conflict_exit_code: u8,
+
+    /// Take a fencing token too: a number larger than that of every
+    /// earlier fenced lock on RESOURCE (one more round trip)
+    #[arg(long)]
+    pub fence: bool,
 }
 
 #[derive(Args, Debug)]
@@ -335,17 +344,20 @@ pub fn acquire_lock(
 ) -> Result<Lock, Failure> {
     let context = format!("cannot acquire {resource:?}");
     let conflict = options.conflict_exit_code;
+    let attempt = |redlock: &mut Redlock, retry: &Retry| {
+        if options.fence {
+            redlock.acquire_fenced_with(resource.to_owned(), options.ttl, retry)
+        } else {
+            redlock.acquire_with(resource.to_owned(), options.ttl, retry)
+        }
+    };
     let retry = if options.nonblock {
         Retry::once()
     } else if let Some(wait) = options.wait {
         Retry::until(wait)
     } else {
         loop {
-            match redlock.acquire_with(
-                resource.to_owned(),
-                options.ttl,
-                &Retry::until(FOREVER_SLICE),
-            ) {
+            match attempt(redlock, &Retry::until(FOREVER_SLICE)) {
                 Ok(lock) => return Ok(lock),
                 Err(e) if exit::is_unreachable(&e) => {
                     say(&format!("{context} yet, still trying: {e}"));
@@ -355,14 +367,15 @@ pub fn acquire_lock(
             }
         }
     };
-    redlock
-        .acquire_with(resource.to_owned(), options.ttl, &retry)
-        .map_err(|e| exit::lock_error(&context, &e, conflict))
+    attempt(redlock, &retry).map_err(|e| exit::lock_error(&context, &e, conflict))
 }
 
 fn acquire(mut redlock: Redlock, args: &AcquireArgs) -> Result<u8, Failure> {
     let lock = acquire_lock(&mut redlock, &args.resource, &args.acquire)?;
-    let printed = writeln!(io::stdout().lock(), "{}", lock.token());
+    let printed = match lock.fence() {
+        Some(fence) => writeln!(io::stdout().lock(), "{} {fence}", lock.token()),
+        None => writeln!(io::stdout().lock(), "{}", lock.token()),
+    };
     if let Err(e) = printed {
         // Nobody learnt the token, so nobody could release the lock: do it.
         let _ = redlock.release(&lock);

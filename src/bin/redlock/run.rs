@@ -3,17 +3,24 @@
 //! This module owns the child's life under the lock: it acquires, hands
 //! the lock to a [`Watchdog`] (which extends it every third of the TTL on
 //! a thread and connections of its own), starts the command with
-//! `REDLOCK_RESOURCE` and `REDLOCK_TOKEN`, forwards SIGINT, SIGTERM and
-//! SIGHUP, and releases when the command has exited. Its loop is
-//! single-threaded: signals, the child's exit and the watchdog's loss
-//! report all arrive through [`Signals`].
+//! `REDLOCK_RESOURCE`, `REDLOCK_TOKEN` and, with `--fence`,
+//! `REDLOCK_FENCE`, forwards SIGINT, SIGTERM and SIGHUP, and releases when
+//! the command has exited. Its loop is single-threaded: signals, the
+//! child's exit and the watchdog's loss report all arrive through
+//! [`Signals`].
 //!
-//! The lock is lost when the watchdog gives it up: at once when a quorum
-//! reports that the token no longer holds the key, or when extending keeps
-//! failing until less than a third of the TTL of validity is left (see
-//! [`Watchdog`]), so that the command is told while mutual exclusion still
-//! holds. It is then stopped: SIGTERM, and SIGKILL after `--kill-after`.
-//! It must never keep running unprotected while `redlock` reports success.
+//! The command must never outlive the lock while `redlock` reports
+//! success. The lock is lost when the watchdog gives it up: at once when a
+//! quorum reports that the token no longer holds the key, or when
+//! extending keeps failing until about a third of the TTL of validity is
+//! left (see [`Watchdog`]), so that the command is told while mutual
+//! exclusion still holds. It then gets SIGTERM, and SIGKILL after
+//! `--kill-after` or just before the lock's deadline, whichever comes
+//! first. The loop watches that deadline on its own clock as well, so
+//! that a loss reported late (or not at all: a keeper thread that did not
+//! run in time) still ends in SIGKILL by the deadline. A command that
+//! exits after the deadline, or after a loss, makes `redlock` exit 75
+//! whatever its status: part of its work was not protected.
 
 use std::ffi::OsString;
 use std::io;
@@ -34,12 +41,23 @@ const FORWARDED: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
 /// how soon failing extensions are reported on stderr.
 const MAX_NAP: Duration = Duration::from_millis(500);
 
+/// How long before the lock's deadline SIGKILL is sent: the loop's wake-up
+/// may come a little late (poll(2) counts whole milliseconds, and the
+/// scheduler adds its own delay), and the kill must not.
+const KILL_MARGIN: Duration = Duration::from_millis(10);
+
+/// The environment variables the command finds.
+const ENV_RESOURCE: &str = "REDLOCK_RESOURCE";
+const ENV_TOKEN: &str = "REDLOCK_TOKEN";
+const ENV_FENCE: &str = "REDLOCK_FENCE";
+
 #[derive(Args, Debug)]
 pub struct RunArgs {
     #[command(flatten)]
     pub acquire: AcquireOptions,
 
-    /// After the lock is lost, wait D between SIGTERM and SIGKILL
+    /// After the lock is lost, wait at most D between SIGTERM and SIGKILL;
+    /// SIGKILL comes by the lock's deadline in any case
     #[arg(long, value_name = "D", default_value = "5s", value_parser = parse_duration)]
     kill_after: Duration,
 
@@ -114,6 +132,7 @@ pub fn run(mut redlock: Redlock, args: &RunArgs) -> Result<u8, Failure> {
         child,
         signals,
         args,
+        stopper: Stopper::new(args.kill_after),
     }
     .watch()
 }
@@ -122,8 +141,13 @@ fn spawn(args: &RunArgs, lock: &Lock) -> io::Result<Child> {
     let mut command = Command::new(&args.command[0]);
     command
         .args(&args.command[1..])
-        .env("REDLOCK_RESOURCE", &args.resource)
-        .env("REDLOCK_TOKEN", lock.token().as_str());
+        .env(ENV_RESOURCE, &args.resource)
+        .env(ENV_TOKEN, lock.token().as_str());
+    match lock.fence() {
+        Some(fence) => command.env(ENV_FENCE, fence.to_string()),
+        // One inherited from an outer `redlock run` belongs to another lock.
+        None => command.env_remove(ENV_FENCE),
+    };
     #[cfg(target_os = "linux")]
     {
         use std::os::unix::process::CommandExt;
@@ -142,12 +166,116 @@ fn spawn(args: &RunArgs, lock: &Lock) -> io::Result<Child> {
     command.spawn()
 }
 
+/// Where the command stands, as far as stopping it goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    /// Running under a lock that is held.
+    Running,
+    /// Sent SIGTERM after a loss; SIGKILL is due at the end of
+    /// `--kill-after` (`None`: later than any `Instant`) or just before
+    /// the deadline, whichever comes first.
+    Terminated { grace_end: Option<Instant> },
+    /// Sent SIGKILL.
+    Killed,
+}
+
+/// What to do to the command now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    /// Nothing.
+    Wait,
+    /// The lock was lost: SIGTERM.
+    Terminate,
+    /// SIGKILL, for this reason.
+    Kill(KillCause),
+}
+
+/// Why the command gets SIGKILL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum KillCause {
+    /// It outlived `--kill-after` after SIGTERM.
+    KillAfter,
+    /// The lock's deadline is at hand.
+    Deadline,
+}
+
+/// When to signal the command, as plain data: fed the time, the lock's
+/// deadline and whether the watchdog gave the lock up, it says what to do.
+/// SIGTERM at a loss; SIGKILL at the end of `--kill-after`, or
+/// [`KILL_MARGIN`] before the deadline, whichever comes first, lost or
+/// not: the deadline is the bound, the watchdog's report only the warning.
+#[derive(Debug, Clone, Copy)]
+struct Stopper {
+    kill_after: Duration,
+    stage: Stage,
+}
+
+impl Stopper {
+    fn new(kill_after: Duration) -> Stopper {
+        Stopper {
+            kill_after,
+            stage: Stage::Running,
+        }
+    }
+
+    /// The latest moment to send SIGKILL for a lock valid until `deadline`.
+    fn kill_by(deadline: Instant) -> Instant {
+        deadline.checked_sub(KILL_MARGIN).unwrap_or(deadline)
+    }
+
+    /// True until the command has been sent a signal of ours.
+    fn is_running(&self) -> bool {
+        self.stage == Stage::Running
+    }
+
+    /// What to do at `now`, for a lock valid until `deadline` and given up
+    /// by the watchdog when `lost`.
+    #[must_use]
+    fn poll(&mut self, now: Instant, deadline: Instant, lost: bool) -> Step {
+        let out_of_time = now >= Stopper::kill_by(deadline);
+        let step = match self.stage {
+            Stage::Killed => Step::Wait,
+            _ if out_of_time => Step::Kill(KillCause::Deadline),
+            Stage::Running if lost => Step::Terminate,
+            Stage::Running => Step::Wait,
+            Stage::Terminated { grace_end } => match grace_end {
+                Some(end) if now >= end => Step::Kill(KillCause::KillAfter),
+                _ => Step::Wait,
+            },
+        };
+        match step {
+            Step::Wait => {}
+            Step::Terminate => {
+                self.stage = Stage::Terminated {
+                    grace_end: now.checked_add(self.kill_after),
+                }
+            }
+            Step::Kill(_) => self.stage = Stage::Killed,
+        }
+        step
+    }
+
+    /// When the next step falls due if nothing else happens; `None` when
+    /// only an event (a loss, the command's exit) can bring one.
+    fn next_due(&self, deadline: Instant) -> Option<Instant> {
+        let kill_by = Stopper::kill_by(deadline);
+        match self.stage {
+            Stage::Running => Some(kill_by),
+            Stage::Terminated { grace_end } => {
+                Some(grace_end.map_or(kill_by, |end| end.min(kill_by)))
+            }
+            Stage::Killed => None,
+        }
+    }
+}
+
 /// The loop that watches the command while the lock is held.
 struct Supervisor<'a> {
     kept: Watchdog,
     child: Child,
     signals: Signals,
     args: &'a RunArgs,
+    stopper: Stopper,
 }
 
 impl Supervisor<'_> {
@@ -156,52 +284,94 @@ impl Supervisor<'_> {
         // Whether extending was failing at the last look (to report the
         // first failure once, not every retry).
         let mut failing = false;
-        // Set once the lock is lost: when SIGKILL is due, if not yet sent.
-        let mut lost: Option<Option<Instant>> = None;
-        let status = loop {
+        let (status, exited_by) = loop {
             match self.child.try_wait() {
-                Ok(Some(status)) => break status,
+                // The command exited before this moment.
+                Ok(Some(status)) => break (status, Instant::now()),
                 Ok(None) => {}
                 Err(e) => {
                     // Cannot happen for our own child; stop it rather than
                     // leave it running without knowing its fate.
                     say(&format!("cannot wait for the command: {e}"));
                     self.signal(libc::SIGKILL);
-                    break self.child.wait().map_err(|e| {
+                    self.stopper.stage = Stage::Killed;
+                    let status = self.child.wait().map_err(|e| {
                         Failure::new(exit::OSERR, format!("cannot wait for the command: {e}"))
                     })?;
+                    break (status, Instant::now());
                 }
             }
             self.forward();
+            let lost = self.kept.lost();
+            let deadline = self.kept.deadline();
+            let now = Instant::now();
             if lost.is_none() {
-                if let Some(why) = self.kept.lost() {
+                failing = self.report_failing(failing);
+            }
+            let was_running = self.stopper.is_running();
+            let step = self.stopper.poll(now, deadline, lost.is_some());
+            if let (true, Some(why), Step::Terminate | Step::Kill(_)) = (was_running, &lost, step) {
+                say(&format!(
+                    "lost the lock on {:?}: {why}; stopping the command",
+                    self.args.resource
+                ));
+            }
+            let left = deadline.saturating_duration_since(now).as_millis();
+            match step {
+                Step::Wait => {}
+                Step::Terminate => self.signal(libc::SIGTERM),
+                Step::Kill(KillCause::KillAfter) => {
+                    say("the command outlived --kill-after; sending SIGKILL");
+                    self.signal(libc::SIGKILL);
+                }
+                Step::Kill(KillCause::Deadline) if lost.is_none() => {
                     say(&format!(
-                        "lost the lock on {:?}: {why}; stopping the command",
+                        "the lock on {:?} reaches its deadline without an extension \
+                         ({left} ms of validity left); sending SIGKILL",
                         self.args.resource
                     ));
-                    self.signal(libc::SIGTERM);
-                    lost = Some(Some(Instant::now() + self.args.kill_after));
-                } else {
-                    failing = self.report_failing(failing);
+                    self.signal(libc::SIGKILL);
+                }
+                Step::Kill(KillCause::Deadline) => {
+                    say(&format!(
+                        "the command is still running at the lock's deadline \
+                         ({left} ms of validity left); sending SIGKILL"
+                    ));
+                    self.signal(libc::SIGKILL);
                 }
             }
-            if let Some(Some(kill_at)) = lost
-                && Instant::now() >= kill_at
-            {
-                say("the command outlived --kill-after; sending SIGKILL");
-                self.signal(libc::SIGKILL);
-                lost = Some(None);
-            }
-            let nap = match lost {
-                Some(Some(kill_at)) => kill_at.saturating_duration_since(Instant::now()),
-                _ => MAX_NAP,
-            };
+            let nap = self
+                .stopper
+                .next_due(deadline)
+                .map_or(MAX_NAP, |due| due.saturating_duration_since(Instant::now()));
             self.signals.wait(nap.min(MAX_NAP));
         };
+        // Read before releasing: what the command could count on.
+        let deadline = self.kept.deadline();
+        // A loss reported before the exit was seen may have come while the
+        // command still ran.
+        let lost = self.kept.lost().is_some_and(|lost| lost.at < exited_by);
         // Release also after a loss: keys still standing on some masters
         // hold our token, and compare-and-delete removes only those.
         let released = self.kept.release();
-        if lost.is_some() {
+        if !self.stopper.is_running() {
+            say(&format!("the command {}", describe(status)));
+            return Ok(exit::LOST);
+        }
+        if exited_by >= deadline {
+            say(&format!(
+                "the command {} after the lock's deadline: part of its work was not protected",
+                describe(status)
+            ));
+            return Ok(exit::LOST);
+        }
+        if lost {
+            // Exited on its own before the loop could act on the loss.
+            say(&format!(
+                "lost the lock on {:?} as the command ended; the command {}",
+                self.args.resource,
+                describe(status)
+            ));
             return Ok(exit::LOST);
         }
         if let Err(e) = released {
@@ -258,6 +428,26 @@ impl Supervisor<'_> {
     }
 }
 
+/// How the command ended, in words: "exited with status 3", "was killed
+/// by SIGKILL".
+fn describe(status: ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exited with status {code}"),
+        (None, Some(signal)) => {
+            let name = match signal {
+                libc::SIGKILL => "SIGKILL".to_owned(),
+                libc::SIGTERM => "SIGTERM".to_owned(),
+                libc::SIGINT => "SIGINT".to_owned(),
+                libc::SIGHUP => "SIGHUP".to_owned(),
+                other => format!("signal {other}"),
+            };
+            format!("was killed by {name}")
+        }
+        (None, None) => format!("ended ({status})"),
+    }
+}
+
 /// The exit code a shell would give: the status, or 128 + the signal.
 fn status_code(status: ExitStatus) -> u8 {
     use std::os::unix::process::ExitStatusExt;
@@ -278,14 +468,111 @@ mod tests {
     fn exit_statuses_map_as_a_shell_maps_them() {
         // Raw wait statuses: exit code in the second byte, signal in the first.
         let cases = [
-            (0, 0),
-            (7 << 8, 7),
-            (255 << 8, 255),
-            (libc::SIGTERM, 143),
-            (libc::SIGKILL, 137),
+            (0, 0, "exited with status 0"),
+            (7 << 8, 7, "exited with status 7"),
+            (255 << 8, 255, "exited with status 255"),
+            (libc::SIGTERM, 143, "was killed by SIGTERM"),
+            (libc::SIGKILL, 137, "was killed by SIGKILL"),
+            (
+                libc::SIGUSR1,
+                128 + libc::SIGUSR1 as u8,
+                "was killed by signal 10",
+            ),
         ];
-        for (raw, want) in cases {
-            assert_eq!(status_code(ExitStatus::from_raw(raw)), want, "raw {raw}");
+        for (raw, want, words) in cases {
+            let status = ExitStatus::from_raw(raw);
+            assert_eq!(status_code(status), want, "raw {raw}");
+            assert_eq!(describe(status), words, "raw {raw}");
         }
+    }
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn the_command_is_stopped_at_a_loss_and_killed_by_the_deadline() {
+        // A lock valid until t0 + 1000 ms; each case feeds (at ms, lost)
+        // in order and expects the steps.
+        type Case = (&'static str, Duration, &'static [(u64, bool, Step)]);
+        use KillCause::{Deadline, KillAfter};
+        use Step::{Kill, Terminate, Wait};
+        let cases: &[Case] = &[
+            (
+                "held: nothing until the deadline is at hand",
+                ms(5000),
+                &[
+                    (0, false, Wait),
+                    (989, false, Wait),
+                    (990, false, Kill(Deadline)),
+                ],
+            ),
+            (
+                "a loss: SIGTERM, then SIGKILL after --kill-after",
+                ms(200),
+                &[
+                    (600, true, Terminate),
+                    (799, true, Wait),
+                    (800, true, Kill(KillAfter)),
+                    (995, true, Wait),
+                ],
+            ),
+            (
+                "a --kill-after past the deadline: SIGKILL by the deadline",
+                ms(30_000),
+                &[
+                    (600, true, Terminate),
+                    (989, true, Wait),
+                    (990, true, Kill(Deadline)),
+                ],
+            ),
+            (
+                "an absurd --kill-after: the same, no overflow",
+                Duration::MAX,
+                &[(600, true, Terminate), (990, true, Kill(Deadline))],
+            ),
+            (
+                "a loss seen only at the deadline: SIGKILL at once",
+                ms(5000),
+                &[(100, false, Wait), (995, true, Kill(Deadline))],
+            ),
+            (
+                "a zero --kill-after: SIGKILL right after SIGTERM",
+                Duration::ZERO,
+                &[(600, true, Terminate), (600, true, Kill(KillAfter))],
+            ),
+        ];
+        for (name, kill_after, steps) in cases {
+            let t0 = Instant::now();
+            let deadline = t0 + ms(1000);
+            let mut stopper = Stopper::new(*kill_after);
+            for (at, lost, want) in *steps {
+                let got = stopper.poll(t0 + ms(*at), deadline, *lost);
+                assert_eq!(got, *want, "{name}, at {at} ms");
+            }
+        }
+    }
+
+    #[test]
+    fn the_loop_wakes_for_the_next_step() {
+        let t0 = Instant::now();
+        let deadline = t0 + ms(1000);
+        let mut stopper = Stopper::new(ms(100));
+        assert_eq!(stopper.next_due(deadline), Some(t0 + ms(990)));
+        assert_eq!(stopper.poll(t0 + ms(500), deadline, true), Step::Terminate);
+        assert_eq!(stopper.next_due(deadline), Some(t0 + ms(600)));
+        assert_eq!(
+            stopper.next_due(t0 + ms(550)),
+            Some(t0 + ms(540)),
+            "a deadline that moved earlier"
+        );
+        let mut patient = Stopper::new(Duration::MAX);
+        assert_eq!(patient.poll(t0 + ms(500), deadline, true), Step::Terminate);
+        assert_eq!(patient.next_due(deadline), Some(t0 + ms(990)));
+        assert_eq!(
+            patient.poll(t0 + ms(990), deadline, true),
+            Step::Kill(KillCause::Deadline)
+        );
+        assert_eq!(patient.next_due(deadline), None);
     }
 }
