@@ -12,8 +12,8 @@ use std::io::Write as _;
 
 use bytes::{Bytes, BytesMut};
 use redlock_mio::resp::{
-    Arg, DEPTH_CAP, Limit, Limits, ProtocolError, Reply, Status, decode, encode_command, frame_len,
-    parse,
+    Arg, DEPTH_CAP, FrameScan, Limit, Limits, ProtocolError, Reply, Status, decode, encode_command,
+    frame_len, parse,
 };
 
 /// Arbitrary bytes, as a server might send them, into the parser.
@@ -282,6 +282,30 @@ fn check_first_reply(data: &[u8], limits: &Limits, seed: u64) -> Parsed {
     if let Ok(Status::Complete { used, .. }) = &first {
         // Nothing after the reply matters to it.
         assert_eq!(parse(&src.slice(..*used), limits), first, "{data:?}");
+    }
+
+    // A resumed scan fed the input in growing prefixes says Partial until
+    // the reply is whole, then what `frame_len` says of the whole.
+    let mut scan = FrameScan::new();
+    let mut prefixes = cuts(whole_len, seed);
+    prefixes.sort_unstable();
+    for cut in prefixes {
+        match scan.scan(&data[..cut], limits) {
+            Ok(Status::Partial) => {}
+            Err(e) if first == Err(e) => {
+                scan = FrameScan::new();
+            }
+            other => panic!("{data:?}: resumed scan at {cut} gave {other:?}, whole {first:?}"),
+        }
+    }
+    let resumed = scan.scan(data, limits);
+    match (&first, &resumed) {
+        (Ok(Status::Complete { used, .. }), Ok(Status::Complete { used: u, .. })) => {
+            assert_eq!(used, u, "resumed scan of {data:?}");
+        }
+        (Ok(Status::Partial), Ok(Status::Partial)) => {}
+        (Err(e), Err(f)) => assert_eq!(e, f, "resumed scan of {data:?}"),
+        _ => panic!("{data:?}: resumed scan {resumed:?}, whole {first:?}"),
     }
 
     // `decode` takes what `parse` used, and nothing on Partial or error.

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 
 use crate::addr::ServerAddr;
-use crate::resp::{self, Arg, Limits, ProtocolError, Reply};
+use crate::resp::{self, Arg, FrameScan, Limits, ProtocolError, Reply};
 use crate::script::{ScriptId, Scripts};
 use crate::token::Token;
 
@@ -356,6 +356,9 @@ pub struct Conn {
     /// reallocated.
     written: usize,
     inbuf: BytesMut,
+    /// How far the reply at the front of `inbuf` has been scanned, so that
+    /// a reply arriving in pieces is not re-scanned from its start.
+    scan: FrameScan,
     in_flight: VecDeque<Expect>,
     handshake_left: usize,
     backoff: Duration,
@@ -390,6 +393,7 @@ impl Conn {
             out: BytesMut::with_capacity(OUT_CAPACITY),
             written: 0,
             inbuf: BytesMut::with_capacity(IN_CAPACITY),
+            scan: FrameScan::new(),
             in_flight: VecDeque::with_capacity(timing.max_in_flight),
             handshake_left: 0,
             backoff: timing.backoff_min,
@@ -460,6 +464,7 @@ impl Conn {
     pub fn handle_connect_started(&mut self, now: Instant) {
         self.clear_out();
         self.inbuf.clear();
+        self.scan.reset();
         self.in_flight.clear();
         let deadline = now.checked_add(self.timing.connect).unwrap_or(now);
         self.state = State::Connecting { deadline };
@@ -524,6 +529,7 @@ impl Conn {
         self.state = State::Down { retry_at, cause };
         self.clear_out();
         self.inbuf.clear();
+        self.scan.reset();
         self.in_flight.clear();
         self.handshake_left = 0;
     }
@@ -767,8 +773,8 @@ impl Conn {
         resend: impl Fn(Tag, Op) -> bool,
     ) -> Result<Option<(Tag, Reply)>, Cause> {
         loop {
-            let Some(reply) =
-                resp::decode(&mut self.inbuf, &self.limits).map_err(Cause::Protocol)?
+            let Some(reply) = resp::decode_resumed(&mut self.inbuf, &mut self.scan, &self.limits)
+                .map_err(Cause::Protocol)?
             else {
                 return Ok(None);
             };
