@@ -24,7 +24,12 @@ use redlock_mio::{
 
 /// How long a round may wait for the masters: short next to the TTLs used,
 /// long enough for a loaded machine.
-const ROUND: Duration = Duration::from_millis(150);
+const ROUND: Duration = Duration::from_millis(250);
+/// The TTL of the kept locks: short, so that they are extended often, yet
+/// long enough that a failed extension has time for retries on a loaded
+/// machine (from a third of the TTL gone until a third of it plus a round
+/// is left: 417 ms).
+const TTL: Duration = Duration::from_secs(2);
 /// How long a poll for a state change on the masters may take.
 const WAIT: Duration = Duration::from_secs(5);
 
@@ -120,12 +125,12 @@ fn assert_not_extended(masters: &Cluster, key: &str, token: &Token) {
 #[test]
 fn a_kept_lock_outlives_several_ttls_and_keeps_others_out() {
     let masters = cluster(3);
-    let ttl = Duration::from_secs(1);
+    let ttl = TTL;
     let kept = keep(&masters, "kept", ttl, KeepOptions::default());
     let token = *kept.token();
     let mut contender = client(&masters.urls());
     let started = Instant::now();
-    while started.elapsed() < Duration::from_millis(3500) {
+    while started.elapsed() < ttl * 7 / 2 {
         assert!(
             kept.is_held(),
             "lost after {:?}: {:?}",
@@ -140,8 +145,9 @@ fn a_kept_lock_outlives_several_ttls_and_keeps_others_out() {
     assert_eq!(kept.lost(), None);
     assert!(
         kept.extensions() >= 3,
-        "{} extensions in 3.5 s",
-        kept.extensions()
+        "{} extensions in {:?}",
+        kept.extensions(),
+        ttl * 7 / 2
     );
     let remaining = kept.remaining();
     assert!(
@@ -160,7 +166,7 @@ fn a_kept_lock_outlives_several_ttls_and_keeps_others_out() {
 #[test]
 fn a_multi_resource_lock_is_kept_whole() {
     let masters = cluster(3);
-    let ttl = Duration::from_secs(1);
+    let ttl = TTL;
     let mut redlock = client(&masters.urls());
     let retry = redlock.config().retry;
     let lock = redlock
@@ -169,7 +175,8 @@ fn a_multi_resource_lock_is_kept_whole() {
     let kept =
         Watchdog::keep(redlock.config().clone(), lock, KeepOptions::default()).expect("keep");
     let token = *kept.token();
-    thread::sleep(Duration::from_millis(2500));
+    // Held for more than two TTLs.
+    thread::sleep(ttl * 5 / 2);
     assert!(kept.is_held(), "{:?}", kept.lost());
     assert_eq!(kept.lock().resources().len(), 2);
     assert_held(&masters, "set:a", &token);
@@ -213,9 +220,11 @@ fn a_majority_going_away_is_reported_with_validity_left_through_every_channel() 
     // spare (less a round in flight), and at most ttl - period after the
     // majority went away (plus that round, plus slack).
     assert!(lost.at < lost.deadline, "reported too late: {lost}");
-    assert!(lost.left_when_reported() >= period / 2, "{lost}");
+    // (The slack is for a keeper thread scheduled late: reporting in time
+    // is its promise only when it runs when it should.)
+    assert!(lost.left_when_reported() >= period / 4, "{lost}");
     assert!(
-        took <= ttl - period + ROUND + Duration::from_secs(1),
+        took <= ttl - period + ROUND + Duration::from_secs(2),
         "took {took:?}: {lost}"
     );
     assert_eq!(kept.lost().as_ref(), Some(&lost));
@@ -235,7 +244,7 @@ fn a_majority_going_away_is_reported_with_validity_left_through_every_channel() 
 #[test]
 fn a_refused_extension_is_a_loss_at_once() {
     let masters = cluster(3);
-    let ttl = Duration::from_secs(1);
+    let ttl = TTL;
     let period = ttl / 3;
     let kept = keep(&masters, "taken", ttl, KeepOptions::default());
     let lost = kept.subscribe();
@@ -261,12 +270,7 @@ fn a_refused_extension_is_a_loss_at_once() {
 #[test]
 fn nothing_is_extended_after_release() {
     let masters = cluster(3);
-    let kept = keep(
-        &masters,
-        "done",
-        Duration::from_secs(1),
-        KeepOptions::default(),
-    );
+    let kept = keep(&masters, "done", TTL, KeepOptions::default());
     let token = *kept.token();
     assert!(
         eventually(WAIT, || kept.extensions() >= 1),
@@ -307,7 +311,7 @@ fn dropping_the_watchdog_releases_at_once() {
 #[test]
 fn the_extension_cap_is_honoured_and_reported_with_validity_left() {
     let masters = cluster(3);
-    let ttl = Duration::from_secs(1);
+    let ttl = TTL;
     let options = KeepOptions {
         max_extensions: Some(2),
         ..KeepOptions::default()
@@ -334,14 +338,12 @@ fn the_clients_own_extension_cap_applies_too() {
     let mut config = config(&masters.urls());
     config.max_extensions = Some(1);
     let mut redlock = Redlock::new(config).expect("client");
-    let lock = redlock
-        .acquire("config-capped", Duration::from_secs(1))
-        .expect("acquire");
+    let lock = redlock.acquire("config-capped", TTL).expect("acquire");
     let kept =
         Watchdog::keep(redlock.config().clone(), lock, KeepOptions::default()).expect("keep");
     let lost = kept
         .subscribe()
-        .recv_timeout(Duration::from_secs(3) + WAIT)
+        .recv_timeout(TTL * 3 + WAIT)
         .expect("no loss reported");
     assert_eq!(lost.reason, LostReason::ExtensionLimit(1), "{lost}");
     assert_eq!(kept.extensions(), 1);
@@ -351,7 +353,12 @@ fn the_clients_own_extension_cap_applies_too() {
 fn a_lock_without_validity_or_ttl_is_refused_or_lost_at_once() {
     let masters = cluster(1);
     let mut config = config(&masters.urls());
-    let token = client(&masters.urls())
+    // One attempt each, on one master (the acquire, and the first
+    // extension of a lock from parts): a round that a loaded machine
+    // slows down must not fail them.
+    config.per_instance_timeout = Duration::from_secs(1);
+    let token = Redlock::new(config.clone())
+        .unwrap_or_else(|e| panic!("{e}"))
         .try_acquire("parts", Duration::from_secs(5))
         .expect("acquire")
         .token()
