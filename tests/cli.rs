@@ -1182,3 +1182,26 @@ fn the_readme_shell_example_passes_the_ttl_check() {
         assert_eq!(code(&out), 69, "{verb} {args}: {}", stderr(&out));
     }
 }
+
+/// Issue 10, item 7: one server named twice is refused before it can vote
+/// twice: exit 2, both URLs named, nothing left on the master.
+#[test]
+fn one_server_named_twice_is_a_usage_error_naming_both_urls() {
+    let masters = common::cluster(2);
+    let port = masters[0].port();
+    let urls = vec![
+        format!("redis://127.0.0.1:{port}"),
+        format!("redis://localhost:{port}"),
+        masters[1].url(),
+    ];
+    let mut command = one_shot(&urls);
+    command.args(["acquire", "cli:twice", "--ttl", "10s"]);
+    let output = finish(command);
+    assert_eq!(code(&output), 2, "{}", stderr(&output));
+    let message = stderr(&output);
+    assert!(
+        message.contains(&urls[0]) && message.contains(&urls[1]),
+        "{message}"
+    );
+    assert_free(&masters, "cli:twice");
+}

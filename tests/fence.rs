@@ -64,17 +64,23 @@ fn successive_holders_get_strictly_increasing_fences() {
     }
     assert_eq!(last, 10, "one step per acquisition");
     // The slowest master's write-back may still be on its way when the
-    // quorum has decided: wait for it (a generous bound).
-    for server in &masters {
-        assert!(
-            common::eventually(Duration::from_secs(10), || {
-                stored_fence(server, "fenced") == Some(10)
-            }),
-            "{}: {:?}",
-            server.url(),
-            stored_fence(server, "fenced")
-        );
-    }
+    // quorum has decided: read once every reply is in. A quorum holds the
+    // last fence (the guarantee); a master whose connection was dropped on
+    // a very loaded machine may hold an older one, never a larger one.
+    a.settle(Duration::from_secs(10));
+    b.settle(Duration::from_secs(10));
+    let stored: Vec<Option<u64>> = masters
+        .iter()
+        .map(|server| stored_fence(server, "fenced"))
+        .collect();
+    assert!(
+        stored.iter().filter(|f| **f == Some(10)).count() >= 2,
+        "{stored:?}"
+    );
+    assert!(
+        stored.iter().all(|f| f.is_some_and(|f| f <= 10)),
+        "{stored:?}"
+    );
     // A plain lock carries no fence.
     let plain = a
         .try_acquire("fenced", TTL)
@@ -103,6 +109,11 @@ fn a_minority_master_that_lost_its_data_is_repaired_by_the_next_write_back() {
     let mut b = client(&urls, None);
     let lock = fenced(&mut b, "repair");
     assert_eq!(lock.fence(), Some(4), "read from the masters that kept it");
+    assert_eq!(
+        b.settle(Duration::from_secs(10)),
+        0,
+        "every master answered"
+    );
     for server in &masters {
         assert_eq!(stored_fence(server, "repair"), Some(4), "{}", server.url());
     }

@@ -314,8 +314,14 @@ fn client(flag: &[String], timeout: Duration, quarantine: Quarantine) -> Result<
     let mut config = config(&server_urls(flag)?)?;
     config.per_instance_timeout = timeout;
     quarantine.apply(&mut config);
-    Redlock::new(config)
-        .map_err(|e| exit::lock_error("cannot start the client", &e, exit::CONFLICT))
+    let connect_timeout = config.connect_timeout;
+    let mut redlock = Redlock::new(config)
+        .map_err(|e| exit::lock_error("cannot start the client", &e, exit::CONFLICT))?;
+    // Connected (host names looked up, handshakes done) before the first
+    // round, so that the round's timeout is spent on the lock alone, and
+    // one server named twice is known, and refused, before it can vote.
+    redlock.warm_up(connect_timeout);
+    Ok(redlock)
 }
 
 /// Parses a duration: humantime's `30s`, `500ms`, `1m30s`, or a bare
