@@ -447,13 +447,6 @@ impl Conn {
             + self.in_flight.capacity() * std::mem::size_of::<Expect>()
     }
 
-    /// The memory [`Conn::buffer_capacity`] stays at while replies stay
-    /// under [`READ_CHUNK`] bytes and requests under [`OUT_CAPACITY`]: what
-    /// a connection costs, however far its master lags.
-    pub fn steady_capacity(timing: &Timing) -> usize {
-        IN_CAPACITY + OUT_CAPACITY + timing.max_in_flight * std::mem::size_of::<Expect>()
-    }
-
     /// How many requests (handshake included) await a reply.
     pub fn in_flight(&self) -> usize {
         self.in_flight.len()

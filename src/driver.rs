@@ -2,7 +2,9 @@
 //!
 //! A [`Driver`] holds one socket per master (TCP with `TCP_NODELAY`, or a
 //! Unix stream), registered once under `Token(i)` for read and write
-//! readiness. It opens sockets when a connection asks, finishes each
+//! readiness. It opens sockets when a connection asks, to the address its
+//! [`Route`] gives (host names are looked up off this loop, see
+//! [`resolve`](crate::resolve)), finishes each
 //! non-blocking connect the way mio documents (writable, then `take_error`,
 //! then `peer_addr`), writes queued bytes until done or `WouldBlock`,
 //! reads into one reused buffer, retries on `Interrupted`, and sleeps in

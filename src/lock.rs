@@ -135,7 +135,7 @@ pub struct Config {
     /// later; a master that falls this far behind is dropped (its vote
     /// fails with [`Cause::TooFarBehind`]) and reconnected, as a stalled
     /// one is. The queue is allocated once per connection, so that a
-    /// lagging master costs no allocation: about 150 bytes a request (see
+    /// lagging master costs no allocation: 160 bytes a request (see
     /// [`Redlock::buffer_capacity`]). Default 1024: a single-operation
     /// client issues about 10,000 requests a second per master here, so
     /// 1024 is a lag of about 100 ms, twice the default per-instance
