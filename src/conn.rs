@@ -205,9 +205,8 @@ pub enum Cause {
     /// The oldest request in flight went unanswered past the stall limit.
     Stalled,
     /// The master is too far behind: as many requests as
-    /// [`Timing::max_in_flight`] await its replies, or its unwritten bytes
-    /// would overflow the write buffer. The connection is dropped and
-    /// re-established, as for [`Cause::Stalled`].
+    /// [`Timing::max_in_flight`] await its replies. The connection is
+    /// dropped and re-established, as for [`Cause::Stalled`].
     TooFarBehind,
     /// A handshake command got an error reply.
     Handshake(Step, Bytes),
@@ -303,11 +302,16 @@ pub struct Timing {
     pub max_in_flight: usize,
 }
 
-/// Capacity of a connection's write buffer, allocated once. It holds only
-/// what the kernel's socket buffer refused: a master that leaves more than
-/// this unread is [`Cause::TooFarBehind`]. (A single request larger than
-/// this, a huge multi-resource lock, still goes out: the buffer grows for
-/// it.)
+/// Capacity of a connection's write buffer, allocated on connect. It holds
+/// a round's requests until they are written, and then only what the
+/// kernel's socket buffer refused; written bytes are reclaimed by moving
+/// the rest to the front, never by reallocating. It grows (once, and keeps
+/// what it grew to) only for a batch whose requests take more than this,
+/// or when the kernel refuses more: with at most
+/// [`Timing::max_in_flight`] requests unanswered, a master that reads
+/// nothing is dropped as too far behind long before its socket buffers
+/// (hundreds of KiB on loopback) fill, so a lagging master does not grow
+/// it.
 pub const OUT_CAPACITY: usize = 16 * 1024;
 
 /// Capacity of a connection's read buffer, allocated once: room for one
@@ -439,8 +443,8 @@ impl Conn {
     /// Bytes of memory this connection's buffers hold: the read and write
     /// buffers and the in-flight queue. Bounded, whatever the master does:
     /// replies are parsed as they arrive and a partial one cannot exceed the
-    /// parser's limits, the write buffer is capped by [`OUT_CAPACITY`], and
-    /// the queue by [`Timing::max_in_flight`].
+    /// parser's limits, and the queue, and with it what the write buffer
+    /// can hold, by [`Timing::max_in_flight`] (see [`OUT_CAPACITY`]).
     pub fn buffer_capacity(&self) -> usize {
         self.inbuf.capacity()
             + self.out.capacity()
@@ -580,10 +584,11 @@ impl Conn {
             State::Down { cause, .. } => return Err(Cause::Backoff(Box::new(cause.clone()))),
             _ => {}
         }
-        if self.in_flight.len() >= self.timing.max_in_flight || !self.out_has_room(wire.len()) {
+        if self.in_flight.len() >= self.timing.max_in_flight {
             self.handle_failure(now, Cause::TooFarBehind);
             return Err(Cause::TooFarBehind);
         }
+        self.make_room(wire.len());
         self.out.extend_from_slice(wire);
         self.in_flight.push_back(Expect::Reply {
             tag,
@@ -726,19 +731,15 @@ impl Conn {
         self.written = 0;
     }
 
-    /// Whether `len` more bytes fit in the write buffer without growing it,
-    /// moving the unwritten bytes to its start if that makes room. An empty
-    /// buffer takes anything: one oversized request grows it once.
-    fn out_has_room(&mut self, len: usize) -> bool {
-        if self.out.len() + len <= self.out.capacity() {
-            return true;
-        }
-        if self.written > 0 {
+    /// Makes room for `len` more bytes in the write buffer by moving the
+    /// unwritten bytes to its start when the written ones are in the way,
+    /// so that partial writes never make it reallocate.
+    fn make_room(&mut self, len: usize) {
+        if self.written > 0 && self.out.len() + len > self.out.capacity() {
             self.out.copy_within(self.written.., 0);
             self.out.truncate(self.out.len() - self.written);
             self.written = 0;
         }
-        self.out.is_empty() || self.out.len() + len <= self.out.capacity()
     }
 
     /// The driver read `bytes` from the socket.
@@ -793,15 +794,11 @@ impl Conn {
                         && reply.is_error_code(b"NOSCRIPT")
                         && resend(tag, request.op)
                     {
+                        // The EVAL carries the script's source (a rare
+                        // path: after SCRIPT FLUSH or a restart).
+                        self.make_room(1024);
                         let before = self.out.len();
-                        // The EVAL carries the script's source: it may not
-                        // fit, and then the master is too far behind.
-                        let mut wire = BytesMut::new();
-                        request.encode_as(&self.scripts, &mut wire, true);
-                        if !self.out_has_room(wire.len()) {
-                            return Err(Cause::TooFarBehind);
-                        }
-                        self.out.extend_from_slice(&wire);
+                        request.encode_as(&self.scripts, &mut self.out, true);
                         let wire_len = self.out.len() - before;
                         self.in_flight.push_back(Expect::Reply {
                             tag,
