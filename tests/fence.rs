@@ -320,9 +320,12 @@ fn a_refused_fence_write_back_is_its_own_error() {
     }
     p1.delete_before_write_back(None);
     p2.delete_before_write_back(None);
-    // M3 took fence 2 from the failed attempt; the next one goes past it.
+    // The last fence returned was 1: the next one is larger. M3 stored 2
+    // from the failed attempt, which no quorum confirmed: the next fence is
+    // 3 when M3's reading is among the quorum's, 2 when M1 and M2 answer
+    // first (both are within the guarantee; which one depends on timing).
     let lock = fenced(&mut a, "vanishing");
-    assert_eq!(lock.fence(), Some(3));
+    assert!(matches!(lock.fence(), Some(2 | 3)), "{:?}", lock.fence());
     a.release(&lock).unwrap_or_else(|e| panic!("{e}"));
 }
 
