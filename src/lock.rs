@@ -673,6 +673,9 @@ pub struct Redlock {
     batch: Vec<Request>,
     /// Both clocks at the start of the last round.
     started: Stamp,
+    /// Both clocks when the last round ended: every slot's validity is
+    /// checked against this one reading.
+    ended: Stamp,
     /// Set once two masters turned out to be one server: every operation
     /// is refused from then on.
     same_server: Option<ConfigError>,
@@ -736,6 +739,7 @@ impl Redlock {
             jitter: SplitMix64(u64::from_le_bytes(seed)),
             batch: Vec::new(),
             started: Stamp::now(),
+            ended: Stamp::now(),
             same_server: None,
             config,
         })
@@ -1128,7 +1132,12 @@ impl Redlock {
             std::slice::from_ref(&request),
             self.config.per_instance_timeout.min(ttl),
         );
-        let extended = self.validity(0, ttl);
+        if let Some(expiry) = self.validity(0, ttl) {
+            lock.expiry = expiry;
+            lock.ttl = ttl;
+            lock.extensions += 1;
+            return Ok(());
+        }
         // Masters that ran the script expire the keys `ttl - drift` after
         // the round's start at the latest, answered or not.
         let shortened = self
@@ -1137,12 +1146,6 @@ impl Redlock {
             .and_then(|span| Expiry::after(self.started, span))
             .unwrap_or(Expiry::at(self.started));
         lock.expiry = lock.expiry.min(shortened);
-        if let Some(expiry) = extended {
-            lock.expiry = expiry;
-            lock.ttl = ttl;
-            lock.extensions += 1;
-            return Ok(());
-        }
         Err(self.verdict(Op::Extend, 0, first, 1))
     }
 
@@ -1208,8 +1211,8 @@ impl Redlock {
             arg: fence,
         };
         self.run_round(std::slice::from_ref(&write_back), timeout);
-        if let (Some(Decision::Won), Some(at)) = (self.round.decision(0), self.round.decided_at(0))
-            && let Some(expiry) = self.expiry(started, ttl, at)
+        if self.round.decision(0) == Some(Decision::Won)
+            && let Some(expiry) = self.expiry(started, ttl)
         {
             return Ok((expiry, fence.unsigned_abs()));
         }
@@ -1283,6 +1286,7 @@ impl Redlock {
         self.round.start(&mut self.conns, requests, now, timeout);
         self.driver
             .run(&mut self.conns, &mut self.round, self.config.spin);
+        self.ended = Stamp::now();
         self.round.finish(&mut self.conns);
         self.check_distinct();
     }
@@ -1330,18 +1334,18 @@ impl Redlock {
         if self.round.decision(slot) != Some(Decision::Won) {
             return None;
         }
-        self.expiry(self.started, ttl, self.round.decided_at(slot)?)
+        self.expiry(self.started, ttl)
     }
 
     /// The end of a lock whose keys were set or extended for `ttl` by a
-    /// round (or two, for a fenced acquire) that started at `started` and
-    /// was won at `decided_at`: `None` when no validity was left then, or
-    /// is left now on the boot clock (the machine was suspended meanwhile).
-    fn expiry(&self, started: Stamp, ttl: Duration, decided_at: Instant) -> Option<Expiry> {
-        Validity::compute(ttl, started.mono, decided_at, self.config.drift_factor)?;
+    /// round (or two, for a fenced acquire) that started at `started`, if
+    /// validity was left when the last round ended, on both clocks (a
+    /// suspend during the round counts). The spec's check at the decision
+    /// is implied: the round ended after it.
+    fn expiry(&self, started: Stamp, ttl: Duration) -> Option<Expiry> {
         let span = self.config.validity_span(ttl)?;
         let expiry = Expiry::after(started, span)?;
-        (!expiry.remaining(Stamp::now()).is_zero()).then_some(expiry)
+        (!expiry.remaining(self.ended).is_zero()).then_some(expiry)
     }
 
     /// Turns a slot of the last round that did not produce a lock into the
