@@ -192,6 +192,12 @@ fn wait_for_file(path: &Path, running: &mut Running) -> String {
     }
 }
 
+/// Polls until the command has written its pid (with [`WRITE_PID`]) to
+/// `path`, and returns it.
+fn wait_for_pid(path: &Path, running: &mut Running) -> libc::pid_t {
+    wait_for_file(path, running).trim().parse().expect("a pid")
+}
+
 /// A shell snippet that writes its pid to `$1` atomically (the test polls
 /// for the file, and must never read it half-written).
 const WRITE_PID: &str = r#"echo $$ > "$1.tmp" && mv "$1.tmp" "$1""#;
@@ -336,10 +342,7 @@ fn sigterm_to_redlock_is_forwarded_and_the_lock_released() {
         .arg("sh")
         .arg(&pid_file);
     let mut holder = Running::start(holder);
-    let child: libc::pid_t = wait_for_file(&pid_file, &mut holder)
-        .trim()
-        .parse()
-        .expect("a pid");
+    let child = wait_for_pid(&pid_file, &mut holder);
     let token = get_all(&masters, "term")
         .into_iter()
         .find_map(|r| match r {
@@ -380,10 +383,7 @@ fn lose_the_lock(script: &str, kill_after: &str) -> (Duration, ExitStatus, Strin
         .arg("sh")
         .arg(&pid_file);
     let mut holder = Running::start(holder);
-    let child: libc::pid_t = wait_for_file(&pid_file, &mut holder)
-        .trim()
-        .parse()
-        .expect("a pid");
+    let child = wait_for_pid(&pid_file, &mut holder);
 
     masters[0].pause().expect("pausing master 0");
     masters[1].pause().expect("pausing master 1");
@@ -885,10 +885,7 @@ fn a_command_that_ignores_sigterm_dies_by_the_locks_deadline_whatever_kill_after
         .arg("sh")
         .arg(&pid_file);
     let mut holder = Running::start(holder);
-    let child: libc::pid_t = wait_for_file(&pid_file, &mut holder)
-        .trim()
-        .parse()
-        .expect("a pid");
+    let child = wait_for_pid(&pid_file, &mut holder);
     let command = KillOnDrop::new(child);
 
     // Leave running a master that holds the key, stall the two others.
@@ -960,10 +957,7 @@ fn a_command_that_finishes_after_the_deadline_makes_run_exit_75() {
         .arg(&go);
     let started = Instant::now();
     let mut holder = Running::start(holder);
-    let child: libc::pid_t = wait_for_file(&pid_file, &mut holder)
-        .trim()
-        .parse()
-        .expect("a pid");
+    let child = wait_for_pid(&pid_file, &mut holder);
 
     holder.signal(libc::SIGSTOP);
     wait_until(ttl * 2, "the TTL passes", || started.elapsed() > ttl);

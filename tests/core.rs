@@ -327,6 +327,16 @@ impl Sim {
     fn votes(&self) -> Vec<Vote> {
         self.round.votes(0).to_vec()
     }
+
+    /// The script commands (EVALSHA, EVAL) master `i` received, in order.
+    fn scripts_sent(&self, i: usize) -> Vec<&str> {
+        self.masters[i]
+            .log
+            .iter()
+            .map(String::as_str)
+            .filter(|c| c.starts_with("EVAL"))
+            .collect()
+    }
 }
 
 fn acquire_round(scripts: Vec<Vec<Act>>) -> (Sim, Instant, Instant) {
@@ -509,16 +519,8 @@ fn noscript_is_answered_with_eval_on_that_connection_only() {
         Vote::Granted,
         "the caller never sees NOSCRIPT"
     );
-    let commands = |i: usize| {
-        sim.masters[i]
-            .log
-            .iter()
-            .filter(|c| c.starts_with("EVAL"))
-            .cloned()
-            .collect::<Vec<_>>()
-    };
-    assert_eq!(commands(0), vec!["EVALSHA", "EVAL"]);
-    assert_eq!(commands(1), vec!["EVALSHA"]);
+    assert_eq!(sim.scripts_sent(0), ["EVALSHA", "EVAL"]);
+    assert_eq!(sim.scripts_sent(1), ["EVALSHA"]);
 }
 
 #[test]
@@ -537,11 +539,7 @@ fn a_second_noscript_is_a_failed_vote_not_a_loop() {
         "{:?}",
         sim.votes()
     );
-    let sent: Vec<&String> = sim.masters[0]
-        .log
-        .iter()
-        .filter(|c| c.starts_with("EVAL"))
-        .collect();
+    let sent = sim.scripts_sent(0);
     assert_eq!(sent, ["EVALSHA", "EVAL"]);
 }
 
@@ -1020,11 +1018,7 @@ fn a_late_noscript_never_re_sets_a_key_after_its_round_is_decided() {
     sim.advance(100 * MS);
     let next = sim.request(Op::Release);
     sim.run(&next);
-    let sent: Vec<&String> = sim.masters[0]
-        .log
-        .iter()
-        .filter(|c| c.starts_with("EVAL"))
-        .collect();
+    let sent = sim.scripts_sent(0);
     assert_eq!(
         sent,
         ["EVALSHA", "EVALSHA", "EVALSHA"],
@@ -1047,11 +1041,7 @@ fn a_late_noscript_to_a_release_is_still_answered_with_eval() {
     sim.advance(100 * MS);
     let next = sim.request(Op::Release);
     sim.run(&next);
-    let sent: Vec<&String> = sim.masters[0]
-        .log
-        .iter()
-        .filter(|c| c.starts_with("EVAL"))
-        .collect();
+    let sent = sim.scripts_sent(0);
     // The late NOSCRIPT is read in the next round, after its EVALSHA went
     // out; the first release is then re-sent as EVAL.
     assert_eq!(sent, ["EVALSHA", "EVALSHA", "EVAL"]);

@@ -106,6 +106,20 @@ fn gated_resolver(
     })
 }
 
+/// Whether `redlock` takes (and then releases) `resource` within [`WAIT`],
+/// trying again until it does.
+fn acquires_in_time(redlock: &mut Redlock, resource: &'static str) -> bool {
+    let mut held = None;
+    let taken = eventually(WAIT, || {
+        held = redlock.try_acquire(resource, Duration::from_secs(10)).ok();
+        held.is_some()
+    });
+    if let Some(lock) = held {
+        redlock.release(&lock).expect("release");
+    }
+    taken
+}
+
 fn open_gate(gate: &(Mutex<bool>, Condvar)) {
     *gate.0.lock().unwrap_or_else(|e| e.into_inner()) = true;
     gate.1.notify_all();
@@ -145,19 +159,10 @@ fn a_hanging_host_name_lookup_never_holds_a_round() {
         "gate still shut"
     );
     open_gate(&gate);
-    let mut held = None;
     assert!(
-        eventually(WAIT, || {
-            held = redlock
-                .try_acquire("validity:dns", Duration::from_secs(10))
-                .ok();
-            held.is_some()
-        }),
+        acquires_in_time(&mut redlock, "validity:dns"),
         "the masters were never used after their lookup"
     );
-    if let Some(lock) = held {
-        redlock.release(&lock).expect("release");
-    }
 }
 
 /// Item 6. A name that resolves to two addresses, the first refusing
@@ -176,19 +181,10 @@ fn every_address_a_name_resolves_to_is_tried_in_turn() {
     config.per_instance_timeout = Duration::from_millis(300);
     config.resolver = gated_resolver("two.test", vec![dead, master.addr()], &gate);
     let mut redlock = Redlock::new(config).expect("client");
-    let mut held = None;
     assert!(
-        eventually(WAIT, || {
-            held = redlock
-                .try_acquire("validity:two", Duration::from_secs(10))
-                .ok();
-            held.is_some()
-        }),
+        acquires_in_time(&mut redlock, "validity:two"),
         "the second address was never tried"
     );
-    if let Some(lock) = held {
-        redlock.release(&lock).expect("release");
-    }
 }
 
 /// Item 7. One server named twice (`127.0.0.1:P` and `localhost:P`)
