@@ -43,6 +43,10 @@ pub mod resolve;
 
 pub mod driver;
 
+pub mod config;
+
+pub mod error;
+
 pub mod lock;
 
 pub mod watchdog;
@@ -51,7 +55,9 @@ pub mod watchdog;
 pub mod spawn;
 
 pub use addr::ServerAddr;
-pub use lock::{Config, ConfigError, Error, Failure, Lock, LockGuard, MasterVote, Redlock, Retry};
+pub use config::{Config, ConfigError, MAX_TTL_MS, Retry};
+pub use error::{Error, Failure, MasterVote};
+pub use lock::{Lock, LockGuard, Redlock};
 pub use quorum::Vote;
 pub use resolve::Resolver;
 pub use token::Token;

@@ -1,6 +1,7 @@
 //! The lock manager: Redlock's acquire, release and extend over N masters.
 //!
-//! [`Redlock`] is the API a caller uses; it implements
+//! [`Redlock`] is the API a caller uses (its settings are in
+//! [`config`](crate::config), its errors in [`error`](crate::error)); it implements
 //! `shared/spec/redlock.md` on top of one [`Round`] per operation, driven by
 //! the [`Driver`]. It owns the rules that turn votes into a [`Lock`] or an
 //! [`Error`]: the quorum and validity check, the release to all N masters
@@ -13,7 +14,6 @@
 //! callers release explicitly, when they choose; a [`LockGuard`] borrows
 //! the client and releases on drop.
 
-use std::fmt;
 use std::io;
 use std::ops::Deref;
 use std::sync::Arc;
@@ -21,458 +21,14 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use crate::addr::{AddrError, ServerAddr};
 use crate::clock::{Expiry, Stamp};
+use crate::config::{Config, ConfigError, Retry};
 use crate::conn::{Conn, Keys, Op, Request, Timing};
 use crate::driver::Driver;
-use crate::quorum::{Decision, FencePlan, Loss, Round, Validity, Vote, plan_fence, same_server};
-use crate::resolve::Resolver;
-use crate::resp::Limits;
+use crate::error::{Error, Failure, MasterVote};
+use crate::quorum::{Decision, FencePlan, Loss, Round, Vote, plan_fence, same_server};
 use crate::script::{FENCE_STATE_KEY, Scripts};
 use crate::token::{Token, TokenSource};
-
-/// The largest TTL accepted, in milliseconds. Redis refuses a `PX` whose
-/// absolute expiry overflows a signed 64-bit millisecond clock; half of
-/// that range leaves room for any plausible server clock.
-pub const MAX_TTL_MS: u64 = (i64::MAX / 2) as u64;
-
-/// How a blocking acquire retries.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Retry {
-    /// Attempts in all, the first included; at least 1. Default 10.
-    pub attempts: u32,
-    /// Delay between attempts: each wait is uniform in
-    /// `[delay / 2, delay]`, so that competing clients fall out of step.
-    /// Default 200 ms.
-    pub delay: Duration,
-    /// Give up once this much time has passed since the first attempt,
-    /// whatever the attempt count. Default none.
-    pub max_wait: Option<Duration>,
-}
-
-impl Default for Retry {
-    fn default() -> Self {
-        Retry {
-            attempts: 10,
-            delay: Duration::from_millis(200),
-            max_wait: None,
-        }
-    }
-}
-
-impl Retry {
-    /// One attempt, no waiting.
-    pub fn once() -> Retry {
-        Retry {
-            attempts: 1,
-            ..Retry::default()
-        }
-    }
-
-    /// Retry until `max_wait` has passed, however many attempts that takes.
-    pub fn until(max_wait: Duration) -> Retry {
-        Retry {
-            attempts: u32::MAX,
-            max_wait: Some(max_wait),
-            ..Retry::default()
-        }
-    }
-
-    /// Retry forever.
-    pub fn forever() -> Retry {
-        Retry {
-            attempts: u32::MAX,
-            ..Retry::default()
-        }
-    }
-}
-
-/// Settings of a [`Redlock`] client. Build one with [`Config::new`] and
-/// change the public fields; the defaults follow the spec.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Config {
-    /// The masters, in a fixed order that error reports follow.
-    pub servers: Vec<ServerAddr>,
-    /// Clock drift allowance as a fraction of the TTL, plus 2 ms.
-    /// Default 0.01; must be in `[0, 1)`.
-    pub drift_factor: f64,
-    /// How long a round waits for the masters' replies; small compared to
-    /// the TTL, so that a dead or stalled master does not hold the caller.
-    /// Default 50 ms.
-    pub per_instance_timeout: Duration,
-    /// How long a connect may take; also how long a connection may leave a
-    /// request unanswered before it is dropped and re-established.
-    /// Default 1 s.
-    pub connect_timeout: Duration,
-    /// Longest wait before reconnecting to a master that keeps failing; the
-    /// wait starts at 10 ms and doubles. Default 1 s.
-    pub reconnect_backoff_max: Duration,
-    /// Retries of [`Redlock::acquire`]. Default: [`Retry::default`].
-    pub retry: Retry,
-    /// How many times one lock may be extended; `None` (the default) for
-    /// no limit.
-    pub max_extensions: Option<u32>,
-    /// Parser limits for replies.
-    pub limits: Limits,
-    /// Restart quarantine, crash-recovery safety without `appendfsync
-    /// always`: the largest TTL this client will use. On every (re)connect
-    /// the client reads the master's `INFO server`; a master whose uptime is
-    /// shorter than this, or whose `run_id` changed while it held this
-    /// client's locks, does not count toward the quorum until this long
-    /// after its restart (its votes read as [`Cause::Quarantined`]). An
-    /// acquire or extend with a longer TTL is refused. `None` turns it off,
-    /// for masters that persist every write (`appendfsync always`).
-    /// Default: 60 s.
-    ///
-    /// [`Cause::Quarantined`]: crate::conn::Cause::Quarantined
-    pub quarantine: Option<Duration>,
-    /// Busy-wait for replies (poll with a zero timeout) instead of sleeping
-    /// in the kernel: lower latency for a core's worth of CPU while a round
-    /// waits. Default off.
-    pub spin: bool,
-    /// The most requests one master may leave unanswered. An operation
-    /// returns at its quorum, so the slowest master's replies are read
-    /// later; a master that falls this far behind is dropped (its vote
-    /// fails with [`Cause::TooFarBehind`]) and reconnected, as a stalled
-    /// one is. The queue is allocated once per connection, so that a
-    /// lagging master costs no allocation: 160 bytes a request (see
-    /// [`Redlock::buffer_capacity`]). Default 1024: a single-operation
-    /// client issues about 10,000 requests a second per master here, so
-    /// 1024 is a lag of about 100 ms, twice the default per-instance
-    /// timeout, past which the master's votes time out anyway; raise it for
-    /// large batches ([`Redlock::try_acquire_batch`] puts one request per
-    /// resource in flight). At least 32.
-    ///
-    /// [`Cause::TooFarBehind`]: crate::conn::Cause::TooFarBehind
-    pub max_in_flight: usize,
-    /// Looks host names up: on a thread of its own, never inside a round,
-    /// allowed [`Config::connect_timeout`] before the master counts as
-    /// unresolved. Every address it returns is tried in turn, one per
-    /// connect. Default: the system's resolver. IP literals are never
-    /// looked up.
-    pub resolver: Resolver,
-    /// Test knob, present only with the `test-knobs` feature (not in
-    /// `default`; the crate's tests turn it on): added to every validity the
-    /// client computes, so that a lock claims to outlive its keys.
-    /// `tests/safety.rs` uses it to show that its checker catches a validity
-    /// wrong by a few milliseconds. Default zero.
-    #[cfg(feature = "test-knobs")]
-    pub overstate_validity: Duration,
-}
-
-impl Config {
-    /// Settings with the default values for the masters at `urls`.
-    ///
-    /// # Errors
-    /// [`ConfigError::NoServers`] for an empty list, [`ConfigError::Url`]
-    /// for a malformed URL (naming its position, not its text, since it may
-    /// carry a password).
-    pub fn new<I, S>(urls: I) -> Result<Config, ConfigError>
-    where
-        I: IntoIterator<Item = S>,
-        S: AsRef<str>,
-    {
-        let servers = urls
-            .into_iter()
-            .enumerate()
-            .map(|(index, url)| {
-                url.as_ref()
-                    .parse()
-                    .map_err(|error| ConfigError::Url { index, error })
-            })
-            .collect::<Result<Vec<ServerAddr>, _>>()?;
-        if servers.is_empty() {
-            return Err(ConfigError::NoServers);
-        }
-        Ok(Config {
-            servers,
-            drift_factor: 0.01,
-            per_instance_timeout: Duration::from_millis(50),
-            connect_timeout: Duration::from_secs(1),
-            reconnect_backoff_max: Duration::from_secs(1),
-            retry: Retry::default(),
-            max_extensions: None,
-            limits: Limits::default(),
-            quarantine: Some(Duration::from_secs(60)),
-            spin: false,
-            max_in_flight: 1024,
-            resolver: Resolver::system(),
-            #[cfg(feature = "test-knobs")]
-            overstate_validity: Duration::ZERO,
-        })
-    }
-
-    /// `ttl - drift` with this client's drift factor: how long after a
-    /// round's start its keys surely stand (see [`Validity::span`]); with
-    /// the `test-knobs` feature, overstated by
-    /// [`Config::overstate_validity`].
-    fn validity_span(&self, ttl: Duration) -> Option<Duration> {
-        let span = Validity::span(ttl, self.drift_factor);
-        #[cfg(feature = "test-knobs")]
-        let span = span.map(|span| span + self.overstate_validity);
-        span
-    }
-
-    /// `ttl` rounded down to whole milliseconds, if Redis and the restart
-    /// quarantine accept it: at least 1 ms, at most [`MAX_TTL_MS`], and no
-    /// more than [`Config::quarantine`]. The rule every acquire, extend and
-    /// watchdog applies.
-    pub(crate) fn checked_ttl(&self, ttl: Duration) -> Result<Duration, ConfigError> {
-        let ttl = Duration::from_millis(checked_ttl(ttl)?);
-        match self.quarantine {
-            Some(max) if ttl > max => Err(ConfigError::TtlOverQuarantine(max)),
-            _ => Ok(ttl),
-        }
-    }
-
-    fn check(&self) -> Result<(), ConfigError> {
-        if self.servers.is_empty() {
-            return Err(ConfigError::NoServers);
-        }
-        if !(0.0..1.0).contains(&self.drift_factor) {
-            return Err(ConfigError::DriftFactor);
-        }
-        if self.per_instance_timeout.is_zero() || self.connect_timeout.is_zero() {
-            return Err(ConfigError::ZeroTimeout);
-        }
-        if self.retry.attempts == 0 {
-            return Err(ConfigError::ZeroAttempts);
-        }
-        if self.max_in_flight < MIN_IN_FLIGHT {
-            return Err(ConfigError::InFlightTooSmall);
-        }
-        Ok(())
-    }
-}
-
-/// A setting or argument that cannot work.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum ConfigError {
-    /// No master was given.
-    NoServers,
-    /// The URL at `index` is malformed.
-    Url {
-        /// Position of the URL in the list given.
-        index: usize,
-        /// What is wrong with it.
-        error: AddrError,
-    },
-    /// The drift factor is not in `[0, 1)`.
-    DriftFactor,
-    /// A timeout of zero.
-    ZeroTimeout,
-    /// A retry policy with no attempt.
-    ZeroAttempts,
-    /// A TTL under one millisecond.
-    ZeroTtl,
-    /// A TTL over [`MAX_TTL_MS`].
-    TtlTooLarge,
-    /// A multi-resource lock over no resource.
-    NoResources,
-    /// A watchdog's extension period, as a fraction of the TTL, outside
-    /// `(0, 1)`.
-    ExtensionFraction,
-    /// A TTL over the restart quarantine's maximum ([`Config::quarantine`]):
-    /// a restart could lose such a lock after the quarantine ended.
-    TtlOverQuarantine(Duration),
-    /// [`Config::max_in_flight`] under 32: no room for a connection's
-    /// handshake and a batch.
-    InFlightTooSmall,
-    /// Two URLs name the same server process (the same `run_id`, read on
-    /// connect): it would vote twice and make a fake majority. Seen once
-    /// both are connected; from then on every operation is refused.
-    SameServer {
-        /// The first URL (password hidden).
-        first: Arc<str>,
-        /// The second URL (password hidden).
-        second: Arc<str>,
-    },
-}
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ConfigError::NoServers => f.write_str("no Redis master given"),
-            ConfigError::Url { index, error } => write!(f, "master URL #{}: {error}", index + 1),
-            ConfigError::DriftFactor => f.write_str("drift factor must be in [0, 1)"),
-            ConfigError::ZeroTimeout => f.write_str("timeouts must be greater than zero"),
-            ConfigError::ZeroAttempts => f.write_str("a retry policy needs at least one attempt"),
-            ConfigError::ZeroTtl => f.write_str("TTL must be at least 1 ms"),
-            ConfigError::TtlTooLarge => write!(f, "TTL exceeds the maximum of {MAX_TTL_MS} ms"),
-            ConfigError::NoResources => {
-                f.write_str("a multi-resource lock needs at least one resource")
-            }
-            ConfigError::ExtensionFraction => f.write_str(
-                "the watchdog's extension period must be a fraction of the TTL in (0, 1)",
-            ),
-            ConfigError::TtlOverQuarantine(max) => write!(
-                f,
-                "TTL exceeds the restart quarantine's maximum TTL of {} ms (raise Config::quarantine, or turn it off for masters with appendfsync always)",
-                max.as_millis()
-            ),
-            ConfigError::InFlightTooSmall => {
-                write!(f, "max_in_flight must be at least {MIN_IN_FLIGHT}")
-            }
-            ConfigError::SameServer { first, second } => write!(
-                f,
-                "{first} and {second} are the same server (same run_id): one server \
-                 cannot be two of the independent masters"
-            ),
-        }
-    }
-}
-
-impl std::error::Error for ConfigError {}
-
-/// The smallest [`Config::max_in_flight`]: a connection's handshake alone
-/// puts up to a dozen requests in flight.
-const MIN_IN_FLIGHT: usize = 32;
-
-/// One master's part in a failed operation.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MasterVote {
-    /// The master's URL, password hidden.
-    pub server: Arc<str>,
-    /// What it answered.
-    pub vote: Vote,
-}
-
-/// The detail of a failed operation: the last round's votes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Failure {
-    /// The quorum `Q`.
-    pub quorum: usize,
-    /// How many masters granted.
-    pub granted: usize,
-    /// How many refused: the key holds another token there.
-    pub refused: usize,
-    /// Each master's vote, in configuration order.
-    pub votes: Vec<MasterVote>,
-    /// How long the operation took, retries included.
-    pub elapsed: Duration,
-    /// How many attempts were made.
-    pub attempts: u32,
-}
-
-impl fmt::Display for Failure {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} of {} masters granted, {} needed, {} refused, after {} attempt(s) in {:?}",
-            self.granted,
-            self.votes.len(),
-            self.quorum,
-            self.refused,
-            self.attempts,
-            self.elapsed
-        )?;
-        for MasterVote { server, vote } in &self.votes {
-            if let Vote::Failed(cause) = vote {
-                write!(f, "; {server}: {cause}")?;
-            }
-        }
-        Ok(())
-    }
-}
-
-/// Why an operation did not succeed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Error {
-    /// A setting or argument cannot work; nothing was sent.
-    Config(ConfigError),
-    /// Acquire: another client holds the lock on `refused` masters.
-    Held(Failure),
-    /// Extend or release: this token no longer holds the key on a quorum
-    /// (the lock expired, or was taken after expiring).
-    NotHeld(Failure),
-    /// Not enough masters answered to decide: down, stalled or refusing
-    /// connections. Each master's cause is in the failure.
-    NoQuorum(Failure),
-    /// A master broke the protocol (malformed or unsolicited replies) and
-    /// the quorum was missed because of it.
-    Protocol(Failure),
-    /// A quorum granted, but the round took so long that no validity was
-    /// left; the keys have been released.
-    ValidityExpired(Failure),
-    /// Fenced acquire: a quorum granted the lock, but fewer than a quorum
-    /// of the masters that granted could vouch for their fence value (they
-    /// lost their data and have not been repaired for this resource, see
-    /// `SAFETY.md`), so no fence could be trusted; the keys have been
-    /// released. Retrying succeeds once enough intact masters answer.
-    FenceUnknown {
-        /// The votes of the first phase.
-        failure: Failure,
-        /// The masters that granted without vouching for their fence.
-        untrusted: Vec<Arc<str>>,
-    },
-    /// Fenced acquire: the fence write-back (the second phase) was refused
-    /// because the lock key was gone on too many masters between the two
-    /// phases (it expired, or was deleted, or the master lost it); the
-    /// keys have been released. Not a lock held by someone else.
-    FenceRefused(Failure),
-    /// The lock has been extended [`Config::max_extensions`] times.
-    ExtensionLimit(u32),
-    /// The OS refused a poll instance or random bytes.
-    Os(io::ErrorKind),
-}
-
-impl Error {
-    /// The votes behind a failed round, when there was one.
-    pub fn failure(&self) -> Option<&Failure> {
-        match self {
-            Error::Held(f)
-            | Error::NotHeld(f)
-            | Error::NoQuorum(f)
-            | Error::Protocol(f)
-            | Error::ValidityExpired(f)
-            | Error::FenceRefused(f)
-            | Error::FenceUnknown { failure: f, .. } => Some(f),
-            _ => None,
-        }
-    }
-}
-
-impl fmt::Display for Error {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Error::Config(e) => write!(f, "invalid setting: {e}"),
-            Error::Held(fail) => write!(f, "lock held by another client: {fail}"),
-            Error::NotHeld(fail) => write!(f, "lock no longer held: {fail}"),
-            Error::NoQuorum(fail) => write!(f, "quorum of masters unreachable: {fail}"),
-            Error::Protocol(fail) => write!(f, "a master broke the protocol: {fail}"),
-            Error::ValidityExpired(fail) => write!(f, "validity used up by a slow round: {fail}"),
-            Error::FenceUnknown { failure, untrusted } => {
-                write!(
-                    f,
-                    "fence unknown: {} of the granting masters can vouch for their fence value, {} needed; without the fencing marker (lost their data, not yet repaired for this resource): ",
-                    failure.granted.saturating_sub(untrusted.len()),
-                    failure.quorum
-                )?;
-                for (i, name) in untrusted.iter().enumerate() {
-                    write!(f, "{}{name}", if i == 0 { "" } else { ", " })?;
-                }
-                write!(f, "; {failure}")
-            }
-            Error::FenceRefused(fail) => write!(
-                f,
-                "fence write-back refused: the lock key was gone between the two phases: {fail}"
-            ),
-            Error::ExtensionLimit(max) => write!(f, "lock already extended {max} times"),
-            Error::Os(kind) => write!(f, "operating system error: {kind}"),
-        }
-    }
-}
-
-impl std::error::Error for Error {}
-
-impl From<ConfigError> for Error {
-    fn from(e: ConfigError) -> Self {
-        Error::Config(e)
-    }
-}
-
 /// A held lock: its resource, token and validity.
 ///
 /// A plain value: dropping it sends nothing, and the keys expire after the
@@ -771,7 +327,7 @@ impl Redlock {
     /// [`Error::Held`] when another client holds it; [`Error::NoQuorum`] or
     /// [`Error::Protocol`] when too few masters answered;
     /// [`Error::ValidityExpired`] when the round was too slow;
-    /// [`Error::Config`] for a TTL under 1 ms or over [`MAX_TTL_MS`].
+    /// [`Error::Config`] for a TTL under 1 ms or over [`MAX_TTL_MS`](crate::MAX_TTL_MS).
     pub fn try_acquire(
         &mut self,
         resource: impl Into<Bytes>,
@@ -995,7 +551,7 @@ impl Redlock {
     ///
     /// # Errors
     /// The outer error is [`Error::Config`] for a TTL under 1 ms or over
-    /// [`MAX_TTL_MS`]; each inner result is as [`Redlock::try_acquire`]'s.
+    /// [`MAX_TTL_MS`](crate::MAX_TTL_MS); each inner result is as [`Redlock::try_acquire`]'s.
     pub fn try_acquire_batch<I>(
         &mut self,
         resources: I,
@@ -1406,7 +962,7 @@ fn extend_op(keys: &Keys) -> Op {
 }
 
 /// A TTL checked by [`Config::checked_ttl`] as the `PX` argument: at most
-/// [`MAX_TTL_MS`], so it fits.
+/// [`MAX_TTL_MS`](crate::MAX_TTL_MS), so it fits.
 fn millis(ttl: Duration) -> i64 {
     i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX)
 }
@@ -1437,14 +993,6 @@ fn fence_key(resource: &[u8]) -> Bytes {
     Bytes::from(key)
 }
 
-fn checked_ttl(ttl: Duration) -> Result<u64, ConfigError> {
-    match u64::try_from(ttl.as_millis()) {
-        Ok(0) => Err(ConfigError::ZeroTtl),
-        Ok(ms) if ms <= MAX_TTL_MS => Ok(ms),
-        _ => Err(ConfigError::TtlTooLarge),
-    }
-}
-
 /// A small PRNG for retry jitter, seeded once from the OS.
 #[derive(Debug)]
 struct SplitMix64(u64);
@@ -1472,29 +1020,10 @@ impl SplitMix64 {
         low + Duration::from_nanos(offset)
     }
 }
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn ttls_are_checked() {
-        assert_eq!(checked_ttl(Duration::ZERO), Err(ConfigError::ZeroTtl));
-        assert_eq!(
-            checked_ttl(Duration::from_micros(999)),
-            Err(ConfigError::ZeroTtl)
-        );
-        assert_eq!(checked_ttl(Duration::from_millis(1)), Ok(1));
-        assert_eq!(
-            checked_ttl(Duration::from_millis(MAX_TTL_MS)),
-            Ok(MAX_TTL_MS)
-        );
-        assert_eq!(
-            checked_ttl(Duration::from_millis(MAX_TTL_MS + 1)),
-            Err(ConfigError::TtlTooLarge)
-        );
-        assert_eq!(checked_ttl(Duration::MAX), Err(ConfigError::TtlTooLarge));
-    }
+    use crate::addr::AddrError;
 
     #[test]
     fn config_refuses_what_cannot_work() {

@@ -21,8 +21,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use crate::lock::{Config, ConfigError, Error, Lock, Redlock};
 use crate::token::Token;
+use crate::{Config, ConfigError, Error, Lock, Redlock};
 
 /// The longest wait before retrying a failed extension.
 const RETRY_GAP_MAX: Duration = Duration::from_millis(50);
@@ -279,7 +279,7 @@ impl Watchdog {
     /// # Errors
     /// [`Error::Config`] for settings that cannot work, or a TTL under
     /// 1 ms (also when [`KeepOptions::ttl`] is `None` and the lock's TTL
-    /// is unknown), over [`MAX_TTL_MS`](crate::lock::MAX_TTL_MS) or over
+    /// is unknown), over [`MAX_TTL_MS`](crate::MAX_TTL_MS) or over
     /// [`Config::quarantine`];
     /// [`Error::Os`] when the OS refuses a poll instance, random bytes or
     /// a thread; [`ConfigError::ExtensionFraction`] when
@@ -733,8 +733,8 @@ impl Schedule {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lock::Failure;
-    use crate::lock::MAX_TTL_MS;
+    use crate::Failure;
+    use crate::MAX_TTL_MS;
 
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)

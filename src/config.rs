@@ -1,0 +1,342 @@
+//! Client settings: [`Config`], its defaults (the spec's), the retry
+//! policy, and the checks that refuse settings and arguments that cannot
+//! work ([`ConfigError`]), before anything is sent.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::addr::{AddrError, ServerAddr};
+use crate::quorum::Validity;
+use crate::resolve::Resolver;
+use crate::resp::Limits;
+
+/// The largest TTL accepted, in milliseconds. Redis refuses a `PX` whose
+/// absolute expiry overflows a signed 64-bit millisecond clock; half of
+/// that range leaves room for any plausible server clock.
+pub const MAX_TTL_MS: u64 = (i64::MAX / 2) as u64;
+
+/// How a blocking acquire retries.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Retry {
+    /// Attempts in all, the first included; at least 1. Default 10.
+    pub attempts: u32,
+    /// Delay between attempts: each wait is uniform in
+    /// `[delay / 2, delay]`, so that competing clients fall out of step.
+    /// Default 200 ms.
+    pub delay: Duration,
+    /// Give up once this much time has passed since the first attempt,
+    /// whatever the attempt count. Default none.
+    pub max_wait: Option<Duration>,
+}
+
+impl Default for Retry {
+    fn default() -> Self {
+        Retry {
+            attempts: 10,
+            delay: Duration::from_millis(200),
+            max_wait: None,
+        }
+    }
+}
+
+impl Retry {
+    /// One attempt, no waiting.
+    pub fn once() -> Retry {
+        Retry {
+            attempts: 1,
+            ..Retry::default()
+        }
+    }
+
+    /// Retry until `max_wait` has passed, however many attempts that takes.
+    pub fn until(max_wait: Duration) -> Retry {
+        Retry {
+            attempts: u32::MAX,
+            max_wait: Some(max_wait),
+            ..Retry::default()
+        }
+    }
+
+    /// Retry forever.
+    pub fn forever() -> Retry {
+        Retry {
+            attempts: u32::MAX,
+            ..Retry::default()
+        }
+    }
+}
+
+/// Settings of a [`Redlock`](crate::Redlock) client. Build one with [`Config::new`] and
+/// change the public fields; the defaults follow the spec.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// The masters, in a fixed order that error reports follow.
+    pub servers: Vec<ServerAddr>,
+    /// Clock drift allowance as a fraction of the TTL, plus 2 ms.
+    /// Default 0.01; must be in `[0, 1)`.
+    pub drift_factor: f64,
+    /// How long a round waits for the masters' replies; small compared to
+    /// the TTL, so that a dead or stalled master does not hold the caller.
+    /// Default 50 ms.
+    pub per_instance_timeout: Duration,
+    /// How long a connect may take; also how long a connection may leave a
+    /// request unanswered before it is dropped and re-established.
+    /// Default 1 s.
+    pub connect_timeout: Duration,
+    /// Longest wait before reconnecting to a master that keeps failing; the
+    /// wait starts at 10 ms and doubles. Default 1 s.
+    pub reconnect_backoff_max: Duration,
+    /// Retries of [`Redlock::acquire`](crate::Redlock::acquire). Default: [`Retry::default`].
+    pub retry: Retry,
+    /// How many times one lock may be extended; `None` (the default) for
+    /// no limit.
+    pub max_extensions: Option<u32>,
+    /// Parser limits for replies.
+    pub limits: Limits,
+    /// Restart quarantine, crash-recovery safety without `appendfsync
+    /// always`: the largest TTL this client will use. On every (re)connect
+    /// the client reads the master's `INFO server`; a master whose uptime is
+    /// shorter than this, or whose `run_id` changed while it held this
+    /// client's locks, does not count toward the quorum until this long
+    /// after its restart (its votes read as [`Cause::Quarantined`]). An
+    /// acquire or extend with a longer TTL is refused. `None` turns it off,
+    /// for masters that persist every write (`appendfsync always`).
+    /// Default: 60 s.
+    ///
+    /// [`Cause::Quarantined`]: crate::conn::Cause::Quarantined
+    pub quarantine: Option<Duration>,
+    /// Busy-wait for replies (poll with a zero timeout) instead of sleeping
+    /// in the kernel: lower latency for a core's worth of CPU while a round
+    /// waits. Default off.
+    pub spin: bool,
+    /// The most requests one master may leave unanswered. An operation
+    /// returns at its quorum, so the slowest master's replies are read
+    /// later; a master that falls this far behind is dropped (its vote
+    /// fails with [`Cause::TooFarBehind`]) and reconnected, as a stalled
+    /// one is. The queue is allocated once per connection, so that a
+    /// lagging master costs no allocation: 160 bytes a request (see
+    /// [`Redlock::buffer_capacity`](crate::Redlock::buffer_capacity)). Default 1024: a single-operation
+    /// client issues about 10,000 requests a second per master here, so
+    /// 1024 is a lag of about 100 ms, twice the default per-instance
+    /// timeout, past which the master's votes time out anyway; raise it for
+    /// large batches ([`Redlock::try_acquire_batch`](crate::Redlock::try_acquire_batch) puts one request per
+    /// resource in flight). At least 32.
+    ///
+    /// [`Cause::TooFarBehind`]: crate::conn::Cause::TooFarBehind
+    pub max_in_flight: usize,
+    /// Looks host names up: on a thread of its own, never inside a round,
+    /// allowed [`Config::connect_timeout`] before the master counts as
+    /// unresolved. Every address it returns is tried in turn, one per
+    /// connect. Default: the system's resolver. IP literals are never
+    /// looked up.
+    pub resolver: Resolver,
+    /// Test knob, present only with the `test-knobs` feature (not in
+    /// `default`; the crate's tests turn it on): added to every validity the
+    /// client computes, so that a lock claims to outlive its keys.
+    /// `tests/safety.rs` uses it to show that its checker catches a validity
+    /// wrong by a few milliseconds. Default zero.
+    #[cfg(feature = "test-knobs")]
+    pub overstate_validity: Duration,
+}
+
+impl Config {
+    /// Settings with the default values for the masters at `urls`.
+    ///
+    /// # Errors
+    /// [`ConfigError::NoServers`] for an empty list, [`ConfigError::Url`]
+    /// for a malformed URL (naming its position, not its text, since it may
+    /// carry a password).
+    pub fn new<I, S>(urls: I) -> Result<Config, ConfigError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let servers = urls
+            .into_iter()
+            .enumerate()
+            .map(|(index, url)| {
+                url.as_ref()
+                    .parse()
+                    .map_err(|error| ConfigError::Url { index, error })
+            })
+            .collect::<Result<Vec<ServerAddr>, _>>()?;
+        if servers.is_empty() {
+            return Err(ConfigError::NoServers);
+        }
+        Ok(Config {
+            servers,
+            drift_factor: 0.01,
+            per_instance_timeout: Duration::from_millis(50),
+            connect_timeout: Duration::from_secs(1),
+            reconnect_backoff_max: Duration::from_secs(1),
+            retry: Retry::default(),
+            max_extensions: None,
+            limits: Limits::default(),
+            quarantine: Some(Duration::from_secs(60)),
+            spin: false,
+            max_in_flight: 1024,
+            resolver: Resolver::system(),
+            #[cfg(feature = "test-knobs")]
+            overstate_validity: Duration::ZERO,
+        })
+    }
+
+    /// `ttl - drift` with this client's drift factor: how long after a
+    /// round's start its keys surely stand (see [`Validity::span`]); with
+    /// the `test-knobs` feature, overstated by
+    /// [`Config::overstate_validity`].
+    pub(crate) fn validity_span(&self, ttl: Duration) -> Option<Duration> {
+        let span = Validity::span(ttl, self.drift_factor);
+        #[cfg(feature = "test-knobs")]
+        let span = span.map(|span| span + self.overstate_validity);
+        span
+    }
+
+    /// `ttl` rounded down to whole milliseconds, if Redis and the restart
+    /// quarantine accept it: at least 1 ms, at most [`MAX_TTL_MS`], and no
+    /// more than [`Config::quarantine`]. The rule every acquire, extend and
+    /// watchdog applies.
+    pub(crate) fn checked_ttl(&self, ttl: Duration) -> Result<Duration, ConfigError> {
+        let ttl = Duration::from_millis(checked_ttl(ttl)?);
+        match self.quarantine {
+            Some(max) if ttl > max => Err(ConfigError::TtlOverQuarantine(max)),
+            _ => Ok(ttl),
+        }
+    }
+
+    pub(crate) fn check(&self) -> Result<(), ConfigError> {
+        if self.servers.is_empty() {
+            return Err(ConfigError::NoServers);
+        }
+        if !(0.0..1.0).contains(&self.drift_factor) {
+            return Err(ConfigError::DriftFactor);
+        }
+        if self.per_instance_timeout.is_zero() || self.connect_timeout.is_zero() {
+            return Err(ConfigError::ZeroTimeout);
+        }
+        if self.retry.attempts == 0 {
+            return Err(ConfigError::ZeroAttempts);
+        }
+        if self.max_in_flight < MIN_IN_FLIGHT {
+            return Err(ConfigError::InFlightTooSmall);
+        }
+        Ok(())
+    }
+}
+
+/// A setting or argument that cannot work.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// No master was given.
+    NoServers,
+    /// The URL at `index` is malformed.
+    Url {
+        /// Position of the URL in the list given.
+        index: usize,
+        /// What is wrong with it.
+        error: AddrError,
+    },
+    /// The drift factor is not in `[0, 1)`.
+    DriftFactor,
+    /// A timeout of zero.
+    ZeroTimeout,
+    /// A retry policy with no attempt.
+    ZeroAttempts,
+    /// A TTL under one millisecond.
+    ZeroTtl,
+    /// A TTL over [`MAX_TTL_MS`].
+    TtlTooLarge,
+    /// A multi-resource lock over no resource.
+    NoResources,
+    /// A watchdog's extension period, as a fraction of the TTL, outside
+    /// `(0, 1)`.
+    ExtensionFraction,
+    /// A TTL over the restart quarantine's maximum ([`Config::quarantine`]):
+    /// a restart could lose such a lock after the quarantine ended.
+    TtlOverQuarantine(Duration),
+    /// [`Config::max_in_flight`] under 32: no room for a connection's
+    /// handshake and a batch.
+    InFlightTooSmall,
+    /// Two URLs name the same server process (the same `run_id`, read on
+    /// connect): it would vote twice and make a fake majority. Seen once
+    /// both are connected; from then on every operation is refused.
+    SameServer {
+        /// The first URL (password hidden).
+        first: Arc<str>,
+        /// The second URL (password hidden).
+        second: Arc<str>,
+    },
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConfigError::NoServers => f.write_str("no Redis master given"),
+            ConfigError::Url { index, error } => write!(f, "master URL #{}: {error}", index + 1),
+            ConfigError::DriftFactor => f.write_str("drift factor must be in [0, 1)"),
+            ConfigError::ZeroTimeout => f.write_str("timeouts must be greater than zero"),
+            ConfigError::ZeroAttempts => f.write_str("a retry policy needs at least one attempt"),
+            ConfigError::ZeroTtl => f.write_str("TTL must be at least 1 ms"),
+            ConfigError::TtlTooLarge => write!(f, "TTL exceeds the maximum of {MAX_TTL_MS} ms"),
+            ConfigError::NoResources => {
+                f.write_str("a multi-resource lock needs at least one resource")
+            }
+            ConfigError::ExtensionFraction => f.write_str(
+                "the watchdog's extension period must be a fraction of the TTL in (0, 1)",
+            ),
+            ConfigError::TtlOverQuarantine(max) => write!(
+                f,
+                "TTL exceeds the restart quarantine's maximum TTL of {} ms (raise Config::quarantine, or turn it off for masters with appendfsync always)",
+                max.as_millis()
+            ),
+            ConfigError::InFlightTooSmall => {
+                write!(f, "max_in_flight must be at least {MIN_IN_FLIGHT}")
+            }
+            ConfigError::SameServer { first, second } => write!(
+                f,
+                "{first} and {second} are the same server (same run_id): one server \
+                 cannot be two of the independent masters"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// The smallest [`Config::max_in_flight`]: a connection's handshake alone
+/// puts up to a dozen requests in flight.
+const MIN_IN_FLIGHT: usize = 32;
+
+pub(crate) fn checked_ttl(ttl: Duration) -> Result<u64, ConfigError> {
+    match u64::try_from(ttl.as_millis()) {
+        Ok(0) => Err(ConfigError::ZeroTtl),
+        Ok(ms) if ms <= MAX_TTL_MS => Ok(ms),
+        _ => Err(ConfigError::TtlTooLarge),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ttls_are_checked() {
+        assert_eq!(checked_ttl(Duration::ZERO), Err(ConfigError::ZeroTtl));
+        assert_eq!(
+            checked_ttl(Duration::from_micros(999)),
+            Err(ConfigError::ZeroTtl)
+        );
+        assert_eq!(checked_ttl(Duration::from_millis(1)), Ok(1));
+        assert_eq!(
+            checked_ttl(Duration::from_millis(MAX_TTL_MS)),
+            Ok(MAX_TTL_MS)
+        );
+        assert_eq!(
+            checked_ttl(Duration::from_millis(MAX_TTL_MS + 1)),
+            Err(ConfigError::TtlTooLarge)
+        );
+        assert_eq!(checked_ttl(Duration::MAX), Err(ConfigError::TtlTooLarge));
+    }
+}

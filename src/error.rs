@@ -1,0 +1,156 @@
+//! What a caller is told when an operation fails: [`Error`], with the
+//! votes behind it ([`Failure`], one [`MasterVote`] per master), so that
+//! "held by someone else" reads apart from "not enough masters reachable"
+//! and from "a master broke the protocol".
+
+use std::fmt;
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::config::ConfigError;
+use crate::quorum::Vote;
+
+/// One master's part in a failed operation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MasterVote {
+    /// The master's URL, password hidden.
+    pub server: Arc<str>,
+    /// What it answered.
+    pub vote: Vote,
+}
+
+/// The detail of a failed operation: the last round's votes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    /// The quorum `Q`.
+    pub quorum: usize,
+    /// How many masters granted.
+    pub granted: usize,
+    /// How many refused: the key holds another token there.
+    pub refused: usize,
+    /// Each master's vote, in configuration order.
+    pub votes: Vec<MasterVote>,
+    /// How long the operation took, retries included.
+    pub elapsed: Duration,
+    /// How many attempts were made.
+    pub attempts: u32,
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} of {} masters granted, {} needed, {} refused, after {} attempt(s) in {:?}",
+            self.granted,
+            self.votes.len(),
+            self.quorum,
+            self.refused,
+            self.attempts,
+            self.elapsed
+        )?;
+        for MasterVote { server, vote } in &self.votes {
+            if let Vote::Failed(cause) = vote {
+                write!(f, "; {server}: {cause}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Why an operation did not succeed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Error {
+    /// A setting or argument cannot work; nothing was sent.
+    Config(ConfigError),
+    /// Acquire: another client holds the lock on `refused` masters.
+    Held(Failure),
+    /// Extend or release: this token no longer holds the key on a quorum
+    /// (the lock expired, or was taken after expiring).
+    NotHeld(Failure),
+    /// Not enough masters answered to decide: down, stalled or refusing
+    /// connections. Each master's cause is in the failure.
+    NoQuorum(Failure),
+    /// A master broke the protocol (malformed or unsolicited replies) and
+    /// the quorum was missed because of it.
+    Protocol(Failure),
+    /// A quorum granted, but the round took so long that no validity was
+    /// left; the keys have been released.
+    ValidityExpired(Failure),
+    /// Fenced acquire: a quorum granted the lock, but fewer than a quorum
+    /// of the masters that granted could vouch for their fence value (they
+    /// lost their data and have not been repaired for this resource, see
+    /// `SAFETY.md`), so no fence could be trusted; the keys have been
+    /// released. Retrying succeeds once enough intact masters answer.
+    FenceUnknown {
+        /// The votes of the first phase.
+        failure: Failure,
+        /// The masters that granted without vouching for their fence.
+        untrusted: Vec<Arc<str>>,
+    },
+    /// Fenced acquire: the fence write-back (the second phase) was refused
+    /// because the lock key was gone on too many masters between the two
+    /// phases (it expired, or was deleted, or the master lost it); the
+    /// keys have been released. Not a lock held by someone else.
+    FenceRefused(Failure),
+    /// The lock has been extended [`Config::max_extensions`](crate::Config::max_extensions) times.
+    ExtensionLimit(u32),
+    /// The OS refused a poll instance or random bytes.
+    Os(io::ErrorKind),
+}
+
+impl Error {
+    /// The votes behind a failed round, when there was one.
+    pub fn failure(&self) -> Option<&Failure> {
+        match self {
+            Error::Held(f)
+            | Error::NotHeld(f)
+            | Error::NoQuorum(f)
+            | Error::Protocol(f)
+            | Error::ValidityExpired(f)
+            | Error::FenceRefused(f)
+            | Error::FenceUnknown { failure: f, .. } => Some(f),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Config(e) => write!(f, "invalid setting: {e}"),
+            Error::Held(fail) => write!(f, "lock held by another client: {fail}"),
+            Error::NotHeld(fail) => write!(f, "lock no longer held: {fail}"),
+            Error::NoQuorum(fail) => write!(f, "quorum of masters unreachable: {fail}"),
+            Error::Protocol(fail) => write!(f, "a master broke the protocol: {fail}"),
+            Error::ValidityExpired(fail) => write!(f, "validity used up by a slow round: {fail}"),
+            Error::FenceUnknown { failure, untrusted } => {
+                write!(
+                    f,
+                    "fence unknown: {} of the granting masters can vouch for their fence value, {} needed; without the fencing marker (lost their data, not yet repaired for this resource): ",
+                    failure.granted.saturating_sub(untrusted.len()),
+                    failure.quorum
+                )?;
+                for (i, name) in untrusted.iter().enumerate() {
+                    write!(f, "{}{name}", if i == 0 { "" } else { ", " })?;
+                }
+                write!(f, "; {failure}")
+            }
+            Error::FenceRefused(fail) => write!(
+                f,
+                "fence write-back refused: the lock key was gone between the two phases: {fail}"
+            ),
+            Error::ExtensionLimit(max) => write!(f, "lock already extended {max} times"),
+            Error::Os(kind) => write!(f, "operating system error: {kind}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl From<ConfigError> for Error {
+    fn from(e: ConfigError) -> Self {
+        Error::Config(e)
+    }
+}
