@@ -605,37 +605,49 @@ impl Conn {
     /// fence late could set or lengthen a key that nobody waits for.
     /// Releases stay queued and go out once connected: a release after a
     /// lost reply is the spec's cleanup, and it can only free a resource.
-    /// Nothing is written while connecting and a round's requests are the
-    /// newest, so they are the tail of the queue (and of the bytes).
+    /// Nothing is written while connecting, so the bytes queued are the
+    /// handshake's followed by each request's, in queue order; other
+    /// rounds' requests may sit before and after this round's.
     pub fn handle_round_end(&mut self, round: u64) {
         if !self.is_connecting() {
             return;
         }
-        let mut end = self.out.len();
-        let mut index = self.in_flight.len();
-        while index > 0 {
-            index -= 1;
-            let Some(Expect::Reply {
+        // The handshake's bytes come first, then each request's.
+        let mut start = self.out.len().saturating_sub(self.queued_request_bytes());
+        let mut index = 0;
+        while let Some(expect) = self.in_flight.get(index) {
+            let Expect::Reply {
                 tag,
                 request,
                 wire_len,
                 ..
-            }) = self.in_flight.get(index)
+            } = expect
             else {
-                break;
+                index += 1;
+                continue;
             };
-            if tag.round != round {
-                break;
-            }
-            let start = end.saturating_sub(*wire_len);
-            if !request.op.releases() {
-                let len = self.out.len();
-                self.out.copy_within(end..len, start);
-                self.out.truncate(len - (end - start));
+            let end = (start + wire_len).min(self.out.len());
+            if tag.round == round && !request.op.releases() {
+                let total = self.out.len();
+                self.out.copy_within(end..total, start);
+                self.out.truncate(total - (end - start));
                 self.in_flight.remove(index);
+            } else {
+                start = end;
+                index += 1;
             }
-            end = start;
         }
+    }
+
+    /// Bytes of `out` taken by queued requests (not the handshake).
+    fn queued_request_bytes(&self) -> usize {
+        self.in_flight
+            .iter()
+            .map(|e| match e {
+                Expect::Reply { wire_len, .. } => *wire_len,
+                Expect::Handshake(_) => 0,
+            })
+            .sum()
     }
 
     /// Reads `uptime_in_seconds` and `run_id` from an `INFO server` reply

@@ -9,7 +9,7 @@
 //! then `peer_addr`), writes queued bytes until done or `WouldBlock`,
 //! reads into one reused buffer, retries on `Interrupted`, and sleeps in
 //! `poll` until the round's next deadline. It decides nothing: every byte
-//! and every failure goes to the [`Conn`] and [`Round`] it belongs to.
+//! and every failure goes to the [`Engine`], keyed by master index.
 
 use std::io::{self, Read, Write};
 use std::time::{Duration, Instant};
@@ -19,8 +19,12 @@ use mio::{Events, Interest, Poll, Token};
 
 use crate::addr::{Endpoint, ServerAddr};
 use crate::conn::{Cause, Conn, READ_CHUNK};
-use crate::quorum::Round;
+use crate::engine::{Engine, RoundId};
 use crate::resolve::{Resolver, Route};
+
+/// The token of the [`mio::Waker`] from [`Driver::waker`]; masters' tokens
+/// are their indices.
+const WAKE: Token = Token(usize::MAX);
 
 #[derive(Debug)]
 enum Stream {
@@ -123,105 +127,129 @@ impl Driver {
 
     /// Gets connections ready for a round: drops sockets whose connection
     /// failed and opens a socket for each connection due for a (re)connect.
-    /// Connect and stall limits are applied in [`Driver::run`], after a
-    /// poll, so that replies already waiting in a socket are read before a
-    /// connection is judged stalled.
-    pub fn prepare(&mut self, conns: &mut [Conn], now: Instant) {
-        for (i, conn) in conns.iter_mut().enumerate() {
-            if conn.is_down() {
+    /// Connect and stall limits are applied after a poll, so that replies
+    /// already waiting in a socket are read before a connection is judged
+    /// stalled.
+    pub fn prepare(&mut self, engine: &mut Engine, now: Instant) {
+        for i in 0..engine.masters() {
+            if engine.conn(i).is_some_and(Conn::is_down) {
                 self.close(i);
             }
-            if conn.poll_connect(now) {
-                self.open(i, conn, now);
+            if engine.poll_connect(i, now) {
+                self.open(i, engine, now);
             }
         }
     }
 
-    /// Runs `round` until every slot is decided or its deadline passes, and
-    /// returns the instant it ended. With `spin`, polls with a zero timeout
-    /// (a busy wait on one core) instead of sleeping in the kernel until a
-    /// reply arrives: lower latency, a core's worth of CPU.
-    pub fn run(&mut self, conns: &mut [Conn], round: &mut Round, spin: bool) -> Instant {
-        let mut now = Instant::now();
-        loop {
-            self.flush(conns, round, now);
-            if round.is_decided() {
-                return now;
-            }
-            // A deadline already past polls with a zero timeout: replies
-            // waiting in the sockets are read before any limit is applied.
-            let deadline = round.poll_timeout(conns);
-            let timeout = if spin {
-                Duration::ZERO
-            } else {
-                deadline.saturating_duration_since(now)
-            };
-            if let Err(e) = self.poll.poll(&mut self.events, Some(timeout))
-                && e.kind() != io::ErrorKind::Interrupted
-            {
-                // A broken poll instance cannot wait for anything: fail
-                // every master of this round rather than spin.
-                for i in 0..conns.len() {
-                    round.handle_failure(conns, i, now, Cause::Io(e.kind()));
-                }
-                self.close_failed(conns);
-                return now;
-            }
-            now = Instant::now();
-            self.handle_events(conns, round, now);
-            round.handle_timeout(conns, now);
-            self.close_failed(conns);
-        }
+    /// Drives the engine until round `id` is complete, and returns the
+    /// instant it ended. With `spin`, polls with a zero timeout (a busy wait
+    /// on one core) instead of sleeping in the kernel until a reply
+    /// arrives: lower latency, a core's worth of CPU.
+    pub fn run(&mut self, engine: &mut Engine, id: RoundId, spin: bool) -> Instant {
+        self.drive(engine, spin, None, |engine| engine.is_complete(id))
     }
 
     /// Reads until no connection has a request in flight (every late reply
     /// read, every `-NOSCRIPT` fallback sent and answered) or `deadline`
     /// passes. Returns how many requests were still unanswered.
-    pub fn settle(&mut self, conns: &mut [Conn], round: &mut Round, deadline: Instant) -> usize {
-        let mut now = Instant::now();
-        loop {
-            self.flush(conns, round, now);
-            let waiting = conns
-                .iter()
-                .filter(|c| !c.is_down())
-                .map(Conn::in_flight)
-                .sum();
-            if waiting == 0 || now >= deadline {
-                return waiting;
-            }
-            let timeout = conns
-                .iter()
-                .filter_map(Conn::poll_timeout)
-                .fold(deadline, Instant::min)
-                .saturating_duration_since(now);
-            if let Err(e) = self.poll.poll(&mut self.events, Some(timeout))
-                && e.kind() != io::ErrorKind::Interrupted
-            {
-                return waiting;
-            }
-            now = Instant::now();
-            self.handle_events(conns, round, now);
-            round.handle_timeout(conns, now);
-            self.close_failed(conns);
-        }
+    pub fn settle(&mut self, engine: &mut Engine, deadline: Instant) -> usize {
+        self.drive(engine, false, Some(deadline), |engine| {
+            engine.in_flight() == 0
+        });
+        engine.in_flight()
     }
 
     /// Writes whatever the connections have queued without waiting for any
     /// reply: used to send a release nobody waits for.
-    pub fn send(&mut self, conns: &mut [Conn], round: &mut Round) {
-        self.flush(conns, round, Instant::now());
+    pub fn send(&mut self, engine: &mut Engine) {
+        self.flush(engine, Instant::now());
     }
 
-    fn handle_events(&mut self, conns: &mut [Conn], round: &mut Round, now: Instant) {
+    /// The one drive loop: write, stop once `done` or past `deadline`,
+    /// sleep in `poll` until the engine's next deadline (or `deadline`),
+    /// read, apply the time. Returns the instant it stopped.
+    fn drive(
+        &mut self,
+        engine: &mut Engine,
+        spin: bool,
+        deadline: Option<Instant>,
+        done: impl Fn(&Engine) -> bool,
+    ) -> Instant {
+        let mut now = Instant::now();
+        loop {
+            self.flush(engine, now);
+            if done(engine) || deadline.is_some_and(|d| now >= d) {
+                return now;
+            }
+            // A deadline already past polls with a zero timeout: replies
+            // waiting in the sockets are read before any limit is applied.
+            let wake = match (engine.poll_timeout(), deadline) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            let timeout = if spin {
+                Some(Duration::ZERO)
+            } else {
+                wake.map(|t| t.saturating_duration_since(now))
+            };
+            now = match self.turn(engine, timeout) {
+                Ok(now) => now,
+                Err(cause) => {
+                    // A broken poll instance cannot wait for anything: fail
+                    // every master rather than spin.
+                    let now = Instant::now();
+                    for i in 0..engine.masters() {
+                        engine.handle_failure(i, now, cause.clone());
+                    }
+                    self.close_failed(engine);
+                    return now;
+                }
+            };
+        }
+    }
+
+    /// One turn of the event loop: waits in `poll` at most `timeout`
+    /// (`None`: until an event), reads what arrived, applies the time,
+    /// closes failed sockets, and returns the instant after the poll. Events
+    /// for tokens past the masters' (a [`mio::Waker`]'s) only end the wait.
+    ///
+    /// # Errors
+    /// The cause to fail every master with when the poll instance broke.
+    pub fn turn(
+        &mut self,
+        engine: &mut Engine,
+        timeout: Option<Duration>,
+    ) -> Result<Instant, Cause> {
+        if let Err(e) = self.poll.poll(&mut self.events, timeout)
+            && e.kind() != io::ErrorKind::Interrupted
+        {
+            return Err(Cause::Io(e.kind()));
+        }
+        let now = Instant::now();
+        self.handle_events(engine, now);
+        engine.handle_timeout(now);
+        self.close_failed(engine);
+        Ok(now)
+    }
+
+    /// A waker that ends a [`Driver::turn`] from another thread.
+    ///
+    /// # Errors
+    /// When the OS refuses it.
+    pub fn waker(&self) -> io::Result<mio::Waker> {
+        mio::Waker::new(self.poll.registry(), WAKE)
+    }
+
+    fn handle_events(&mut self, engine: &mut Engine, now: Instant) {
         for event in self.events.iter() {
             let i = event.token().0;
-            let (Some(Some(stream)), Some(conn)) = (self.sockets.get_mut(i), conns.get(i)) else {
+            let (Some(Some(stream)), Some(conn)) = (self.sockets.get_mut(i), engine.conn(i)) else {
                 continue;
             };
             if conn.is_connecting() {
                 match stream.connect_result() {
                     Ok(true) => {
-                        conns[i].handle_connected();
+                        engine.handle_connected(i);
                         self.connected[i] = true;
                         if let Some(Some(route)) = self.routes.get_mut(i) {
                             route.handle_connected();
@@ -229,7 +257,7 @@ impl Driver {
                     }
                     Ok(false) => continue,
                     Err(e) => {
-                        round.handle_failure(conns, i, now, Cause::Connect(e.kind()));
+                        engine.handle_failure(i, now, Cause::Connect(e.kind()));
                         continue;
                     }
                 }
@@ -243,12 +271,12 @@ impl Driver {
                     match stream.read(&mut self.read_buf) {
                         Ok(0) => break Some(Cause::Closed),
                         Ok(n) => {
-                            conns[i].handle_input(&self.read_buf[..n]);
                             // Parsed as it arrives, so that the buffer holds
                             // at most one partial reply, which the parser's
                             // limits bound, whatever the master sends.
-                            round.handle_input(conns, i, now);
-                            if conns[i].is_down() || (n < self.read_buf.len() && !to_end) {
+                            engine.handle_input(i, &self.read_buf[..n], now);
+                            let down = engine.conn(i).is_none_or(Conn::is_down);
+                            if down || (n < self.read_buf.len() && !to_end) {
                                 break None;
                             }
                         }
@@ -258,51 +286,54 @@ impl Driver {
                     }
                 };
                 if let Some(cause) = failure
-                    && !conns[i].is_down()
+                    && !engine.conn(i).is_none_or(Conn::is_down)
                 {
-                    round.handle_failure(conns, i, now, cause);
+                    engine.handle_failure(i, now, cause);
                 }
             }
         }
-        self.close_failed(conns);
+        self.close_failed(engine);
     }
 
-    fn flush(&mut self, conns: &mut [Conn], round: &mut Round, now: Instant) {
-        for i in 0..conns.len() {
-            let Some(stream) = self.sockets[i].as_mut() else {
+    fn flush(&mut self, engine: &mut Engine, now: Instant) {
+        for i in 0..engine.masters() {
+            let Some(stream) = self.sockets.get_mut(i).and_then(Option::as_mut) else {
                 continue;
             };
             let failure = loop {
-                let pending = conns[i].poll_transmit();
+                let pending = engine.poll_transmit(i);
                 if pending.is_empty() {
                     break None;
                 }
                 match stream.write(pending) {
                     Ok(0) => break Some(Cause::Io(io::ErrorKind::WriteZero)),
-                    Ok(n) => conns[i].handle_written(n),
+                    Ok(n) => engine.handle_written(i, n),
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break None,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                     Err(e) => break Some(Cause::Io(e.kind())),
                 }
             };
             if let Some(cause) = failure {
-                round.handle_failure(conns, i, now, cause);
+                engine.handle_failure(i, now, cause);
                 self.close(i);
             }
         }
     }
 
-    fn open(&mut self, i: usize, conn: &mut Conn, now: Instant) {
+    fn open(&mut self, i: usize, engine: &mut Engine, now: Instant) {
         self.connected[i] = false;
+        let Some(conn) = engine.conn(i) else {
+            return;
+        };
         let opened = match (&conn.addr().endpoint, self.routes.get_mut(i)) {
             (Endpoint::Tcp { .. }, Some(Some(route))) => {
                 match route.poll_addr(&self.resolver, now, self.lookup_limit) {
                     Ok(addr) => TcpStream::connect(addr).map(Stream::Tcp),
-                    Err(cause) => return conn.handle_failure(now, cause),
+                    Err(cause) => return engine.handle_failure(i, now, cause),
                 }
             }
             (Endpoint::Unix(path), _) => UnixStream::connect(path).map(Stream::Unix),
-            (Endpoint::Tcp { .. }, _) => return conn.handle_failure(now, Cause::Resolve),
+            (Endpoint::Tcp { .. }, _) => return engine.handle_failure(i, now, Cause::Resolve),
         };
         let registered = opened.and_then(|mut stream| {
             self.poll
@@ -317,11 +348,11 @@ impl Driver {
         match registered {
             Ok(stream) => {
                 self.sockets[i] = Some(stream);
-                conn.handle_connect_started(now);
+                engine.handle_connect_started(i, now);
             }
             Err(e) => {
                 self.connect_failed(i, now);
-                conn.handle_failure(now, Cause::Connect(e.kind()));
+                engine.handle_failure(i, now, Cause::Connect(e.kind()));
             }
         }
     }
@@ -333,8 +364,8 @@ impl Driver {
         }
     }
 
-    fn close_failed(&mut self, conns: &[Conn]) {
-        for (i, conn) in conns.iter().enumerate() {
+    fn close_failed(&mut self, engine: &Engine) {
+        for (i, conn) in engine.conns().iter().enumerate() {
             if conn.is_down() {
                 self.close(i);
             }

@@ -39,6 +39,8 @@ pub mod conn;
 
 pub mod quorum;
 
+pub mod engine;
+
 pub mod resolve;
 
 pub mod driver;

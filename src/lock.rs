@@ -25,8 +25,9 @@ use crate::clock::{Expiry, Stamp};
 use crate::config::{Config, ConfigError, Retry};
 use crate::conn::{Conn, Keys, Op, Request, Timing};
 use crate::driver::Driver;
+use crate::engine::{Engine, RoundId, Wait};
 use crate::error::{Error, Failure, MasterVote};
-use crate::quorum::{Decision, FencePlan, Loss, Round, Vote, plan_fence, same_server};
+use crate::quorum::{Decision, FencePlan, Loss, Round, Vote, plan_fence, quorum};
 use crate::script::{FENCE_STATE_KEY, Scripts};
 use crate::token::{Token, TokenSource};
 /// A held lock: its resource, token and validity.
@@ -220,8 +221,11 @@ impl Drop for LockGuard<'_> {
 pub struct Redlock {
     config: Config,
     names: Vec<Arc<str>>,
-    conns: Vec<Conn>,
-    round: Round,
+    engine: Engine,
+    /// The last round run, readable until the next one starts.
+    last: Option<RoundId>,
+    /// What [`Redlock::round`] shows before the first round.
+    idle: Round,
     driver: Driver,
     tokens: TokenSource,
     jitter: SplitMix64,
@@ -268,11 +272,7 @@ impl Redlock {
             quarantine: config.quarantine,
             max_in_flight: config.max_in_flight,
         };
-        let conns = config
-            .servers
-            .iter()
-            .map(|addr| Conn::new(addr.clone(), scripts, config.limits, timing, now))
-            .collect();
+        let engine = Engine::new(&config.servers, scripts, config.limits, timing, now);
         let names = config
             .servers
             .iter()
@@ -283,8 +283,9 @@ impl Redlock {
         getrandom::fill(&mut seed).map_err(|_| Error::Os(io::ErrorKind::Other))?;
         Ok(Redlock {
             names,
-            conns,
-            round: Round::new(n, scripts, now),
+            engine,
+            last: None,
+            idle: Round::new(n, now),
             driver: Driver::new(
                 &config.servers,
                 config.resolver.clone(),
@@ -308,7 +309,7 @@ impl Redlock {
 
     /// The quorum: how many masters must agree.
     pub fn quorum(&self) -> usize {
-        self.round.quorum()
+        quorum(self.engine.masters())
     }
 
     /// One attempt to acquire `resource` for `ttl`.
@@ -499,10 +500,18 @@ impl Redlock {
             token: self.tokens.next_token(),
             arg: millis(ttl),
         };
+        // Phase one of a fenced acquire waits past its decision for the
+        // reports the fence needs, within the round's time.
+        let wait = match op {
+            Op::AcquireFenced => Wait::Fence {
+                readmit: self.readmit(),
+            },
+            _ => Wait::Decision,
+        };
         let mut attempt = 0;
         loop {
             attempt += 1;
-            self.run_round(std::slice::from_ref(&request), timeout);
+            self.run_round(std::slice::from_ref(&request), timeout, wait);
             let outcome = match self.validity(0, ttl) {
                 None => Err(self.verdict(op, 0, first, attempt)),
                 Some(validity) if op != Op::AcquireFenced => Ok((validity, None)),
@@ -576,7 +585,11 @@ impl Redlock {
         let first = Instant::now();
         let mut results = Vec::with_capacity(requests.len());
         if !requests.is_empty() {
-            self.run_round(&requests, self.config.per_instance_timeout.min(ttl));
+            self.run_round(
+                &requests,
+                self.config.per_instance_timeout.min(ttl),
+                Wait::Decision,
+            );
         }
         for (slot, request) in requests.iter().enumerate() {
             results.push(match self.validity(slot, ttl) {
@@ -618,10 +631,10 @@ impl Redlock {
         }));
         let first = Instant::now();
         if !requests.is_empty() {
-            self.run_round(&requests, self.config.per_instance_timeout);
+            self.run_round(&requests, self.config.per_instance_timeout, Wait::Decision);
         }
         let results = (0..requests.len())
-            .map(|slot| match self.round.decision(slot) {
+            .map(|slot| match self.round().decision(slot) {
                 Some(Decision::Won) => Ok(()),
                 _ => Err(self.verdict(Op::Release, slot, first, 1)),
             })
@@ -647,8 +660,9 @@ impl Redlock {
         self.run_round(
             std::slice::from_ref(&request),
             self.config.per_instance_timeout,
+            Wait::Decision,
         );
-        match self.round.decision(0) {
+        match self.round().decision(0) {
             Some(Decision::Won) => Ok(()),
             _ => Err(self.verdict(Op::Release, 0, first, 1)),
         }
@@ -687,6 +701,7 @@ impl Redlock {
         self.run_round(
             std::slice::from_ref(&request),
             self.config.per_instance_timeout.min(ttl),
+            Wait::Decision,
         );
         if let Some(expiry) = self.validity(0, ttl) {
             lock.expiry = expiry;
@@ -721,32 +736,25 @@ impl Redlock {
         attempt: u32,
     ) -> Result<(Expiry, u64), Error> {
         let started = self.started;
-        let readmit = self
-            .config
-            .quarantine
-            .map(|max| readmit_after(max, self.config.drift_factor));
-        let plan = |round: &Round| {
-            plan_fence(
-                round.votes(0),
-                round.fence_reads(0),
-                round.quorum(),
-                readmit,
-            )
-        };
-        let mut decided = plan(&self.round);
-        if matches!(decided, FencePlan::Unknown { .. }) && self.round.is_waiting(0) {
-            let deadline = started.mono.checked_add(timeout).unwrap_or(started.mono);
-            self.driver
-                .settle(&mut self.conns, &mut self.round, deadline);
-            decided = plan(&self.round);
-        }
+        let round = self.round();
+        let decided = plan_fence(
+            round.votes(0),
+            round.fence_reads(0),
+            round.quorum(),
+            self.readmit(),
+        );
         let (fence, directive) = match decided {
             FencePlan::Write { fence, directive } => (fence, directive),
             FencePlan::Unknown { .. } => {
                 let untrusted = self
                     .names
                     .iter()
-                    .zip(self.round.votes(0).iter().zip(self.round.fence_reads(0)))
+                    .zip(
+                        self.round()
+                            .votes(0)
+                            .iter()
+                            .zip(self.round().fence_reads(0)),
+                    )
                     .filter(|(_, (vote, read))| {
                         **vote == Vote::Granted && !read.is_some_and(|r| r.is_trusted())
                     })
@@ -766,8 +774,8 @@ impl Redlock {
             token: request.token,
             arg: fence,
         };
-        self.run_round(std::slice::from_ref(&write_back), timeout);
-        if self.round.decision(0) == Some(Decision::Won)
+        self.run_round(std::slice::from_ref(&write_back), timeout, Wait::Decision);
+        if self.round().decision(0) == Some(Decision::Won)
             && let Some(expiry) = self.expiry(started, ttl)
         {
             return Ok((expiry, fence.unsigned_abs()));
@@ -775,7 +783,7 @@ impl Redlock {
         // Refusals here mean the lock key was gone, not held elsewhere.
         Err(match self.verdict(Op::Fence, 0, first, attempt) {
             Error::NotHeld(f) => Error::FenceRefused(f),
-            Error::NoQuorum(f) if self.round.loss(0) == Loss::Refused => Error::FenceRefused(f),
+            Error::NoQuorum(f) if self.round().loss(0) == Loss::Refused => Error::FenceRefused(f),
             other => other,
         })
     }
@@ -788,18 +796,19 @@ impl Redlock {
         let start = Instant::now();
         let deadline = start.checked_add(timeout).unwrap_or(start);
         loop {
-            self.driver.prepare(&mut self.conns, Instant::now());
+            self.driver.prepare(&mut self.engine, Instant::now());
             let left = deadline.saturating_duration_since(Instant::now());
             self.settle(left);
             let ready = self
-                .conns
+                .engine
+                .conns()
                 .iter()
                 .filter(|c| !c.is_down() && !c.is_connecting())
                 .count();
             // A master whose host name is still being looked up is asked
             // again shortly; one that failed otherwise is left to its
             // reconnect backoff.
-            let resolving = self.conns.iter().any(Conn::is_resolving);
+            let resolving = self.engine.conns().iter().any(Conn::is_resolving);
             if !resolving || Instant::now() >= deadline {
                 return ready;
             }
@@ -811,7 +820,7 @@ impl Redlock {
     /// queues: bounded whatever the masters send or leave unanswered, and
     /// constant while replies stay small (see [`Config::max_in_flight`]).
     pub fn buffer_capacity(&self) -> usize {
-        self.conns.iter().map(Conn::buffer_capacity).sum()
+        self.engine.conns().iter().map(Conn::buffer_capacity).sum()
     }
 
     /// Finishes what earlier operations left in flight: reads every late
@@ -828,38 +837,51 @@ impl Redlock {
     pub fn settle(&mut self, timeout: Duration) -> usize {
         let deadline = Instant::now().checked_add(timeout);
         let deadline = deadline.unwrap_or_else(|| Instant::now() + Duration::from_secs(86_400));
-        let unanswered = self
-            .driver
-            .settle(&mut self.conns, &mut self.round, deadline);
+        let unanswered = self.driver.settle(&mut self.engine, deadline);
         self.check_distinct();
         unanswered
     }
 
-    fn run_round(&mut self, requests: &[Request], timeout: Duration) {
+    /// Runs one round of `requests` until it is complete as `wait` says.
+    fn run_round(&mut self, requests: &[Request], timeout: Duration, wait: Wait) {
+        if let Some(last) = self.last.take() {
+            self.engine.free(last);
+        }
         self.started = Stamp::now();
         let now = self.started.mono;
-        self.driver.prepare(&mut self.conns, now);
-        self.round.start(&mut self.conns, requests, now, timeout);
-        self.driver
-            .run(&mut self.conns, &mut self.round, self.config.spin);
+        self.driver.prepare(&mut self.engine, now);
+        let id = self.engine.start(requests, now, timeout, wait);
+        self.driver.run(&mut self.engine, id, self.config.spin);
         self.ended = Stamp::now();
-        self.round.finish(&mut self.conns);
+        self.engine.end(id);
+        // One round at a time: completion is read from the round itself.
+        while self.engine.poll_completed().is_some() {}
+        self.last = Some(id);
         self.check_distinct();
+    }
+
+    /// How long a master must have been seen unmarked before a fenced
+    /// acquire may readmit it (see [`readmit_after`]).
+    fn readmit(&self) -> Option<Duration> {
+        self.config
+            .quarantine
+            .map(|max| readmit_after(max, self.config.drift_factor))
+    }
+
+    /// The last round run.
+    fn round(&self) -> &Round {
+        self.last
+            .and_then(|id| self.engine.round(id))
+            .unwrap_or(&self.idle)
     }
 
     /// Looks for two masters that are one server, once a connection has
     /// read a new `run_id`.
     fn check_distinct(&mut self) {
-        let mut learned = false;
-        for conn in &mut self.conns {
-            learned |= conn.take_new_run_id();
-        }
-        if !learned || self.same_server.is_some() {
+        let Some((first, second)) = self.engine.poll_same_server() else {
             return;
-        }
-        let twin = (0..self.conns.len())
-            .find_map(|i| same_server(&self.conns, i).map(|j| (i.min(j), i.max(j))));
-        if let Some((first, second)) = twin {
+        };
+        if self.same_server.is_none() {
             self.same_server = Some(ConfigError::SameServer {
                 first: Arc::clone(&self.names[first]),
                 second: Arc::clone(&self.names[second]),
@@ -878,16 +900,18 @@ impl Redlock {
 
     fn send_only(&mut self, requests: &[Request]) {
         let now = Instant::now();
-        self.driver.prepare(&mut self.conns, now);
-        self.round
-            .start(&mut self.conns, requests, now, Duration::ZERO);
-        self.driver.send(&mut self.conns, &mut self.round);
-        self.round.finish(&mut self.conns);
+        self.driver.prepare(&mut self.engine, now);
+        let id = self
+            .engine
+            .start(requests, now, Duration::ZERO, Wait::Decision);
+        self.driver.send(&mut self.engine);
+        self.engine.finish(id);
+        while self.engine.poll_completed().is_some() {}
     }
 
     /// The validity `slot` of the last round won, if it won with some left.
     fn validity(&self, slot: usize, ttl: Duration) -> Option<Expiry> {
-        if self.round.decision(slot) != Some(Decision::Won) {
+        if self.round().decision(slot) != Some(Decision::Won) {
             return None;
         }
         self.expiry(self.started, ttl)
@@ -908,10 +932,10 @@ impl Redlock {
     /// error that says why.
     fn verdict(&self, op: Op, slot: usize, first: Instant, attempts: u32) -> Error {
         let failure = self.failure(slot, first, attempts);
-        if self.round.decision(slot) == Some(Decision::Won) {
+        if self.round().decision(slot) == Some(Decision::Won) {
             return Error::ValidityExpired(failure);
         }
-        match self.round.loss(slot) {
+        match self.round().loss(slot) {
             Loss::Protocol => Error::Protocol(failure),
             Loss::Unreachable => Error::NoQuorum(failure),
             Loss::Refused if op.sets_keys() => Error::Held(failure),
@@ -927,13 +951,13 @@ impl Redlock {
     /// The votes of `slot` in the last round, for an error.
     fn failure(&self, slot: usize, first: Instant, attempts: u32) -> Failure {
         Failure {
-            quorum: self.round.quorum(),
-            granted: self.round.granted(slot),
-            refused: self.round.refused(slot),
+            quorum: self.round().quorum(),
+            granted: self.round().granted(slot),
+            refused: self.round().refused(slot),
             votes: self
                 .names
                 .iter()
-                .zip(self.round.votes(slot))
+                .zip(self.round().votes(slot))
                 .map(|(server, vote)| MasterVote {
                     server: Arc::clone(server),
                     vote: vote.clone(),

@@ -1,21 +1,21 @@
 //! One round over N masters: the votes, the quorum decision, and the
 //! validity arithmetic.
 //!
-//! A [`Round`] encodes one request once, queues it on every connection in
-//! one pass, turns each master's reply into a [`Vote`], and decides as soon
-//! as the outcome is known: `Q` grants, or so many refusals and failures
-//! that `Q` is out of reach. Replies that arrive after the decision belong
-//! to a finished round and are dropped by tag. [`Validity::compute`] is the
-//! spec's `ttl - elapsed - drift`. Nothing here does I/O or reads a clock:
-//! the driver (or a test's fake cluster) passes `now` and moves the bytes.
+//! A [`Round`] turns each master's reply to each of its requests into a
+//! [`Vote`], and decides each request as soon as the outcome is known: `Q`
+//! grants, or so many refusals and failures that `Q` is out of reach.
+//! [`Validity::compute`] is the spec's `ttl - elapsed - drift`, and
+//! [`plan_fence`] decides a fenced acquire's fence from what the masters
+//! reported. Nothing here does I/O, reads a clock or touches the wire: the
+//! [`Engine`](crate::engine::Engine) sends the requests and routes replies
+//! to their round, and passes `now`.
 
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 
-use crate::conn::{Cause, Conn, Op, Request, Tag};
+use crate::conn::{Cause, Conn, Op, Request};
 use crate::resp::Reply;
-use crate::script::Scripts;
 
 /// The quorum for `n` masters: `n / 2 + 1`.
 pub fn quorum(n: usize) -> usize {
@@ -124,11 +124,11 @@ const EMPTY: Tally = Tally {
 /// K requests (slots) sent to every master in one pass, and the votes they
 /// collect: one quorum decision per slot. A single operation is a round of
 /// one slot; a batch puts K pipelined commands in one write per master.
-/// Reused from round to round so that a steady-state round allocates
-/// nothing.
+/// The [`Engine`](crate::engine::Engine) keeps many rounds at once and
+/// routes each reply to its round; a round is reused from operation to
+/// operation, so that a steady-state round allocates nothing.
 #[derive(Debug)]
 pub struct Round {
-    id: u64,
     /// Each slot's operation.
     ops: Vec<Op>,
     n: usize,
@@ -145,15 +145,12 @@ pub struct Round {
     reads: Vec<Option<FenceRead>>,
     tallies: Vec<Tally>,
     undecided: usize,
-    wire: BytesMut,
-    scripts: Scripts,
 }
 
 impl Round {
-    /// A round for `n` masters, idle until [`Round::start`].
-    pub fn new(n: usize, scripts: Scripts, now: Instant) -> Round {
+    /// A round for `n` masters, idle until [`Round::reset`].
+    pub fn new(n: usize, now: Instant) -> Round {
         Round {
-            id: 0,
             ops: Vec::new(),
             n,
             quorum: quorum(n),
@@ -164,23 +161,12 @@ impl Round {
             reads: vec![None; n],
             tallies: vec![EMPTY],
             undecided: 0,
-            wire: BytesMut::with_capacity(512),
-            scripts,
         }
     }
 
-    /// Encodes `requests` once and queues all of them on every connection,
-    /// so that each master gets them in one write. A master that is down
-    /// gets its failed votes at once. Replies are awaited until
-    /// `now + timeout`.
-    pub fn start(
-        &mut self,
-        conns: &mut [Conn],
-        requests: &[Request],
-        now: Instant,
-        timeout: Duration,
-    ) {
-        self.id = self.id.wrapping_add(1);
+    /// Readies the round for `requests`, every vote pending, replies
+    /// awaited until `now + timeout`.
+    pub fn reset(&mut self, requests: &[Request], now: Instant, timeout: Duration) {
         self.ops.clear();
         self.ops.extend(requests.iter().map(|r| r.op));
         self.started = now;
@@ -195,29 +181,16 @@ impl Round {
         self.tallies.clear();
         self.tallies.resize(k, EMPTY);
         self.undecided = k;
-        for (slot, request) in requests.iter().enumerate() {
-            self.wire.clear();
-            request.encode(&self.scripts, &mut self.wire);
-            let tag = Tag {
-                round: self.id,
-                slot: slot as u32,
-            };
-            for (i, conn) in conns.iter_mut().enumerate() {
-                if let Err(cause) = conn.send(tag, request, &self.wire, now) {
-                    self.record(slot, i, Vote::Failed(cause), now);
-                }
-            }
-        }
-    }
-
-    /// This round's number; requests are tagged with it.
-    pub fn id(&self) -> u64 {
-        self.id
     }
 
     /// When the round started.
     pub fn started(&self) -> Instant {
         self.started
+    }
+
+    /// When pending votes fail with [`Cause::Timeout`].
+    pub fn deadline(&self) -> Instant {
+        self.deadline
     }
 
     /// The quorum `Q`.
@@ -324,76 +297,70 @@ impl Round {
         }
     }
 
-    /// The next instant at which [`Round::handle_timeout`] has work: the
-    /// round's deadline or a connection's connect or stall limit.
-    pub fn poll_timeout(&self, conns: &[Conn]) -> Instant {
-        conns
-            .iter()
-            .filter_map(Conn::poll_timeout)
-            .fold(self.deadline, Instant::min)
+    /// Whether master `i` has yet to vote on `slot`.
+    pub fn is_pending(&self, slot: usize, i: usize) -> bool {
+        self.votes.get(slot * self.n + i) == Some(&Vote::Pending)
     }
 
-    /// Reads every complete reply that connection `i` holds.
-    pub fn handle_input(&mut self, conns: &mut [Conn], i: usize, now: Instant) {
-        loop {
-            let resend = |tag: Tag, op: Op| op.releases() || self.is_undecided(tag);
-            match conns[i].poll_reply(now, resend) {
-                Ok(Some((tag, reply))) => {
-                    let slot = tag.slot as usize;
-                    if tag.round == self.id && self.vote(slot, i) == Some(&Vote::Pending) {
-                        let op = self.ops.get(slot).copied().unwrap_or(Op::Acquire);
-                        if let (Reply::Integer(value), Some(cell)) =
-                            (&reply, self.values.get_mut(slot * self.n + i))
-                        {
-                            *cell = Some(*value);
-                        }
-                        if let (Op::AcquireFenced, Some(cell)) =
-                            (op, self.reads.get_mut(slot * self.n + i))
-                        {
-                            *cell = FenceRead::parse(&reply);
-                        }
-                        let mut vote = classify(op, reply);
-                        if vote == Vote::Granted && op.sets_keys() {
-                            conns[i].handle_grant(now);
-                        }
-                        // One server named twice votes once: the first of
-                        // its connections to answer counts.
-                        if let (Vote::Granted | Vote::Refused, Some(other)) =
-                            (&vote, same_server(conns, i))
-                        {
-                            vote = Vote::Failed(Cause::SameServer(other));
-                        }
-                        // A quarantined master's answer is read, never
-                        // counted: it may have lost keys in a restart.
-                        if let (Vote::Granted | Vote::Refused, Some(left)) =
-                            (&vote, conns[i].quarantine_left(now))
-                        {
-                            vote = Vote::Failed(Cause::Quarantined(left));
-                        }
-                        self.record(slot, i, vote, now);
-                    }
-                }
-                Ok(None) => return,
-                Err(cause) => return self.handle_failure(conns, i, now, cause),
+    /// Whether `slot` still waits for its decision.
+    pub fn is_undecided(&self, slot: usize) -> bool {
+        slot < self.tallies.len() && self.decision(slot).is_none()
+    }
+
+    /// Master `i`'s reply to `slot`, which must be pending: counted as the
+    /// operation says, unless `conns` show that it cannot count (a
+    /// quarantined master, or a second connection to one server).
+    pub fn handle_reply(
+        &mut self,
+        conns: &mut [Conn],
+        slot: usize,
+        i: usize,
+        reply: Reply,
+        now: Instant,
+    ) {
+        if !self.is_pending(slot, i) {
+            return;
+        }
+        let op = self.ops.get(slot).copied().unwrap_or(Op::Acquire);
+        if let (Reply::Integer(value), Some(cell)) =
+            (&reply, self.values.get_mut(slot * self.n + i))
+        {
+            *cell = Some(*value);
+        }
+        if let (Op::AcquireFenced, Some(cell)) = (op, self.reads.get_mut(slot * self.n + i)) {
+            *cell = FenceRead::parse(&reply);
+        }
+        let mut vote = classify(op, reply);
+        if let (Vote::Granted, true, Some(conn)) = (&vote, op.sets_keys(), conns.get_mut(i)) {
+            conn.handle_grant(now);
+        }
+        // One server named twice votes once: the first of its connections
+        // to answer counts.
+        if let (Vote::Granted | Vote::Refused, Some(other)) = (&vote, same_server(conns, i)) {
+            vote = Vote::Failed(Cause::SameServer(other));
+        }
+        // A quarantined master's answer is read, never counted: it may have
+        // lost keys in a restart.
+        if let (Vote::Granted | Vote::Refused, Some(left)) =
+            (&vote, conns.get(i).and_then(|c| c.quarantine_left(now)))
+        {
+            vote = Vote::Failed(Cause::Quarantined(left));
+        }
+        self.record(slot, i, vote, now);
+    }
+
+    /// Master `i` failed: its pending votes fail with `cause`.
+    pub fn fail_pending(&mut self, i: usize, cause: &Cause, now: Instant) {
+        for slot in 0..self.tallies.len() {
+            if self.is_pending(slot, i) {
+                self.record(slot, i, Vote::Failed(cause.clone()), now);
             }
         }
     }
 
-    /// Connection `i` failed: its pending votes fail with `cause`.
-    pub fn handle_failure(&mut self, conns: &mut [Conn], i: usize, now: Instant, cause: Cause) {
-        conns[i].handle_failure(now, cause.clone());
-        self.fail_pending(i, &cause, now);
-    }
-
-    /// Applies the connections' connect and stall limits and, once the
-    /// round's deadline has passed, fails every pending vote with
+    /// Once the deadline has passed, fails every pending vote with
     /// [`Cause::Timeout`].
-    pub fn handle_timeout(&mut self, conns: &mut [Conn], now: Instant) {
-        for (i, conn) in conns.iter_mut().enumerate() {
-            if let Some(cause) = conn.handle_timeout(now) {
-                self.fail_pending(i, &cause, now);
-            }
-        }
+    pub fn handle_timeout(&mut self, now: Instant) {
         if now >= self.deadline {
             for i in 0..self.n {
                 self.fail_pending(i, &Cause::Timeout, now);
@@ -401,33 +368,9 @@ impl Round {
         }
     }
 
-    /// Ends the round: requests still queued on connections that have not
-    /// finished connecting are dropped unsent.
-    pub fn finish(&mut self, conns: &mut [Conn]) {
-        for conn in conns {
-            conn.handle_round_end(self.id);
-        }
-    }
-
-    /// Whether `tag` names a slot of this round still waiting for its
-    /// decision.
-    fn is_undecided(&self, tag: Tag) -> bool {
-        tag.round == self.id && self.decision(tag.slot as usize).is_none()
-    }
-
-    fn vote(&self, slot: usize, i: usize) -> Option<&Vote> {
-        self.votes.get(slot * self.n + i)
-    }
-
-    fn fail_pending(&mut self, i: usize, cause: &Cause, now: Instant) {
-        for slot in 0..self.tallies.len() {
-            if self.vote(slot, i) == Some(&Vote::Pending) {
-                self.record(slot, i, Vote::Failed(cause.clone()), now);
-            }
-        }
-    }
-
-    fn record(&mut self, slot: usize, i: usize, vote: Vote, now: Instant) {
+    /// Records a vote of master `i` on `slot` (a send that failed at once,
+    /// for example).
+    pub fn record(&mut self, slot: usize, i: usize, vote: Vote, now: Instant) {
         let was_decided = self.decision(slot).is_some();
         let Some(tally) = self.tallies.get_mut(slot) else {
             return;

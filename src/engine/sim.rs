@@ -1,8 +1,9 @@
 //! Deterministic tests of the sans-IO core: a fake cluster of N scripted
 //! masters, in virtual time and without sockets, drives the real
-//! connection ([`Conn`]) and round ([`Round`]) logic through reply
-//! orderings, partial replies, late replies, NOSCRIPT, silence, disconnects
-//! and garbage, and checks every decision and validity figure.
+//! [`Engine`] through the doors the mio driver uses (connect, bytes in,
+//! bytes out, failure, time) through reply orderings, partial replies,
+//! late replies, NOSCRIPT, silence, disconnects and garbage, and checks
+//! every decision and validity figure.
 //!
 //! The fake masters answer the handshake (AUTH, SELECT, SCRIPT LOAD) as
 //! Redis does and answer each lock command as their script says. Time is a
@@ -13,12 +14,14 @@ use std::collections::VecDeque;
 use std::io;
 use std::time::{Duration, Instant};
 
+use crate::addr::ServerAddr;
+use crate::conn::{Cause, Keys, Op, Request, Timing};
+use crate::engine::{Engine, RoundId, Wait};
+use crate::quorum::{Decision, Loss, Round, Validity, Vote};
+use crate::resp::{self, Limits, Reply};
+use crate::script::Scripts;
+use crate::token::TokenSource;
 use bytes::{Bytes, BytesMut};
-use redlock_mio::conn::{Cause, Conn, Keys, Op, Request, Timing};
-use redlock_mio::quorum::{Decision, Loss, Round, Validity, Vote};
-use redlock_mio::resp::{self, Limits, Reply};
-use redlock_mio::script::Scripts;
-use redlock_mio::token::TokenSource;
 
 const MS: Duration = Duration::from_millis(1);
 const TTL: Duration = Duration::from_secs(10);
@@ -156,7 +159,7 @@ fn sha_of(args: &[Reply]) -> Vec<u8> {
         return b"-ERR bad\r\n".to_vec();
     };
     let text = String::from_utf8_lossy(source).into_owned();
-    let script = redlock_mio::script::Script::new(Box::leak(text.into_boxed_str()));
+    let script = crate::script::Script::new(Box::leak(text.into_boxed_str()));
     let mut out = b"$40\r\n".to_vec();
     out.extend_from_slice(script.sha());
     out.extend_from_slice(b"\r\n");
@@ -167,8 +170,10 @@ fn sha_of(args: &[Reply]) -> Vec<u8> {
 struct Sim {
     now: Instant,
     masters: Vec<Master>,
-    conns: Vec<Conn>,
-    round: Round,
+    engine: Engine,
+    /// The last round run, readable until the next one starts.
+    last: Option<RoundId>,
+    idle: Round,
     tokens: TokenSource,
 }
 
@@ -185,25 +190,44 @@ fn timing() -> Timing {
 
 impl Sim {
     fn new(scripts: Vec<Vec<Act>>) -> Sim {
+        Sim::with(scripts, timing(), &[])
+    }
+
+    /// `scripts.len()` masters whose connections use `timing`; the first
+    /// masters' URLs are `urls` where given.
+    fn with(scripts: Vec<Vec<Act>>, timing: Timing, urls: &[&str]) -> Sim {
         let now = Instant::now();
         let mut masters: Vec<Master> = scripts.into_iter().map(Master::new).collect();
         // Independent masters: each its own server process.
         for (i, master) in masters.iter_mut().enumerate() {
             master.run_id = format!("{i:040}");
         }
-        let conns = (0..masters.len())
-            .map(|i| {
-                let addr = format!("redis://127.0.0.1:{}", 7000 + i).parse().unwrap();
-                Conn::new(addr, Scripts::new(), Limits::default(), timing(), now)
+        let servers: Vec<ServerAddr> = (0..masters.len())
+            .map(|i| match urls.get(i) {
+                Some(url) => url.parse().unwrap(),
+                None => format!("redis://127.0.0.1:{}", 7000 + i).parse().unwrap(),
             })
             .collect();
         Sim {
             now,
-            round: Round::new(masters.len(), Scripts::new(), now),
+            engine: Engine::new(&servers, Scripts::new(), Limits::default(), timing, now),
+            last: None,
+            idle: Round::new(masters.len(), now),
             masters,
-            conns,
             tokens: TokenSource::from_seed([7; 16]),
         }
+    }
+
+    /// The last round run.
+    fn round(&self) -> &Round {
+        self.last
+            .and_then(|id| self.engine.round(id))
+            .unwrap_or(&self.idle)
+    }
+
+    /// Master `i`'s connection state.
+    fn conn(&self, i: usize) -> &crate::conn::Conn {
+        &self.engine.conns()[i]
     }
 
     fn request(&mut self, op: Op) -> Request {
@@ -217,16 +241,17 @@ impl Sim {
 
     /// What the real driver's `prepare` does, with fake sockets.
     fn prepare(&mut self) {
-        for (conn, master) in self.conns.iter_mut().zip(&mut self.masters) {
-            if conn.poll_connect(self.now) {
+        for (i, master) in self.masters.iter_mut().enumerate() {
+            if self.engine.poll_connect(i, self.now) {
                 master.connects += 1;
                 if master.up {
-                    conn.handle_connect_started(self.now);
+                    self.engine.handle_connect_started(i, self.now);
                     master.connect_at = Some(self.now + master.connect_delay);
                     master.inbox.clear();
                     master.outbox.clear();
                 } else {
-                    conn.handle_failure(self.now, Cause::Connect(io::ErrorKind::ConnectionRefused));
+                    let refused = Cause::Connect(io::ErrorKind::ConnectionRefused);
+                    self.engine.handle_failure(i, self.now, refused);
                 }
             }
         }
@@ -234,16 +259,17 @@ impl Sim {
 
     /// Moves queued bytes from connections to their masters.
     fn transmit(&mut self) {
-        for (i, (conn, master)) in self.conns.iter_mut().zip(&mut self.masters).enumerate() {
-            if conn.is_connecting() && master.connect_at.is_some_and(|t| t <= self.now) {
-                conn.handle_connected();
+        for (i, master) in self.masters.iter_mut().enumerate() {
+            if self.engine.conns()[i].is_connecting()
+                && master.connect_at.is_some_and(|t| t <= self.now)
+            {
+                self.engine.handle_connected(i);
             }
-            let bytes = conn.poll_transmit().to_vec();
+            let bytes = self.engine.poll_transmit(i).to_vec();
             if !bytes.is_empty() {
-                conn.handle_written(bytes.len());
+                self.engine.handle_written(i, bytes.len());
                 master.receive(&bytes, self.now);
             }
-            let _ = i;
         }
     }
 
@@ -261,15 +287,33 @@ impl Sim {
     /// Runs one round carrying all of `requests`, until every slot is
     /// decided.
     fn run_batch(&mut self, requests: &[Request], timeout: Duration) -> Instant {
+        if let Some(last) = self.last.take() {
+            self.engine.free(last);
+        }
+        let id = self.start(requests, timeout);
+        self.drive(id);
+        self.engine.end(id);
+        while self.engine.poll_completed().is_some() {}
+        self.last = Some(id);
+        self.now
+    }
+
+    /// Starts a round of `requests` without waiting for it: rounds started
+    /// one after another are in flight together.
+    fn start(&mut self, requests: &[Request], timeout: Duration) -> RoundId {
         self.prepare();
-        self.round
-            .start(&mut self.conns, requests, self.now, timeout);
+        self.engine
+            .start(requests, self.now, timeout, Wait::Decision)
+    }
+
+    /// Moves bytes and virtual time until round `id` is complete.
+    fn drive(&mut self, id: RoundId) {
         loop {
             self.transmit();
-            if self.round.is_decided() {
-                break;
+            if self.engine.is_complete(id) {
+                return;
             }
-            let deadline = self.round.poll_timeout(&self.conns);
+            let deadline = self.engine.poll_timeout().unwrap_or(self.now + TTL);
             let next = self
                 .masters
                 .iter()
@@ -282,10 +326,8 @@ impl Sim {
                 .fold(deadline, Instant::min);
             self.now = self.now.max(next);
             self.deliver();
-            self.round.handle_timeout(&mut self.conns, self.now);
+            self.engine.handle_timeout(self.now);
         }
-        self.round.finish(&mut self.conns);
-        self.now
     }
 
     /// Lets virtual time pass between operations. As with the real driver,
@@ -307,16 +349,14 @@ impl Sim {
             for delivery in due {
                 match delivery {
                     Delivery::Bytes(bytes) => {
-                        if !self.conns[i].is_down() {
-                            self.conns[i].handle_input(&bytes);
-                            self.round.handle_input(&mut self.conns, i, self.now);
+                        if !self.conn(i).is_down() {
+                            self.engine.handle_input(i, &bytes, self.now);
                         }
                     }
                     Delivery::Close => {
                         self.masters[i].outbox.clear();
-                        if !self.conns[i].is_down() {
-                            self.round
-                                .handle_failure(&mut self.conns, i, self.now, Cause::Closed);
+                        if !self.conn(i).is_down() {
+                            self.engine.handle_failure(i, self.now, Cause::Closed);
                         }
                     }
                 }
@@ -325,7 +365,7 @@ impl Sim {
     }
 
     fn votes(&self) -> Vec<Vote> {
-        self.round.votes(0).to_vec()
+        self.round().votes(0).to_vec()
     }
 
     /// The script commands (EVALSHA, EVAL) master `i` received, in order.
@@ -354,7 +394,7 @@ fn a_quorum_of_grants_wins_at_the_second_reply_with_the_spec_validity() {
         vec![reply(OK, 3)],
         vec![reply(OK, 9)],
     ]);
-    assert_eq!(sim.round.decision(0), Some(Decision::Won));
+    assert_eq!(sim.round().decision(0), Some(Decision::Won));
     assert_eq!(
         ended - started,
         3 * MS,
@@ -420,12 +460,12 @@ fn every_ordering_of_replies_gives_the_same_decision() {
             let scripts = (0..3).map(|i| vec![reply(replies[i], order[i])]).collect();
             let (sim, _, _) = acquire_round(scripts);
             assert_eq!(
-                sim.round.decision(0),
+                sim.round().decision(0),
                 Some(*want),
                 "{name}, order {order:?}"
             );
             if let Some(loss) = loss {
-                assert_eq!(sim.round.loss(0), *loss, "{name}, order {order:?}");
+                assert_eq!(sim.round().loss(0), *loss, "{name}, order {order:?}");
             }
         }
     }
@@ -436,7 +476,7 @@ fn replies_split_into_single_bytes_decide_the_same() {
     let split = |bytes| Act::Reply(bytes, MS, 1);
     let (sim, started, ended) =
         acquire_round(vec![vec![split(OK)], vec![split(NIL)], vec![split(OK)]]);
-    assert_eq!(sim.round.decision(0), Some(Decision::Won));
+    assert_eq!(sim.round().decision(0), Some(Decision::Won));
     assert_eq!(
         sim.votes(),
         vec![Vote::Granted, Vote::Refused, Vote::Granted]
@@ -452,7 +492,7 @@ fn silent_masters_time_out_at_the_round_deadline() {
         vec![Act::Silent],
         vec![Act::Silent],
     ]);
-    assert_eq!(sim.round.decision(0), Some(Decision::Lost));
+    assert_eq!(sim.round().decision(0), Some(Decision::Lost));
     assert_eq!(ended - started, ROUND_TIMEOUT);
     assert_eq!(
         sim.votes(),
@@ -462,7 +502,7 @@ fn silent_masters_time_out_at_the_round_deadline() {
             Vote::Failed(Cause::Timeout)
         ]
     );
-    assert_eq!(sim.round.loss(0), Loss::Unreachable);
+    assert_eq!(sim.round().loss(0), Loss::Unreachable);
 }
 
 #[test]
@@ -472,7 +512,7 @@ fn one_silent_master_does_not_hold_the_caller() {
         vec![reply(OK, 2)],
         vec![reply(OK, 4)],
     ]);
-    assert_eq!(sim.round.decision(0), Some(Decision::Won));
+    assert_eq!(sim.round().decision(0), Some(Decision::Won));
     assert_eq!(ended - started, 4 * MS);
 }
 
@@ -501,7 +541,7 @@ fn a_reply_after_the_decision_is_dropped_not_matched_to_the_next_request() {
         sim.votes(),
         vec![Vote::Granted, Vote::Granted, Vote::Refused]
     );
-    assert_eq!(sim.conns[2].in_flight(), 0);
+    assert_eq!(sim.conn(2).in_flight(), 0);
 }
 
 #[test]
@@ -513,7 +553,7 @@ fn noscript_is_answered_with_eval_on_that_connection_only() {
     ]);
     let release = sim.request(Op::Release);
     sim.run(&release);
-    assert_eq!(sim.round.decision(0), Some(Decision::Won));
+    assert_eq!(sim.round().decision(0), Some(Decision::Won));
     assert_eq!(
         sim.votes()[0],
         Vote::Granted,
@@ -533,7 +573,7 @@ fn a_second_noscript_is_a_failed_vote_not_a_loop() {
     ]);
     let extend = sim.request(Op::Extend);
     sim.run(&extend);
-    assert_eq!(sim.round.decision(0), Some(Decision::Won));
+    assert_eq!(sim.round().decision(0), Some(Decision::Won));
     assert!(
         matches!(&sim.votes()[0], Vote::Failed(Cause::Server(msg)) if msg.starts_with(b"NOSCRIPT")),
         "{:?}",
@@ -552,13 +592,10 @@ fn the_handshake_goes_out_in_the_first_write_with_the_request() {
     ]
     .concat();
     assert_eq!(sim.masters[0].log, [loads.clone(), vec!["SET"]].concat());
-    let mut with_auth = Sim::new(vec![vec![reply(OK, 1)]]);
-    with_auth.conns[0] = Conn::new(
-        "redis://alice:pw@127.0.0.1:7000/3".parse().unwrap(),
-        Scripts::new(),
-        Limits::default(),
+    let mut with_auth = Sim::with(
+        vec![vec![reply(OK, 1)]],
         timing(),
-        with_auth.now,
+        &["redis://alice:pw@127.0.0.1:7000/3"],
     );
     let request = with_auth.request(Op::Acquire);
     with_auth.run(&request);
@@ -566,7 +603,7 @@ fn the_handshake_goes_out_in_the_first_write_with_the_request() {
         with_auth.masters[0].log,
         [vec!["AUTH", "SELECT"], loads, vec!["SET"]].concat()
     );
-    assert_eq!(with_auth.round.decision(0), Some(Decision::Won));
+    assert_eq!(with_auth.round().decision(0), Some(Decision::Won));
 }
 
 #[test]
@@ -582,7 +619,7 @@ fn a_disconnect_is_one_failed_vote_and_the_next_use_reconnects() {
         sim.votes(),
         vec![Vote::Failed(Cause::Closed), Vote::Granted, Vote::Granted]
     );
-    assert!(sim.conns[0].is_down());
+    assert!(sim.conn(0).is_down());
     let second = sim.request(Op::Acquire);
     sim.run(&second);
     assert_eq!(
@@ -603,7 +640,7 @@ fn a_dead_master_costs_no_connect_attempt_during_its_backoff() {
     for _ in 0..4 {
         let request = sim.request(Op::Acquire);
         sim.run(&request);
-        assert_eq!(sim.round.decision(0), Some(Decision::Won));
+        assert_eq!(sim.round().decision(0), Some(Decision::Won));
         sim.advance(MS);
     }
     // Four rounds within the first 10 ms backoff: one connect attempt.
@@ -630,12 +667,12 @@ fn garbage_from_a_master_is_a_protocol_failure() {
         vec![reply(OK, 2)],
         vec![reply(OK, 3)],
     ]);
-    assert_eq!(sim.round.decision(0), Some(Decision::Won));
+    assert_eq!(sim.round().decision(0), Some(Decision::Won));
     assert!(matches!(&sim.votes()[0], Vote::Failed(Cause::Protocol(_))));
-    assert!(sim.conns[0].is_down());
+    assert!(sim.conn(0).is_down());
     let (sim, _, _) = acquire_round(vec![vec![garbage], vec![Act::Silent]]);
-    assert_eq!(sim.round.decision(0), Some(Decision::Lost));
-    assert_eq!(sim.round.loss(0), Loss::Protocol);
+    assert_eq!(sim.round().decision(0), Some(Decision::Lost));
+    assert_eq!(sim.round().loss(0), Loss::Protocol);
 }
 
 #[test]
@@ -648,7 +685,7 @@ fn requests_queued_on_a_connection_still_connecting_are_dropped_when_the_round_e
     sim.masters[2].connect_delay = 100 * MS;
     let request = sim.request(Op::Acquire);
     sim.run(&request);
-    assert_eq!(sim.round.decision(0), Some(Decision::Won));
+    assert_eq!(sim.round().decision(0), Some(Decision::Won));
     // The connect finishes long after the round: only the handshake goes out.
     sim.advance(150 * MS);
     sim.transmit();
@@ -692,7 +729,7 @@ fn a_stalled_connection_is_dropped_after_the_stall_limit() {
     sim.run(&request);
     assert_eq!(sim.votes(), vec![Vote::Failed(Cause::Timeout)]);
     assert!(
-        !sim.conns[0].is_down(),
+        !sim.conn(0).is_down(),
         "one timeout alone keeps the connection"
     );
     sim.advance(timing().stall);
@@ -729,7 +766,7 @@ fn replies_waiting_in_the_socket_are_read_before_the_stall_limit_is_applied() {
         ..acquire
     };
     sim.run(&release);
-    assert_eq!(sim.round.decision(0), Some(Decision::Won));
+    assert_eq!(sim.round().decision(0), Some(Decision::Won));
     assert_eq!(
         sim.masters.iter().map(|m| m.connects).collect::<Vec<_>>(),
         vec![1, 1, 1]
@@ -741,23 +778,23 @@ fn a_quorum_that_arrives_too_late_leaves_no_validity() {
     // ttl 10 s, drift 102 ms: replies after 9898 ms leave nothing. The
     // round's own deadline is the per-instance timeout, so use one as long
     // as the TTL to let the slow replies count.
-    let mut sim = Sim::new(vec![
-        vec![reply(OK, 9_899)],
-        vec![reply(OK, 9_899)],
-        vec![Act::Silent],
-    ]);
     let patient = Timing {
         stall: 2 * TTL,
         ..timing()
     };
-    for (i, conn) in sim.conns.iter_mut().enumerate() {
-        let addr = format!("redis://127.0.0.1:{}", 7000 + i).parse().unwrap();
-        *conn = Conn::new(addr, Scripts::new(), Limits::default(), patient, sim.now);
-    }
+    let mut sim = Sim::with(
+        vec![
+            vec![reply(OK, 9_899)],
+            vec![reply(OK, 9_899)],
+            vec![Act::Silent],
+        ],
+        patient,
+        &[],
+    );
     let started = sim.now;
     let request = sim.request(Op::Acquire);
     sim.run_for(&request, TTL);
-    assert_eq!(sim.round.decision(0), Some(Decision::Won));
+    assert_eq!(sim.round().decision(0), Some(Decision::Won));
     assert_eq!(Validity::compute(TTL, started, sim.now, 0.01), None);
     assert!(Validity::compute(TTL, started, sim.now - 2 * MS, 0.01).is_some());
 }
@@ -771,8 +808,8 @@ fn five_masters_need_three() {
         vec![reply(OK, 2)],
         vec![reply(OK, 5)],
     ]);
-    assert_eq!(sim.round.quorum(), 3);
-    assert_eq!(sim.round.decision(0), Some(Decision::Won));
+    assert_eq!(sim.round().quorum(), 3);
+    assert_eq!(sim.round().decision(0), Some(Decision::Won));
     let (sim, _, _) = acquire_round(vec![
         vec![reply(OK, 1)],
         vec![reply(NIL, 1)],
@@ -780,8 +817,8 @@ fn five_masters_need_three() {
         vec![reply(OK, 2)],
         vec![reply(NIL, 5)],
     ]);
-    assert_eq!(sim.round.decision(0), Some(Decision::Lost));
-    assert_eq!(sim.round.loss(0), Loss::Refused);
+    assert_eq!(sim.round().decision(0), Some(Decision::Lost));
+    assert_eq!(sim.round().loss(0), Loss::Refused);
 }
 
 #[test]
@@ -807,21 +844,21 @@ fn a_batch_goes_out_in_one_write_per_master_and_decides_each_resource_alone() {
             "one write carries the whole batch"
         );
     }
-    assert_eq!(sim.round.slots(), 3);
-    assert_eq!(sim.round.decision(0), Some(Decision::Won));
-    assert_eq!(sim.round.votes(0)[2], Vote::Refused);
-    assert_eq!(sim.round.decision(1), Some(Decision::Lost));
-    assert_eq!(sim.round.loss(1), Loss::Refused);
-    assert_eq!(sim.round.decision(2), Some(Decision::Won));
+    assert_eq!(sim.round().slots(), 3);
+    assert_eq!(sim.round().decision(0), Some(Decision::Won));
+    assert_eq!(sim.round().votes(0)[2], Vote::Refused);
+    assert_eq!(sim.round().decision(1), Some(Decision::Lost));
+    assert_eq!(sim.round().loss(1), Loss::Refused);
+    assert_eq!(sim.round().decision(2), Some(Decision::Won));
     assert_eq!(
-        sim.round.votes(2)[1],
+        sim.round().votes(2)[1],
         Vote::Pending,
         "decided without the silent master"
     );
     // Each slot's validity runs to its own decision: slot 0 waited for
     // master 1's reply at 2 ms, slot 2 had its two grants at 1 ms.
-    assert_eq!(sim.round.decided_at(0), Some(started + 2 * MS));
-    assert_eq!(sim.round.decided_at(2), Some(started + MS));
+    assert_eq!(sim.round().decided_at(0), Some(started + 2 * MS));
+    assert_eq!(sim.round().decided_at(2), Some(started + MS));
 }
 
 #[test]
@@ -835,28 +872,23 @@ fn a_connection_failure_fails_every_pending_slot_of_that_master() {
     sim.run_batch(&batch, ROUND_TIMEOUT);
     for slot in 0..2 {
         assert_eq!(
-            sim.round.votes(slot)[0],
+            sim.round().votes(slot)[0],
             Vote::Failed(Cause::Closed),
             "slot {slot}"
         );
     }
-    assert_eq!(sim.round.decision(0), Some(Decision::Lost));
-    assert_eq!(sim.round.decision(1), Some(Decision::Won));
+    assert_eq!(sim.round().decision(0), Some(Decision::Lost));
+    assert_eq!(sim.round().decision(1), Some(Decision::Won));
 }
 
 /// A simulation whose connections run restart quarantine with `max_ttl`.
 fn quarantined(scripts: Vec<Vec<Act>>, max_ttl: Duration) -> Sim {
-    let mut sim = Sim::new(scripts);
     let careful = Timing {
         quarantine: Some(max_ttl),
         stall: 10 * max_ttl,
         ..timing()
     };
-    for (i, conn) in sim.conns.iter_mut().enumerate() {
-        let addr = format!("redis://127.0.0.1:{}", 7000 + i).parse().unwrap();
-        *conn = Conn::new(addr, Scripts::new(), Limits::default(), careful, sim.now);
-    }
-    sim
+    Sim::with(scripts, careful, &[])
 }
 
 #[test]
@@ -879,16 +911,16 @@ fn a_master_up_for_less_than_the_max_ttl_does_not_count_until_it_has_been() {
         sim.masters[0].log[loads - 1..loads + 1],
         ["SCRIPT LOAD", "INFO"]
     );
-    assert_eq!(sim.round.decision(0), Some(Decision::Lost));
-    assert_eq!(sim.round.loss(0), Loss::Unreachable);
-    assert_eq!(sim.round.votes(0)[0], Vote::Granted);
+    assert_eq!(sim.round().decision(0), Some(Decision::Lost));
+    assert_eq!(sim.round().loss(0), Loss::Unreachable);
+    assert_eq!(sim.round().votes(0)[0], Vote::Granted);
     assert_eq!(
-        sim.round.votes(0)[1],
+        sim.round().votes(0)[1],
         // An uptime of 5 may mean 4.001 s: 56 s to go, less the round's 1 ms.
         Vote::Failed(Cause::Quarantined(Duration::from_secs(56) - MS))
     );
     assert!(matches!(
-        sim.round.votes(0)[2],
+        sim.round().votes(0)[2],
         Vote::Failed(Cause::Quarantined(_))
     ));
     // Two seconds later master 2 (uptime 59, so more than 58 s) has surely
@@ -897,22 +929,22 @@ fn a_master_up_for_less_than_the_max_ttl_does_not_count_until_it_has_been() {
     let request = sim.request(Op::Acquire);
     sim.run(&request);
     assert!(matches!(
-        sim.round.votes(0)[2],
+        sim.round().votes(0)[2],
         Vote::Failed(Cause::Quarantined(_))
     ));
     sim.advance(Duration::from_secs(1));
     let request = sim.request(Op::Acquire);
     sim.run(&request);
-    assert_eq!(sim.round.decision(0), Some(Decision::Won));
+    assert_eq!(sim.round().decision(0), Some(Decision::Won));
     assert!(matches!(
-        sim.round.votes(0)[1],
+        sim.round().votes(0)[1],
         Vote::Failed(Cause::Quarantined(_))
     ));
     sim.advance(Duration::from_secs(54));
     let request = sim.request(Op::Acquire);
     sim.run(&request);
     assert_eq!(
-        sim.round.votes(0),
+        sim.round().votes(0),
         [Vote::Granted, Vote::Granted, Vote::Granted]
     );
 }
@@ -930,19 +962,19 @@ fn a_run_id_that_changed_while_it_held_our_locks_quarantines_for_the_max_ttl() {
     );
     let request = sim.request(Op::Acquire);
     sim.run(&request);
-    assert_eq!(sim.round.votes(0)[0], Vote::Granted);
+    assert_eq!(sim.round().votes(0)[0], Vote::Granted);
     // Master 0 crashes and comes back with a new run_id and (as a clock
     // glitch or a replica promoted in its place would show) a long uptime.
     let request = sim.request(Op::Acquire);
     sim.run(&request);
-    assert_eq!(sim.round.votes(0)[0], Vote::Failed(Cause::Closed));
+    assert_eq!(sim.round().votes(0)[0], Vote::Failed(Cause::Closed));
     sim.masters[0].run_id = "b".repeat(40);
     let request = sim.request(Op::Acquire);
     sim.run(&request);
     assert!(
-        matches!(sim.round.votes(0)[0], Vote::Failed(Cause::Quarantined(left)) if left >= max_ttl - MS),
+        matches!(sim.round().votes(0)[0], Vote::Failed(Cause::Quarantined(left)) if left >= max_ttl - MS),
         "{:?}",
-        sim.round.votes(0)
+        sim.round().votes(0)
     );
 }
 
@@ -961,7 +993,7 @@ fn a_new_run_id_on_a_master_that_held_nothing_of_ours_is_no_reason_to_wait() {
     sim.masters[0].run_id = "c".repeat(40);
     let request = sim.request(Op::Acquire);
     sim.run(&request);
-    assert_eq!(sim.round.votes(0)[0], Vote::Refused);
+    assert_eq!(sim.round().votes(0)[0], Vote::Refused);
 }
 
 #[test]
@@ -973,8 +1005,8 @@ fn a_fenced_acquire_takes_the_largest_fence_among_the_granting_masters_only() {
     ]);
     let request = sim.request(Op::AcquireFenced);
     sim.run_for(&request, ROUND_TIMEOUT);
-    assert_eq!(sim.round.decision(0), Some(Decision::Won));
-    assert_eq!(sim.round.max_granted_value(0), Some(7));
+    assert_eq!(sim.round().decision(0), Some(Decision::Won));
+    assert_eq!(sim.round().max_granted_value(0), Some(7));
     // A refusing master's -1 (and a higher fence it might report) counts
     // for nothing.
     let mut sim = Sim::new(vec![
@@ -985,10 +1017,10 @@ fn a_fenced_acquire_takes_the_largest_fence_among_the_granting_masters_only() {
     let request = sim.request(Op::AcquireFenced);
     sim.run_for(&request, ROUND_TIMEOUT);
     assert_eq!(
-        sim.round.votes(0),
+        sim.round().votes(0),
         [Vote::Granted, Vote::Refused, Vote::Granted]
     );
-    assert_eq!(sim.round.max_granted_value(0), Some(4));
+    assert_eq!(sim.round().max_granted_value(0), Some(4));
 }
 
 /// Issue 10, item 4: a multi-resource acquire that was decided lost (two
@@ -1008,7 +1040,7 @@ fn a_late_noscript_never_re_sets_a_key_after_its_round_is_decided() {
         ..sim.request(Op::AcquireMany)
     };
     sim.run(&acquire);
-    assert_eq!(sim.round.decision(0), Some(Decision::Lost));
+    assert_eq!(sim.round().decision(0), Some(Decision::Lost));
     let cleanup = Request {
         op: Op::ReleaseMany,
         ..acquire
@@ -1037,7 +1069,7 @@ fn a_late_noscript_to_a_release_is_still_answered_with_eval() {
     ]);
     let release = sim.request(Op::Release);
     sim.run(&release);
-    assert_eq!(sim.round.decision(0), Some(Decision::Won));
+    assert_eq!(sim.round().decision(0), Some(Decision::Won));
     sim.advance(100 * MS);
     let next = sim.request(Op::Release);
     sim.run(&next);
@@ -1061,7 +1093,7 @@ fn a_release_queued_while_connecting_is_sent_once_connected() {
     sim.masters[2].connect_delay = 500 * MS;
     let acquire = sim.request(Op::Acquire);
     sim.run(&acquire);
-    assert_eq!(sim.round.decision(0), Some(Decision::Lost));
+    assert_eq!(sim.round().decision(0), Some(Decision::Lost));
     let release = Request {
         op: Op::Release,
         ..acquire
@@ -1087,9 +1119,80 @@ fn one_server_behind_two_connections_votes_once() {
     sim.masters[1].run_id = sim.masters[0].run_id.clone();
     let extend = sim.request(Op::Extend);
     sim.run(&extend);
-    assert_eq!(sim.round.decision(0), Some(Decision::Lost));
+    assert_eq!(sim.round().decision(0), Some(Decision::Lost));
     // Both handshakes were read before either reply: neither counts. (Had
     // one reply come before the other's handshake, it alone would.)
     assert_eq!(sim.votes()[0], Vote::Failed(Cause::SameServer(1)));
     assert_eq!(sim.votes()[1], Vote::Failed(Cause::SameServer(0)));
+}
+
+/// Issue 11: rounds started one after another are in flight together on
+/// the same connections, and each is decided by its own replies: every
+/// connection's FIFO matches replies to (round, slot) across rounds, and a
+/// round's completion is reported once.
+#[test]
+fn concurrent_rounds_are_each_decided_by_their_own_replies() {
+    // Per master, the replies in request order: round A (acquire), round B
+    // (extend), round C (acquire).
+    let mut sim = Sim::new(vec![
+        vec![reply(OK, 3), reply(ZERO, 1), reply(NIL, 1)],
+        vec![reply(NIL, 1), reply(ONE, 1), reply(OK, 1)],
+        vec![reply(OK, 1), reply(ONE, 1), reply(OK, 1)],
+    ]);
+    let a = sim.request(Op::Acquire);
+    let b = sim.request(Op::Extend);
+    let c = sim.request(Op::Acquire);
+    let a = sim.start(std::slice::from_ref(&a), ROUND_TIMEOUT);
+    let b = sim.start(std::slice::from_ref(&b), ROUND_TIMEOUT);
+    let c = sim.start(std::slice::from_ref(&c), ROUND_TIMEOUT);
+    assert_eq!(sim.engine.live_rounds(), 3);
+    sim.drive(a);
+    sim.drive(b);
+    sim.drive(c);
+    // All three went out in one write per master.
+    assert!(sim.masters.iter().all(|m| m.writes == 1));
+    let votes = |id| sim.engine.round(id).unwrap().votes(0).to_vec();
+    assert_eq!(votes(a), [Vote::Granted, Vote::Refused, Vote::Granted]);
+    assert_eq!(votes(b), [Vote::Refused, Vote::Granted, Vote::Granted]);
+    assert_eq!(votes(c), [Vote::Refused, Vote::Granted, Vote::Granted]);
+    let mut completed = Vec::new();
+    while let Some(id) = sim.engine.poll_completed() {
+        completed.push(id);
+    }
+    completed.sort_by_key(|id| [a, b, c].iter().position(|x| x == id));
+    assert_eq!(completed, [a, b, c]);
+    // A freed round's late replies are dropped, and its slot's next round
+    // is a new id.
+    sim.engine.finish(a);
+    assert!(sim.engine.round(a).is_none());
+    let d = sim.request(Op::Acquire);
+    let d = sim.start(std::slice::from_ref(&d), ROUND_TIMEOUT);
+    assert_ne!(d, a);
+}
+
+/// Issue 11: ending a round while the connection is still connecting drops
+/// that round's unsent requests only, wherever they sit in the queue among
+/// other rounds' (releases are kept).
+#[test]
+fn ending_a_round_while_connecting_drops_only_its_own_requests() {
+    let mut sim = Sim::new(vec![vec![reply(ONE, 1), reply(OK, 1)]]);
+    sim.masters[0].connect_delay = 10 * MS;
+    let first = sim.request(Op::Acquire);
+    let release = sim.request(Op::Release);
+    let dropped = sim.request(Op::Acquire);
+    let last = sim.request(Op::Acquire);
+    let a = sim.start(std::slice::from_ref(&first), ROUND_TIMEOUT);
+    let b = sim.start(&[release, dropped], ROUND_TIMEOUT);
+    let c = sim.start(std::slice::from_ref(&last), ROUND_TIMEOUT);
+    sim.engine.end(a);
+    sim.engine.end(b);
+    sim.drive(c);
+    let commands: Vec<&str> = sim.masters[0]
+        .log
+        .iter()
+        .map(String::as_str)
+        .filter(|c| !c.starts_with("SCRIPT") && *c != "INFO")
+        .collect();
+    assert_eq!(commands, ["EVALSHA", "SET"]);
+    assert_eq!(sim.engine.round(c).unwrap().votes(0), [Vote::Granted]);
 }

@@ -1,0 +1,407 @@
+//! The sans-IO engine: N connections and every round in flight over them.
+//!
+//! An [`Engine`] owns what changes together: the [`Conn`] to each master
+//! and the [`Round`]s under way, many at once. Starting a round encodes
+//! each request once and queues it on every connection in one pass, tagged
+//! with the round and slot, so that each connection's FIFO matches replies
+//! to their requests across concurrent rounds. Inputs are keyed by master
+//! index (connect started or finished, bytes read, bytes written, a
+//! failure, the time); outputs are the bytes to write, whether to open a
+//! socket, the next deadline, and which rounds completed. The mio
+//! [`Driver`](crate::driver::Driver) and the test simulator drive it
+//! through the same doors. It never touches a socket or reads a clock.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+
+use crate::addr::ServerAddr;
+use crate::conn::{Cause, Conn, Op, Request, Tag, Timing};
+use crate::quorum::{FencePlan, Round, Vote, plan_fence, same_server};
+use crate::resp::Limits;
+use crate::script::Scripts;
+
+/// Names a round in an [`Engine`]: its slot in the engine's table and that
+/// slot's generation, so that a reply to a round that is over never lands
+/// in a later round that reuses the slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RoundId(u64);
+
+impl RoundId {
+    fn new(index: usize, generation: u32) -> RoundId {
+        RoundId((u64::from(generation) << 32) | index as u64)
+    }
+
+    fn index(self) -> usize {
+        (self.0 & 0xffff_ffff) as usize
+    }
+
+    fn generation(self) -> u32 {
+        (self.0 >> 32) as u32
+    }
+}
+
+/// When a round counts as complete, for [`Engine::poll_completed`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wait {
+    /// Once every slot is decided.
+    Decision,
+    /// Phase one of a fenced acquire (one slot): once decided, and either
+    /// the fence can be planned from the reports so far or no master is
+    /// left to report (answered, failed or timed out). `readmit` is the
+    /// readmission span [`plan_fence`] takes.
+    Fence {
+        /// See [`plan_fence`].
+        readmit: Option<Duration>,
+    },
+}
+
+#[derive(Debug)]
+struct Entry {
+    generation: u32,
+    live: bool,
+    /// Reported complete through [`Engine::poll_completed`].
+    reported: bool,
+    wait: Wait,
+    round: Round,
+}
+
+/// N connections and the rounds in flight over them.
+#[derive(Debug)]
+pub struct Engine {
+    conns: Vec<Conn>,
+    entries: Vec<Entry>,
+    /// Indices of `entries` that are not live.
+    free: Vec<usize>,
+    /// Rounds that completed and were not yet polled.
+    completed: VecDeque<RoundId>,
+    scripts: Scripts,
+    /// Reused encoding buffer: each request is encoded once for all masters.
+    wire: BytesMut,
+    n: usize,
+}
+
+impl Engine {
+    /// An engine for `servers`, nothing connected yet.
+    pub fn new(
+        servers: &[ServerAddr],
+        scripts: Scripts,
+        limits: Limits,
+        timing: Timing,
+        now: Instant,
+    ) -> Engine {
+        Engine {
+            conns: servers
+                .iter()
+                .map(|addr| Conn::new(addr.clone(), scripts, limits, timing, now))
+                .collect(),
+            entries: Vec::new(),
+            free: Vec::new(),
+            completed: VecDeque::new(),
+            scripts,
+            wire: BytesMut::with_capacity(512),
+            n: servers.len(),
+        }
+    }
+
+    /// How many masters.
+    pub fn masters(&self) -> usize {
+        self.n
+    }
+
+    /// The connection to master `i`.
+    pub fn conn(&self, i: usize) -> Option<&Conn> {
+        self.conns.get(i)
+    }
+
+    /// Every connection, in master order.
+    pub fn conns(&self) -> &[Conn] {
+        &self.conns
+    }
+
+    /// Encodes `requests` once and queues all of them on every connection,
+    /// so that each master gets them in one write (with whatever other
+    /// rounds queued since the last write). A master that is down gets its
+    /// failed votes at once. Replies are awaited until `now + timeout`.
+    pub fn start(
+        &mut self,
+        requests: &[Request],
+        now: Instant,
+        timeout: Duration,
+        wait: Wait,
+    ) -> RoundId {
+        let index = match self.free.pop() {
+            Some(index) => index,
+            None => {
+                self.entries.push(Entry {
+                    generation: 0,
+                    live: false,
+                    reported: false,
+                    wait,
+                    round: Round::new(self.n, now),
+                });
+                self.entries.len() - 1
+            }
+        };
+        let entry = &mut self.entries[index];
+        entry.generation = entry.generation.wrapping_add(1);
+        entry.live = true;
+        entry.reported = false;
+        entry.wait = wait;
+        entry.round.reset(requests, now, timeout);
+        let id = RoundId::new(index, entry.generation);
+        for (slot, request) in requests.iter().enumerate() {
+            self.wire.clear();
+            request.encode(&self.scripts, &mut self.wire);
+            let tag = Tag {
+                round: id.0,
+                slot: slot as u32,
+            };
+            for (i, conn) in self.conns.iter_mut().enumerate() {
+                if let Err(cause) = conn.send(tag, request, &self.wire, now) {
+                    entry.round.record(slot, i, Vote::Failed(cause), now);
+                }
+            }
+        }
+        self.check_complete(index);
+        id
+    }
+
+    /// The round `id`, while it is live.
+    pub fn round(&self, id: RoundId) -> Option<&Round> {
+        self.entry(id).map(|e| &e.round)
+    }
+
+    /// Whether round `id` is complete as its [`Wait`] says (or unknown).
+    pub fn is_complete(&self, id: RoundId) -> bool {
+        self.entry(id).is_none_or(Entry::is_complete)
+    }
+
+    /// The next round that completed since the last call.
+    pub fn poll_completed(&mut self) -> Option<RoundId> {
+        self.completed.pop_front()
+    }
+
+    /// Ends round `id`: requests of it still queued on connections that
+    /// have not finished connecting are dropped unsent (releases excepted).
+    /// Its votes stay readable, and late replies are still counted, until
+    /// [`Engine::free`].
+    pub fn end(&mut self, id: RoundId) {
+        if self.entry(id).is_some() {
+            for conn in &mut self.conns {
+                conn.handle_round_end(id.0);
+            }
+        }
+    }
+
+    /// Forgets round `id`: late replies to it are read and dropped.
+    pub fn free(&mut self, id: RoundId) {
+        let index = id.index();
+        if let Some(entry) = self.entries.get_mut(index)
+            && entry.live
+            && entry.generation == id.generation()
+        {
+            entry.live = false;
+            self.free.push(index);
+        }
+    }
+
+    /// [`Engine::end`] then [`Engine::free`].
+    pub fn finish(&mut self, id: RoundId) {
+        self.end(id);
+        self.free(id);
+    }
+
+    /// How many rounds are live.
+    pub fn live_rounds(&self) -> usize {
+        self.entries.len() - self.free.len()
+    }
+
+    // --- The doors: inputs keyed by master index, and outputs. ---
+
+    /// Whether the driver should open a socket to master `i` now.
+    #[must_use]
+    pub fn poll_connect(&self, i: usize, now: Instant) -> bool {
+        self.conns.get(i).is_some_and(|c| c.poll_connect(now))
+    }
+
+    /// The driver opened a socket to master `i`.
+    pub fn handle_connect_started(&mut self, i: usize, now: Instant) {
+        if let Some(conn) = self.conns.get_mut(i) {
+            conn.handle_connect_started(now);
+        }
+    }
+
+    /// Master `i`'s connect finished.
+    pub fn handle_connected(&mut self, i: usize) {
+        if let Some(conn) = self.conns.get_mut(i) {
+            conn.handle_connected();
+        }
+    }
+
+    /// Bytes waiting to be written to master `i`.
+    pub fn poll_transmit(&self, i: usize) -> &[u8] {
+        self.conns.get(i).map_or(&[], Conn::poll_transmit)
+    }
+
+    /// The first `n` bytes of [`Engine::poll_transmit`] were written.
+    pub fn handle_written(&mut self, i: usize, n: usize) {
+        if let Some(conn) = self.conns.get_mut(i) {
+            conn.handle_written(n);
+        }
+    }
+
+    /// Bytes read from master `i`: every complete reply is routed to its
+    /// round. A malformed stream fails the connection.
+    pub fn handle_input(&mut self, i: usize, bytes: &[u8], now: Instant) {
+        let Some(conn) = self.conns.get_mut(i) else {
+            return;
+        };
+        conn.handle_input(bytes);
+        loop {
+            let entries = &self.entries;
+            // A `-NOSCRIPT` is answered with EVAL only while the request
+            // still matters: its slot undecided, or a release.
+            let resend = |tag: Tag, op: Op| {
+                op.releases()
+                    || lookup(entries, RoundId(tag.round))
+                        .is_some_and(|e| e.round.is_undecided(tag.slot as usize))
+            };
+            match self.conns[i].poll_reply(now, resend) {
+                Ok(Some((tag, reply))) => {
+                    let id = RoundId(tag.round);
+                    let index = id.index();
+                    if lookup(&self.entries, id).is_some() {
+                        let entry = &mut self.entries[index];
+                        entry
+                            .round
+                            .handle_reply(&mut self.conns, tag.slot as usize, i, reply, now);
+                        self.check_complete(index);
+                    }
+                }
+                Ok(None) => return,
+                Err(cause) => return self.handle_failure(i, now, cause),
+            }
+        }
+    }
+
+    /// Master `i` failed: its connection is dropped (to be reconnected)
+    /// and its pending votes in every round fail with `cause`.
+    pub fn handle_failure(&mut self, i: usize, now: Instant, cause: Cause) {
+        if let Some(conn) = self.conns.get_mut(i) {
+            conn.handle_failure(now, cause.clone());
+        }
+        self.fail_pending(i, &cause, now);
+    }
+
+    /// Applies the connections' connect and stall limits and the rounds'
+    /// deadlines.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        for i in 0..self.n {
+            if let Some(cause) = self.conns[i].handle_timeout(now) {
+                self.fail_pending(i, &cause, now);
+            }
+        }
+        for index in 0..self.entries.len() {
+            let entry = &mut self.entries[index];
+            if entry.live && !entry.reported && now >= entry.round.deadline() {
+                entry.round.handle_timeout(now);
+                self.check_complete(index);
+            }
+        }
+    }
+
+    /// The next instant at which [`Engine::handle_timeout`] has work: a
+    /// live round's deadline or a connection's connect or stall limit.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let rounds = self
+            .entries
+            .iter()
+            .filter(|e| e.live && !e.reported)
+            .map(|e| e.round.deadline());
+        self.conns
+            .iter()
+            .filter_map(Conn::poll_timeout)
+            .chain(rounds)
+            .min()
+    }
+
+    /// Requests still awaiting a reply on connections that are up.
+    pub fn in_flight(&self) -> usize {
+        self.conns
+            .iter()
+            .filter(|c| !c.is_down())
+            .map(Conn::in_flight)
+            .sum()
+    }
+
+    /// Looks for two masters that are one server, once a connection read a
+    /// new `run_id`: the first such pair, in master order.
+    pub fn poll_same_server(&mut self) -> Option<(usize, usize)> {
+        let mut learned = false;
+        for conn in &mut self.conns {
+            learned |= conn.take_new_run_id();
+        }
+        if !learned {
+            return None;
+        }
+        (0..self.n).find_map(|i| same_server(&self.conns, i).map(|j| (i.min(j), i.max(j))))
+    }
+
+    fn entry(&self, id: RoundId) -> Option<&Entry> {
+        lookup(&self.entries, id)
+    }
+
+    fn fail_pending(&mut self, i: usize, cause: &Cause, now: Instant) {
+        for index in 0..self.entries.len() {
+            if self.entries[index].live {
+                self.entries[index].round.fail_pending(i, cause, now);
+                self.check_complete(index);
+            }
+        }
+    }
+
+    fn check_complete(&mut self, index: usize) {
+        let Some(entry) = self.entries.get_mut(index) else {
+            return;
+        };
+        if entry.live && !entry.reported && entry.is_complete() {
+            entry.reported = true;
+            self.completed
+                .push_back(RoundId::new(index, entry.generation));
+        }
+    }
+}
+
+fn lookup(entries: &[Entry], id: RoundId) -> Option<&Entry> {
+    entries
+        .get(id.index())
+        .filter(|e| e.live && e.generation == id.generation())
+}
+
+impl Entry {
+    fn is_complete(&self) -> bool {
+        if !self.round.is_decided() {
+            return false;
+        }
+        match self.wait {
+            Wait::Decision => true,
+            Wait::Fence { readmit } => {
+                !self.round.is_waiting(0)
+                    || !matches!(
+                        plan_fence(
+                            self.round.votes(0),
+                            self.round.fence_reads(0),
+                            self.round.quorum(),
+                            readmit
+                        ),
+                        FencePlan::Unknown { .. }
+                    )
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod sim;
