@@ -47,9 +47,6 @@ pub mod lock;
 
 pub mod watchdog;
 
-#[cfg(feature = "spawn")]
-pub mod spawn;
-
 pub use addr::ServerAddr;
 pub use lock::{Config, ConfigError, Error, Failure, Lock, LockGuard, MasterVote, Redlock, Retry};
 pub use quorum::Vote;
