@@ -38,8 +38,8 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use redlock_mio::resp::{Arg, Limits, Reply, decode, encode_command};
 use redlock_mio::script::{RELEASE_SOURCE, Script};
-use redlock_mio::spawn::{Cluster, Options};
 use redlock_mio::{Config, Lock, Redlock};
+use redlock_test::{Cluster, Options};
 
 /// TTL of every lock: long enough that no key expires during a cycle.
 const TTL_MS: i64 = 30_000;

@@ -53,9 +53,6 @@ pub mod lock;
 
 pub mod watchdog;
 
-#[cfg(feature = "spawn")]
-pub mod spawn;
-
 pub use addr::ServerAddr;
 pub use config::{Config, ConfigError, MAX_TTL_MS, Retry};
 pub use error::{Error, Failure, MasterVote};

@@ -19,8 +19,8 @@ use bytes::BytesMut;
 use common::{client, cluster, connect, eventually, try_connect_addr, wait_for_uptime};
 use redlock_mio::resp::{Arg, Limits, Reply, decode};
 use redlock_mio::script::{FENCE_SOURCE, FENCE_STATE_KEY, Script};
-use redlock_mio::spawn::Server;
 use redlock_mio::{Error, Lock, Redlock};
+use redlock_test::Server;
 
 const TTL: Duration = Duration::from_secs(2);
 

@@ -14,7 +14,7 @@ use common::{
     try_connect,
 };
 use redlock_mio::resp::{Arg, Reply};
-use redlock_mio::spawn::{Cluster, SpawnError};
+use redlock_test::{Cluster, SpawnError};
 
 fn process_is_gone(pid: u32) -> bool {
     eventually(Duration::from_secs(10), || {

@@ -12,8 +12,8 @@ fn client(urls: &[String]) -> Redlock {
     common::client(urls, None)
 }
 use redlock_mio::resp::{Arg, Reply};
-use redlock_mio::spawn::Server;
 use redlock_mio::{ConfigError, Error, Redlock};
+use redlock_test::Server;
 
 const TTL: Duration = Duration::from_secs(15);
 

@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 
 use common::{client, cluster, wait_for_uptime};
 use redlock_mio::conn::Cause;
-use redlock_mio::spawn::Cluster;
 use redlock_mio::{Error, Redlock, Vote};
+use redlock_test::Cluster;
 
 /// The largest TTL in use, and the TTL of the locks: short, so that the
 /// test waits little.

@@ -1,5 +1,5 @@
 //! The shared harness of the integration tests: real local masters from
-//! [`redlock_mio::spawn`], and a tiny blocking client that speaks RESP2 with
+//! [`redlock_test`], and a tiny blocking client that speaks RESP2 with
 //! the crate's own codec.
 //!
 //! Starting a master panics with the spawn error's message, so that a
@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use redlock_mio::resp::{Arg, Limits, Reply, decode, encode_command};
-pub use redlock_mio::spawn::{Cluster, Options, Server};
+pub use redlock_test::{Cluster, Options, Server};
 
 /// Read and write timeout of a [`Plain`] connection unless a test sets its
 /// own: generous, so that a loaded machine does not fail a test, yet a

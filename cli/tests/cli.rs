@@ -10,6 +10,9 @@
 //! tests down without failing them; the few durations compared have
 //! bounds many times what is expected, which only a broken rule reaches.
 
+// The library's harness (masters and a blocking RESP2 client), shared
+// rather than copied.
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use std::fs;
@@ -1148,7 +1151,7 @@ fn a_ttl_over_the_quarantine_maximum_names_the_flag_that_raises_it() {
 /// reason (69), not as a usage error (2).
 #[test]
 fn the_readme_shell_example_passes_the_ttl_check() {
-    let readme = fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
+    let readme = fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
         .expect("reading README.md");
     let acquire = readme
         .lines()

@@ -28,8 +28,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use clap::Args;
 use hdrhistogram::Histogram;
-use redlock_mio::spawn::{Cluster, Options};
 use redlock_mio::{Config, Error, Redlock};
+use redlock_test::{Cluster, Options};
 
 use crate::exit::{self, Failure};
 use crate::signals::Signals;

@@ -1,22 +1,24 @@
-//! Local `redis-server` processes for integration tests and benchmarks.
+//! redlock-test: local `redis-server` processes for the integration tests
+//! and benchmarks of redlock-mio.
 //!
-//! This module owns redis-server child processes that it starts itself on
+//! This crate owns redis-server child processes that it starts itself on
 //! the loopback interface (`127.0.0.1`), each with a fresh private temporary
 //! directory for its log, its working directory and an optional unix
 //! socket. It never connects to, starts or stops anything on a remote host,
-//! and it is not part of the lock engine: nothing in `resp` to `lock`
-//! depends on it.
+//! and it is not part of the lock engine: it lives beside the library, not
+//! in it, so that a plain dependency on redlock-mio never compiles it.
 //!
 //! A [`Server`] is one master; a [`Cluster`] is N independent masters, the
 //! deployment Redlock runs against. Both stop their processes and remove
 //! their directories when dropped, also while a failing test unwinds.
 //! Readiness is checked the way a client would see it: a blocking PING over
-//! loopback, encoded and parsed with the crate's own [`crate::resp`] codec.
+//! loopback, encoded and parsed with the library's own
+//! [`redlock_mio::resp`] codec.
 //!
 //! ```no_run
-//! use redlock_mio::spawn::{Cluster, Options};
+//! use redlock_test::{Cluster, Options};
 //!
-//! # fn main() -> Result<(), redlock_mio::spawn::SpawnError> {
+//! # fn main() -> Result<(), redlock_test::SpawnError> {
 //! let mut masters = Cluster::start(3, &Options::new())?;
 //! println!("masters at {:?}", masters.urls());
 //! masters[1].pause()?; // a stalled master: SIGSTOP
@@ -25,6 +27,8 @@
 //! # Ok(())
 //! # }
 //! ```
+
+#![warn(missing_docs)]
 
 use std::ffi::OsString;
 use std::fmt;
@@ -41,7 +45,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::BytesMut;
 
-use crate::resp::{Limits, Reply, decode, encode_command};
+use redlock_mio::resp::{Limits, Reply, decode, encode_command};
 
 /// The environment variable naming the redis-server binary to run.
 pub const REDIS_SERVER_ENV: &str = "REDIS_SERVER";
@@ -186,7 +190,7 @@ fn io_error(context: impl Into<String>) -> impl FnOnce(io::Error) -> SpawnError 
 /// and an optional unix socket. Built with chained methods.
 ///
 /// ```
-/// use redlock_mio::spawn::Options;
+/// use redlock_test::Options;
 ///
 /// let opts = Options::new()
 ///     .requirepass("pw")
@@ -229,7 +233,7 @@ impl Options {
         self
     }
 
-    /// Appends one command-line argument, passed after the ones this module
+    /// Appends one command-line argument, passed after the ones this crate
     /// sets (so it can override them).
     pub fn arg(mut self, arg: impl Into<OsString>) -> Self {
         self.args.push(arg.into());
