@@ -311,7 +311,10 @@ fn a_refused_fence_write_back_is_its_own_error() {
     );
     match got {
         Err(Error::FenceRefused(failure)) => {
-            assert_eq!((failure.granted, failure.refused), (1, 2), "{failure}");
+            // The two refusals decide the round: M3's grant counts only
+            // when it arrived before the second of them (timing).
+            assert_eq!(failure.refused, 2, "{failure}");
+            assert!(failure.granted <= 1, "{failure}");
             let text = Error::FenceRefused(failure).to_string();
             assert!(text.contains("lock key was gone"), "{text}");
         }

@@ -1,0 +1,857 @@
+//! One caller's operation as a sans-IO state machine: its rounds, its
+//! cleanup releases, its retry waits, and the rules that turn votes into
+//! a [`Lock`] or an [`Error`].
+//!
+//! A [`Job`] says what it needs next ([`Job::poll`]: run a round, send a
+//! release nobody waits for, wait until an instant, or done) and is told
+//! each round's outcome ([`Job::handle_round`]). The single-thread
+//! [`Redlock`](crate::Redlock) runs a job to its end on the caller's
+//! thread; the shared client's event loop runs thousands at once, their
+//! rounds pipelined together. Both run this one copy of the spec's rules:
+//! the quorum and validity check, the release to all N masters after a
+//! failed acquire, retries with jitter, the fence's two phases, the
+//! extension cap, the shortening of a lock whose extend failed. Nothing
+//! here does I/O or reads a clock: `now` and each round's [`Stamp`]s are
+//! passed in.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+
+use crate::clock::{Expiry, Stamp};
+use crate::config::{Config, ConfigError, Retry};
+use crate::conn::{Keys, Op, Request};
+use crate::engine::Wait;
+use crate::error::{Error, Failure, MasterVote};
+use crate::lock::Lock;
+use crate::quorum::{Decision, FencePlan, Loss, Round, Vote, plan_fence};
+use crate::script::FENCE_STATE_KEY;
+use crate::token::TokenSource;
+
+/// What a job needs from the client it runs on, borrowed per call.
+#[derive(Debug)]
+pub(crate) struct Ctx<'a> {
+    pub(crate) config: &'a Config,
+    /// Each master's URL, password hidden, for error reports.
+    pub(crate) names: &'a [Arc<str>],
+    pub(crate) tokens: &'a mut TokenSource,
+    pub(crate) jitter: &'a mut SplitMix64,
+}
+
+/// What a job needs next.
+#[derive(Debug)]
+pub(crate) enum Step<'a> {
+    /// A round of `requests`, complete as `wait` says; then
+    /// [`Job::handle_round`].
+    Round {
+        requests: &'a [Request],
+        timeout: Duration,
+        wait: Wait,
+    },
+    /// Requests sent without waiting for their replies (releases); then
+    /// [`Job::poll`] again.
+    Send(&'a [Request]),
+    /// Nothing until this instant (a retry's wait); then [`Job::poll`].
+    Sleep(Instant),
+    /// Finished: [`Job::take_output`] has the result.
+    Done,
+}
+
+/// A finished job's result.
+#[derive(Debug)]
+pub(crate) enum Output {
+    /// An acquire's.
+    Lock(Result<Lock, Error>),
+    /// An extend's: the lock as it now stands (extended, or shortened by
+    /// the failed attempt), and whether it was extended.
+    Extended(Lock, Result<(), Error>),
+    /// A release's.
+    Released(Result<(), Error>),
+    /// A batch acquire's, one per resource.
+    Locks(Vec<Result<Lock, Error>>),
+    /// A batch release's, one per lock.
+    Releases(Vec<Result<(), Error>>),
+}
+
+/// One caller's operation.
+#[derive(Debug)]
+pub(crate) enum Job {
+    Acquire(Acquire),
+    Extend(Extend),
+    Release(Release),
+    AcquireBatch(Batch),
+    ReleaseBatch(Batch),
+}
+
+/// Where an operation is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    /// The (first) round is to be run.
+    Round,
+    /// Waiting for the round's outcome.
+    Waiting,
+    /// A fenced acquire's write-back is to be run.
+    FenceRound,
+    /// Waiting for the write-back's outcome.
+    FenceWaiting,
+    /// The cleanup release is to be sent, then `then`.
+    Cleanup,
+    /// Retrying at this instant.
+    Sleep(Instant),
+    /// Finished.
+    Done,
+}
+
+impl Job {
+    /// What the job needs next, at `now`.
+    pub(crate) fn poll(&mut self, ctx: &mut Ctx<'_>, now: Instant) -> Step<'_> {
+        match self {
+            Job::Acquire(job) => job.poll(ctx, now),
+            Job::Extend(job) => job.stage.single_round(&job.request, job.timeout),
+            Job::Release(job) => job.stage.single_round(&job.request, job.timeout),
+            Job::AcquireBatch(job) | Job::ReleaseBatch(job) => job.poll(),
+        }
+    }
+
+    /// The outcome of the round last asked for, which started at `started`
+    /// and ended (was complete) at `ended`.
+    pub(crate) fn handle_round(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        round: &Round,
+        started: Stamp,
+        ended: Stamp,
+    ) {
+        match self {
+            Job::Acquire(job) => job.handle_round(ctx, round, started, ended),
+            Job::Extend(job) => job.handle_round(ctx, round, started, ended),
+            Job::Release(job) => job.handle_round(ctx, round),
+            Job::AcquireBatch(job) => job.handle_acquired(ctx, round, started, ended),
+            Job::ReleaseBatch(job) => job.handle_released(ctx, round),
+        }
+    }
+
+    /// Whether the job takes keys: an acquire whose caller went away must
+    /// still be released if it won.
+    pub(crate) fn takes_keys(&self) -> bool {
+        matches!(self, Job::Acquire(_) | Job::AcquireBatch(_))
+    }
+
+    /// Stops a job whose caller went away at its next wait instead of
+    /// retrying.
+    pub(crate) fn abandon(&mut self) {
+        if let Job::Acquire(job) = self {
+            job.abandoned = true;
+        }
+    }
+
+    /// The result, once [`Step::Done`].
+    pub(crate) fn take_output(&mut self) -> Option<Output> {
+        match self {
+            Job::Acquire(job) => job.result.take().map(Output::Lock),
+            Job::Extend(job) => job.result.take().map(|r| Output::Extended(job.lock.clone(), r)),
+            Job::Release(job) => job.result.take().map(Output::Released),
+            Job::AcquireBatch(job) => job.locks.take().map(Output::Locks),
+            Job::ReleaseBatch(job) => job.releases.take().map(Output::Releases),
+        }
+    }
+}
+
+impl Stage {
+    fn single_round<'a>(&mut self, request: &'a Request, timeout: Duration) -> Step<'a> {
+        match *self {
+            Stage::Round => {
+                *self = Stage::Waiting;
+                Step::Round {
+                    requests: std::slice::from_ref(request),
+                    timeout,
+                    wait: Wait::Decision,
+                }
+            }
+            _ => Step::Done,
+        }
+    }
+}
+
+/// An acquire of one resource, a fenced one, or several resources at
+/// once, with its retries.
+#[derive(Debug)]
+pub(crate) struct Acquire {
+    /// What the lock holds (the lock key alone for a fenced acquire).
+    keys: Keys,
+    op: Op,
+    ttl: Duration,
+    retry: Retry,
+    timeout: Duration,
+    first: Instant,
+    give_up: Option<Instant>,
+    attempt: u32,
+    /// The phase-one request (its token changes per attempt).
+    request: Request,
+    /// A fenced acquire's write-back, once planned; then the cleanup
+    /// release after a failure.
+    second: Option<Request>,
+    /// When phase one started: a fenced lock's validity counts both phases.
+    started: Stamp,
+    stage: Stage,
+    /// Where to go after the cleanup: retry at an instant, or finish.
+    after_cleanup: Option<Instant>,
+    /// The error to return if no attempt is left.
+    last_error: Option<Error>,
+    result: Option<Result<Lock, Error>>,
+    abandoned: bool,
+}
+
+impl Acquire {
+    /// An acquire of `keys` (one resource, or several with
+    /// [`Op::AcquireMany`], or one fenced with [`Op::AcquireFenced`]).
+    ///
+    /// # Errors
+    /// A TTL the client refuses, or a retry policy with no attempt.
+    pub(crate) fn new(
+        ctx: &mut Ctx<'_>,
+        keys: Keys,
+        op: Op,
+        ttl: Duration,
+        retry: &Retry,
+        now: Instant,
+    ) -> Result<Acquire, Error> {
+        let ttl = ctx.config.checked_ttl(ttl)?;
+        if retry.attempts == 0 {
+            return Err(ConfigError::ZeroAttempts.into());
+        }
+        // A fenced acquire's requests also name the fence key and the
+        // master's fencing state; its lock, like its release, names the
+        // lock key alone.
+        let wire_keys = match (&keys, op) {
+            (Keys::One(key), Op::AcquireFenced) => Keys::Many(Arc::from([
+                key.clone(),
+                fence_key(key),
+                Bytes::from_static(FENCE_STATE_KEY),
+            ])),
+            _ => keys.clone(),
+        };
+        Ok(Acquire {
+            request: Request {
+                op,
+                keys: wire_keys,
+                token: ctx.tokens.next_token(),
+                arg: millis(ttl),
+            },
+            keys,
+            op,
+            ttl,
+            retry: *retry,
+            timeout: ctx.config.per_instance_timeout.min(ttl),
+            first: now,
+            give_up: retry.max_wait.and_then(|w| now.checked_add(w)),
+            attempt: 0,
+            second: None,
+            started: Stamp::now(),
+            stage: Stage::Round,
+            after_cleanup: None,
+            last_error: None,
+            result: None,
+            abandoned: false,
+        })
+    }
+
+    fn poll(&mut self, ctx: &mut Ctx<'_>, now: Instant) -> Step<'_> {
+        match self.stage {
+            Stage::Sleep(at) if self.abandoned => {
+                let _ = at;
+                self.result = self.last_error.take().map(Err);
+                self.stage = Stage::Done;
+                Step::Done
+            }
+            Stage::Sleep(at) if now < at => Step::Sleep(at),
+            Stage::Sleep(_) | Stage::Round => {
+                if self.attempt > 0 {
+                    self.request.token = ctx.tokens.next_token();
+                }
+                self.attempt += 1;
+                self.stage = Stage::Waiting;
+                // Phase one of a fenced acquire waits past its decision for
+                // the reports the fence needs, within the round's time.
+                let wait = match self.op {
+                    Op::AcquireFenced => Wait::Fence {
+                        readmit: readmit(ctx.config),
+                    },
+                    _ => Wait::Decision,
+                };
+                Step::Round {
+                    requests: std::slice::from_ref(&self.request),
+                    timeout: self.timeout,
+                    wait,
+                }
+            }
+            Stage::FenceRound => {
+                self.stage = Stage::FenceWaiting;
+                match &self.second {
+                    Some(write_back) => Step::Round {
+                        requests: std::slice::from_ref(write_back),
+                        timeout: self.timeout,
+                        wait: Wait::Decision,
+                    },
+                    None => Step::Done,
+                }
+            }
+            Stage::Cleanup => {
+                self.stage = match self.after_cleanup {
+                    Some(at) => Stage::Sleep(at),
+                    None => {
+                        self.result = self.last_error.take().map(Err);
+                        Stage::Done
+                    }
+                };
+                match &self.second {
+                    Some(cleanup) => Step::Send(std::slice::from_ref(cleanup)),
+                    None => Step::Done,
+                }
+            }
+            Stage::Waiting | Stage::FenceWaiting | Stage::Done => Step::Done,
+        }
+    }
+
+    fn handle_round(&mut self, ctx: &mut Ctx<'_>, round: &Round, started: Stamp, ended: Stamp) {
+        match self.stage {
+            Stage::Waiting => {
+                self.started = started;
+                let Some(expiry) = validity(ctx.config, round, 0, started, ended, self.ttl) else {
+                    let error = verdict(ctx, round, self.op, 0, self.first, self.attempt, ended);
+                    return self.fail(ctx, error, ended.mono);
+                };
+                if self.op != Op::AcquireFenced {
+                    return self.succeed(expiry, None);
+                }
+                self.plan_fence(ctx, round, ended);
+            }
+            Stage::FenceWaiting => {
+                let fence = self.second.as_ref().map_or(0, |r| r.arg);
+                if round.decision(0) == Some(Decision::Won)
+                    && let Some(expiry) = expiry(ctx.config, self.started, ended, self.ttl)
+                {
+                    return self.succeed(expiry, Some(fence.unsigned_abs()));
+                }
+                // Refusals here mean the lock key was gone, not held
+                // elsewhere.
+                let error = match verdict(ctx, round, Op::Fence, 0, self.first, self.attempt, ended)
+                {
+                    Error::NotHeld(f) => Error::FenceRefused(f),
+                    Error::NoQuorum(f) if round.loss(0) == Loss::Refused => Error::FenceRefused(f),
+                    other => other,
+                };
+                self.fail(ctx, error, ended.mono);
+            }
+            _ => {}
+        }
+    }
+
+    /// Phase two of a fenced acquire whose first round won with validity
+    /// left: decides the fence from what the masters reported
+    /// ([`plan_fence`]) and asks for the write-back to every master. The
+    /// fence is valid once a quorum confirms it within the validity,
+    /// counted from the start of the first round.
+    fn plan_fence(&mut self, ctx: &mut Ctx<'_>, round: &Round, ended: Stamp) {
+        let decided = plan_fence(
+            round.votes(0),
+            round.fence_reads(0),
+            round.quorum(),
+            readmit(ctx.config),
+        );
+        let (fence, directive) = match decided {
+            FencePlan::Write { fence, directive } => (fence, directive),
+            FencePlan::Unknown { .. } => {
+                let untrusted = ctx
+                    .names
+                    .iter()
+                    .zip(round.votes(0).iter().zip(round.fence_reads(0)))
+                    .filter(|(_, (vote, read))| {
+                        **vote == Vote::Granted && !read.is_some_and(|r| r.is_trusted())
+                    })
+                    .map(|(name, _)| Arc::clone(name))
+                    .collect();
+                let error = Error::FenceUnknown {
+                    failure: failure(ctx, round, 0, self.first, self.attempt, ended),
+                    untrusted,
+                };
+                return self.fail(ctx, error, ended.mono);
+            }
+        };
+        let mut keys = self.request.keys.as_slice().to_vec();
+        keys.push(directive.to_bytes());
+        self.second = Some(Request {
+            op: Op::Fence,
+            keys: Keys::Many(Arc::from(keys)),
+            token: self.request.token,
+            arg: fence,
+        });
+        self.stage = Stage::FenceRound;
+    }
+
+    fn succeed(&mut self, expiry: Expiry, fence: Option<u64>) {
+        self.result = Some(Ok(Lock {
+            keys: self.keys.clone(),
+            token: self.request.token,
+            ttl: self.ttl,
+            expiry,
+            extensions: 0,
+            fence,
+        }));
+        self.stage = Stage::Done;
+    }
+
+    /// An attempt failed: the keys may have been set where no reply came
+    /// back, so a release goes to every master (nobody waits for it); then
+    /// a retry after a jittered wait, or the error.
+    fn fail(&mut self, ctx: &mut Ctx<'_>, error: Error, now: Instant) {
+        self.second = Some(Request {
+            op: release_op(&self.keys),
+            keys: self.keys.clone(),
+            token: self.request.token,
+            arg: 0,
+        });
+        let wait = ctx
+            .jitter
+            .between(self.retry.delay / 2, self.retry.delay);
+        let at = now.checked_add(wait);
+        let out_of_time = self
+            .give_up
+            .is_some_and(|g| at.is_none_or(|t| t >= g));
+        self.after_cleanup = if self.attempt >= self.retry.attempts || out_of_time || self.abandoned
+        {
+            None
+        } else {
+            at
+        };
+        self.last_error = Some(error);
+        self.stage = Stage::Cleanup;
+    }
+}
+
+/// An extend of one lock.
+#[derive(Debug)]
+pub(crate) struct Extend {
+    lock: Lock,
+    ttl: Duration,
+    request: Request,
+    timeout: Duration,
+    first: Instant,
+    stage: Stage,
+    result: Option<Result<(), Error>>,
+}
+
+impl Extend {
+    /// An extend of `lock` to `ttl`.
+    ///
+    /// # Errors
+    /// A TTL the client refuses, or the extension cap reached.
+    pub(crate) fn new(ctx: &Ctx<'_>, lock: Lock, ttl: Duration, now: Instant) -> Result<Extend, Error> {
+        let ttl = ctx.config.checked_ttl(ttl)?;
+        if let Some(max) = ctx.config.max_extensions
+            && lock.extensions >= max
+        {
+            return Err(Error::ExtensionLimit(max));
+        }
+        Ok(Extend {
+            request: Request {
+                op: extend_op(&lock.keys),
+                keys: lock.keys.clone(),
+                token: lock.token,
+                arg: millis(ttl),
+            },
+            lock,
+            ttl,
+            timeout: ctx.config.per_instance_timeout.min(ttl),
+            first: now,
+            stage: Stage::Round,
+            result: None,
+        })
+    }
+
+    fn handle_round(&mut self, ctx: &mut Ctx<'_>, round: &Round, started: Stamp, ended: Stamp) {
+        self.stage = Stage::Done;
+        if let Some(expiry) = validity(ctx.config, round, 0, started, ended, self.ttl) {
+            self.lock.expiry = expiry;
+            self.lock.ttl = self.ttl;
+            self.lock.extensions += 1;
+            self.result = Some(Ok(()));
+            return;
+        }
+        // Masters that ran the script expire the keys `ttl - drift` after
+        // the round's start at the latest, answered or not.
+        let shortened = ctx
+            .config
+            .validity_span(self.ttl)
+            .and_then(|span| Expiry::after(started, span))
+            .unwrap_or(Expiry::at(started));
+        self.lock.expiry = self.lock.expiry.min(shortened);
+        self.result = Some(Err(verdict(
+            ctx,
+            round,
+            Op::Extend,
+            0,
+            self.first,
+            1,
+            ended,
+        )));
+    }
+}
+
+/// A release of one lock.
+#[derive(Debug)]
+pub(crate) struct Release {
+    request: Request,
+    timeout: Duration,
+    first: Instant,
+    stage: Stage,
+    result: Option<Result<(), Error>>,
+}
+
+impl Release {
+    /// A release of `lock`.
+    pub(crate) fn new(ctx: &Ctx<'_>, lock: &Lock, now: Instant) -> Release {
+        Release {
+            request: Request {
+                op: release_op(&lock.keys),
+                keys: lock.keys.clone(),
+                token: lock.token,
+                arg: 0,
+            },
+            timeout: ctx.config.per_instance_timeout,
+            first: now,
+            stage: Stage::Round,
+            result: None,
+        }
+    }
+
+    fn handle_round(&mut self, ctx: &mut Ctx<'_>, round: &Round) {
+        self.stage = Stage::Done;
+        let ended = Stamp::now();
+        self.result = Some(match round.decision(0) {
+            Some(Decision::Won) => Ok(()),
+            _ => Err(verdict(ctx, round, Op::Release, 0, self.first, 1, ended)),
+        });
+    }
+}
+
+/// K acquires or K releases in one round: one write per master, one
+/// quorum decision per slot.
+#[derive(Debug)]
+pub(crate) struct Batch {
+    requests: Vec<Request>,
+    ttl: Duration,
+    timeout: Duration,
+    first: Instant,
+    stage: Stage,
+    locks: Option<Vec<Result<Lock, Error>>>,
+    releases: Option<Vec<Result<(), Error>>>,
+}
+
+impl Batch {
+    /// One attempt to acquire each of `resources` for `ttl`; `requests` is
+    /// a reused list, cleared first.
+    ///
+    /// # Errors
+    /// A TTL the client refuses.
+    pub(crate) fn acquire<I>(
+        ctx: &mut Ctx<'_>,
+        mut requests: Vec<Request>,
+        resources: I,
+        ttl: Duration,
+        now: Instant,
+    ) -> Result<Batch, Error>
+    where
+        I: IntoIterator,
+        I::Item: Into<Bytes>,
+    {
+        let ttl = ctx.config.checked_ttl(ttl)?;
+        requests.clear();
+        for resource in resources {
+            requests.push(Request {
+                op: Op::Acquire,
+                keys: Keys::One(resource.into()),
+                token: ctx.tokens.next_token(),
+                arg: millis(ttl),
+            });
+        }
+        Ok(Batch::new(ctx, requests, ttl, now))
+    }
+
+    /// A release of each of `locks`; `requests` is a reused list.
+    pub(crate) fn release(
+        ctx: &Ctx<'_>,
+        mut requests: Vec<Request>,
+        locks: &[Lock],
+        now: Instant,
+    ) -> Batch {
+        requests.clear();
+        requests.extend(locks.iter().map(|lock| Request {
+            op: release_op(&lock.keys),
+            keys: lock.keys.clone(),
+            token: lock.token,
+            arg: 0,
+        }));
+        let mut batch = Batch::new(ctx, requests, Duration::ZERO, now);
+        batch.timeout = ctx.config.per_instance_timeout;
+        batch
+    }
+
+    fn new(ctx: &Ctx<'_>, requests: Vec<Request>, ttl: Duration, now: Instant) -> Batch {
+        Batch {
+            stage: if requests.is_empty() {
+                Stage::Done
+            } else {
+                Stage::Round
+            },
+            requests,
+            ttl,
+            timeout: ctx.config.per_instance_timeout.min(ttl),
+            first: now,
+            locks: None,
+            releases: None,
+        }
+    }
+
+    /// The request list, for reuse by the next batch.
+    pub(crate) fn into_requests(self) -> Vec<Request> {
+        self.requests
+    }
+
+    fn poll(&mut self) -> Step<'_> {
+        match self.stage {
+            Stage::Round => {
+                self.stage = Stage::Waiting;
+                Step::Round {
+                    requests: &self.requests,
+                    timeout: self.timeout,
+                    wait: Wait::Decision,
+                }
+            }
+            Stage::Cleanup => {
+                self.stage = Stage::Done;
+                if self.requests.is_empty() {
+                    Step::Done
+                } else {
+                    Step::Send(&self.requests)
+                }
+            }
+            _ => {
+                if self.locks.is_none() && self.releases.is_none() {
+                    // Nothing was asked: an empty batch.
+                    self.locks = Some(Vec::new());
+                    self.releases = Some(Vec::new());
+                }
+                Step::Done
+            }
+        }
+    }
+
+    fn handle_acquired(&mut self, ctx: &mut Ctx<'_>, round: &Round, started: Stamp, ended: Stamp) {
+        let mut results = Vec::with_capacity(self.requests.len());
+        for (slot, request) in self.requests.iter().enumerate() {
+            results.push(
+                match validity(ctx.config, round, slot, started, ended, self.ttl) {
+                    Some(expiry) => Ok(Lock {
+                        keys: request.keys.clone(),
+                        token: request.token,
+                        ttl: self.ttl,
+                        expiry,
+                        extensions: 0,
+                        fence: None,
+                    }),
+                    None => Err(verdict(ctx, round, Op::Acquire, slot, self.first, 1, ended)),
+                },
+            );
+        }
+        // Resources not acquired are released on every master.
+        let mut slot = 0;
+        self.requests.retain_mut(|request| {
+            request.op = Op::Release;
+            slot += 1;
+            results[slot - 1].is_err()
+        });
+        self.locks = Some(results);
+        self.stage = Stage::Cleanup;
+    }
+
+    fn handle_released(&mut self, ctx: &mut Ctx<'_>, round: &Round) {
+        let ended = Stamp::now();
+        self.releases = Some(
+            (0..self.requests.len())
+                .map(|slot| match round.decision(slot) {
+                    Some(Decision::Won) => Ok(()),
+                    _ => Err(verdict(ctx, round, Op::Release, slot, self.first, 1, ended)),
+                })
+                .collect(),
+        );
+        self.stage = Stage::Done;
+    }
+}
+
+/// The validity of `slot` of a round that started at `started` and ended
+/// at `ended`, if it won with some left.
+fn validity(
+    config: &Config,
+    round: &Round,
+    slot: usize,
+    started: Stamp,
+    ended: Stamp,
+    ttl: Duration,
+) -> Option<Expiry> {
+    if round.decision(slot) != Some(Decision::Won) {
+        return None;
+    }
+    expiry(config, started, ended, ttl)
+}
+
+/// The end of a lock whose keys were set or extended for `ttl` by a round
+/// (or two, for a fenced acquire) that started at `started`, if validity
+/// was left when the last round ended (`ended`), on both clocks (a suspend
+/// during the round counts). The spec's check at the decision is implied:
+/// the round ended after it.
+fn expiry(config: &Config, started: Stamp, ended: Stamp, ttl: Duration) -> Option<Expiry> {
+    let span = config.validity_span(ttl)?;
+    let expiry = Expiry::after(started, span)?;
+    (!expiry.remaining(ended).is_zero()).then_some(expiry)
+}
+
+/// Turns a slot of a round that did not produce a lock into the error that
+/// says why.
+fn verdict(
+    ctx: &Ctx<'_>,
+    round: &Round,
+    op: Op,
+    slot: usize,
+    first: Instant,
+    attempts: u32,
+    ended: Stamp,
+) -> Error {
+    let failure = failure(ctx, round, slot, first, attempts, ended);
+    if round.decision(slot) == Some(Decision::Won) {
+        return Error::ValidityExpired(failure);
+    }
+    match round.loss(slot) {
+        Loss::Protocol => Error::Protocol(failure),
+        Loss::Unreachable => Error::NoQuorum(failure),
+        Loss::Refused if op.sets_keys() => Error::Held(failure),
+        // Not held only when refusals alone explain the loss; a refusal
+        // beside a failure cannot tell whether the failed master held it.
+        Loss::Refused if failure.refused > failure.votes.len() - failure.quorum => {
+            Error::NotHeld(failure)
+        }
+        Loss::Refused => Error::NoQuorum(failure),
+    }
+}
+
+/// The votes of `slot` in `round`, for an error.
+fn failure(
+    ctx: &Ctx<'_>,
+    round: &Round,
+    slot: usize,
+    first: Instant,
+    attempts: u32,
+    ended: Stamp,
+) -> Failure {
+    Failure {
+        quorum: round.quorum(),
+        granted: round.granted(slot),
+        refused: round.refused(slot),
+        votes: ctx
+            .names
+            .iter()
+            .zip(round.votes(slot))
+            .map(|(server, vote)| MasterVote {
+                server: Arc::clone(server),
+                vote: vote.clone(),
+            })
+            .collect(),
+        elapsed: ended.mono.saturating_duration_since(first),
+        attempts,
+    }
+}
+
+/// The release that undoes what `keys` took.
+pub(crate) fn release_op(keys: &Keys) -> Op {
+    match keys {
+        Keys::One(_) => Op::Release,
+        Keys::Many(_) => Op::ReleaseMany,
+    }
+}
+
+/// The extend for what `keys` took.
+fn extend_op(keys: &Keys) -> Op {
+    match keys {
+        Keys::One(_) => Op::Extend,
+        Keys::Many(_) => Op::ExtendMany,
+    }
+}
+
+/// A TTL checked by [`Config::checked_ttl`] as the `PX` argument: at most
+/// [`MAX_TTL_MS`](crate::MAX_TTL_MS), so it fits.
+pub(crate) fn millis(ttl: Duration) -> i64 {
+    i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// How long a master must have been seen unmarked before a fenced acquire
+/// may readmit it (see [`readmit_after`]).
+fn readmit(config: &Config) -> Option<Duration> {
+    config
+        .quarantine
+        .map(|max| readmit_after(max, config.drift_factor))
+}
+
+/// How long a master must have been seen unmarked before a fenced acquire
+/// may readmit it with a floor: long enough, by the master's clock, that
+/// every write-back it confirmed before losing its data has landed on the
+/// other masters of that write-back's quorum, and that the readmitting
+/// acquire read them afterwards. Both spans are bounded by the largest TTL
+/// in use (`max`, the restart quarantine's): twice that, stretched by the
+/// clock drift allowance both ways, plus a few milliseconds.
+pub(crate) fn readmit_after(max: Duration, drift_factor: f64) -> Duration {
+    let drift = if (0.0..1.0).contains(&drift_factor) {
+        drift_factor
+    } else {
+        0.0
+    };
+    let stretch = 2.0 * (1.0 + drift) / (1.0 - drift);
+    let span = Duration::try_from_secs_f64(max.as_secs_f64() * stretch).unwrap_or(Duration::MAX);
+    span.saturating_add(Duration::from_millis(10))
+}
+
+/// Where a resource's fencing counter lives: `<resource>:fence`.
+fn fence_key(resource: &[u8]) -> Bytes {
+    let mut key = Vec::with_capacity(resource.len() + 6);
+    key.extend_from_slice(resource);
+    key.extend_from_slice(b":fence");
+    Bytes::from(key)
+}
+
+/// A small PRNG for retry jitter, seeded once from the OS.
+#[derive(Debug)]
+pub(crate) struct SplitMix64(pub(crate) u64);
+
+impl SplitMix64 {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `[low, high]` at nanosecond resolution.
+    pub(crate) fn between(&mut self, low: Duration, high: Duration) -> Duration {
+        let span = high
+            .saturating_sub(low)
+            .as_nanos()
+            .min(u128::from(u64::MAX)) as u64;
+        let offset = if span == 0 {
+            0
+        } else {
+            self.next() % (span + 1)
+        };
+        low + Duration::from_nanos(offset)
+    }
+}
