@@ -126,9 +126,9 @@ impl Job {
         match self {
             Job::Acquire(job) => job.handle_round(ctx, round, started, ended),
             Job::Extend(job) => job.handle_round(ctx, round, started, ended),
-            Job::Release(job) => job.handle_round(ctx, round),
+            Job::Release(job) => job.handle_round(ctx, round, ended),
             Job::AcquireBatch(job) => job.handle_acquired(ctx, round, started, ended),
-            Job::ReleaseBatch(job) => job.handle_released(ctx, round),
+            Job::ReleaseBatch(job) => job.handle_released(ctx, round, ended),
         }
     }
 
@@ -150,7 +150,10 @@ impl Job {
     pub(crate) fn take_output(&mut self) -> Option<Output> {
         match self {
             Job::Acquire(job) => job.result.take().map(Output::Lock),
-            Job::Extend(job) => job.result.take().map(|r| Output::Extended(job.lock.clone(), r)),
+            Job::Extend(job) => job
+                .result
+                .take()
+                .map(|r| Output::Extended(job.lock.clone(), r)),
             Job::Release(job) => job.result.take().map(Output::Released),
             Job::AcquireBatch(job) => job.locks.take().map(Output::Locks),
             Job::ReleaseBatch(job) => job.releases.take().map(Output::Releases),
@@ -412,13 +415,9 @@ impl Acquire {
             token: self.request.token,
             arg: 0,
         });
-        let wait = ctx
-            .jitter
-            .between(self.retry.delay / 2, self.retry.delay);
+        let wait = ctx.jitter.between(self.retry.delay / 2, self.retry.delay);
         let at = now.checked_add(wait);
-        let out_of_time = self
-            .give_up
-            .is_some_and(|g| at.is_none_or(|t| t >= g));
+        let out_of_time = self.give_up.is_some_and(|g| at.is_none_or(|t| t >= g));
         self.after_cleanup = if self.attempt >= self.retry.attempts || out_of_time || self.abandoned
         {
             None
@@ -447,7 +446,12 @@ impl Extend {
     ///
     /// # Errors
     /// A TTL the client refuses, or the extension cap reached.
-    pub(crate) fn new(ctx: &Ctx<'_>, lock: Lock, ttl: Duration, now: Instant) -> Result<Extend, Error> {
+    pub(crate) fn new(
+        ctx: &Ctx<'_>,
+        lock: Lock,
+        ttl: Duration,
+        now: Instant,
+    ) -> Result<Extend, Error> {
         let ttl = ctx.config.checked_ttl(ttl)?;
         if let Some(max) = ctx.config.max_extensions
             && lock.extensions >= max
@@ -526,9 +530,8 @@ impl Release {
         }
     }
 
-    fn handle_round(&mut self, ctx: &mut Ctx<'_>, round: &Round) {
+    fn handle_round(&mut self, ctx: &mut Ctx<'_>, round: &Round, ended: Stamp) {
         self.stage = Stage::Done;
-        let ended = Stamp::now();
         self.result = Some(match round.decision(0) {
             Some(Decision::Won) => Ok(()),
             _ => Err(verdict(ctx, round, Op::Release, 0, self.first, 1, ended)),
@@ -676,8 +679,7 @@ impl Batch {
         self.stage = Stage::Cleanup;
     }
 
-    fn handle_released(&mut self, ctx: &mut Ctx<'_>, round: &Round) {
-        let ended = Stamp::now();
+    fn handle_released(&mut self, ctx: &mut Ctx<'_>, round: &Round, ended: Stamp) {
         self.releases = Some(
             (0..self.requests.len())
                 .map(|slot| match round.decision(slot) {

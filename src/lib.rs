@@ -49,6 +49,8 @@ pub mod config;
 
 pub mod error;
 
+mod job;
+
 pub mod lock;
 
 pub mod watchdog;

@@ -26,9 +26,10 @@ use crate::config::{Config, ConfigError, Retry};
 use crate::conn::{Conn, Keys, Op, Request, Timing};
 use crate::driver::Driver;
 use crate::engine::{Engine, RoundId, Wait};
-use crate::error::{Error, Failure, MasterVote};
-use crate::quorum::{Decision, FencePlan, Loss, Round, Vote, plan_fence, quorum};
-use crate::script::{FENCE_STATE_KEY, Scripts};
+use crate::error::Error;
+use crate::job::{Acquire, Batch, Ctx, Extend, Job, Output, Release, SplitMix64, Step};
+use crate::quorum::{Round, quorum};
+use crate::script::Scripts;
 use crate::token::{Token, TokenSource};
 /// A held lock: its resource, token and validity.
 ///
@@ -37,13 +38,13 @@ use crate::token::{Token, TokenSource};
 #[must_use = "a lock is held until released or expired; release it with Redlock::release"]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lock {
-    keys: Keys,
-    token: Token,
-    ttl: Duration,
+    pub(crate) keys: Keys,
+    pub(crate) token: Token,
+    pub(crate) ttl: Duration,
     /// When validity ends, on the monotonic and the boot clock.
-    expiry: Expiry,
-    extensions: u32,
-    fence: Option<u64>,
+    pub(crate) expiry: Expiry,
+    pub(crate) extensions: u32,
+    pub(crate) fence: Option<u64>,
 }
 
 impl Lock {
@@ -475,80 +476,12 @@ impl Redlock {
         ttl: Duration,
         retry: &Retry,
     ) -> Result<Lock, Error> {
-        let ttl = self.config.checked_ttl(ttl)?;
-        if retry.attempts == 0 {
-            return Err(ConfigError::ZeroAttempts.into());
-        }
         self.check_servers()?;
-        let first = Instant::now();
-        let give_up = retry.max_wait.and_then(|w| first.checked_add(w));
-        let timeout = self.config.per_instance_timeout.min(ttl);
-        // A fenced acquire's requests also name the fence key and the
-        // master's fencing state; its lock, like its release, names the lock
-        // key alone.
-        let wire_keys = match (&keys, op) {
-            (Keys::One(key), Op::AcquireFenced) => Keys::Many(Arc::from([
-                key.clone(),
-                fence_key(key),
-                Bytes::from_static(FENCE_STATE_KEY),
-            ])),
-            _ => keys.clone(),
-        };
-        let mut request = Request {
-            op,
-            keys: wire_keys,
-            token: self.tokens.next_token(),
-            arg: millis(ttl),
-        };
-        // Phase one of a fenced acquire waits past its decision for the
-        // reports the fence needs, within the round's time.
-        let wait = match op {
-            Op::AcquireFenced => Wait::Fence {
-                readmit: self.readmit(),
-            },
-            _ => Wait::Decision,
-        };
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            self.run_round(std::slice::from_ref(&request), timeout, wait);
-            let outcome = match self.validity(0, ttl) {
-                None => Err(self.verdict(op, 0, first, attempt)),
-                Some(validity) if op != Op::AcquireFenced => Ok((validity, None)),
-                Some(_) => self
-                    .write_fence(&request, ttl, timeout, first, attempt)
-                    .map(|(validity, fence)| (validity, Some(fence))),
-            };
-            let error = match outcome {
-                Ok((expiry, fence)) => {
-                    return Ok(Lock {
-                        keys,
-                        token: request.token,
-                        ttl,
-                        expiry,
-                        extensions: 0,
-                        fence,
-                    });
-                }
-                Err(error) => error,
-            };
-            // The SET may have taken effect where no reply came back: release
-            // on every master, without waiting for the answers.
-            let cleanup = Request {
-                op: release_op(&keys),
-                keys: keys.clone(),
-                token: request.token,
-                arg: 0,
-            };
-            self.send_only(std::slice::from_ref(&cleanup));
-            let now = Instant::now();
-            let wait = self.jitter.between(retry.delay / 2, retry.delay);
-            let out_of_time = give_up.is_some_and(|g| now.checked_add(wait).is_none_or(|t| t >= g));
-            if attempt >= retry.attempts || out_of_time {
-                return Err(error);
-            }
-            std::thread::sleep(wait);
-            request.token = self.tokens.next_token();
+        let now = Instant::now();
+        let acquire = Acquire::new(&mut self.ctx(), keys, op, ttl, retry, now)?;
+        match self.run_job(&mut Job::Acquire(acquire)) {
+            Some(Output::Lock(result)) => result,
+            _ => Err(Error::Os(io::ErrorKind::Other)),
         }
     }
 
@@ -570,77 +503,36 @@ impl Redlock {
         I: IntoIterator,
         I::Item: Into<Bytes>,
     {
-        let ttl = self.config.checked_ttl(ttl)?;
         self.check_servers()?;
-        let mut requests = std::mem::take(&mut self.batch);
-        requests.clear();
-        for resource in resources {
-            requests.push(Request {
-                op: Op::Acquire,
-                keys: Keys::One(resource.into()),
-                token: self.tokens.next_token(),
-                arg: millis(ttl),
-            });
+        let requests = std::mem::take(&mut self.batch);
+        let now = Instant::now();
+        let batch = Batch::acquire(&mut self.ctx(), requests, resources, ttl, now)?;
+        let mut job = Job::AcquireBatch(batch);
+        let output = self.run_job(&mut job);
+        if let Job::AcquireBatch(batch) = job {
+            self.batch = batch.into_requests();
         }
-        let first = Instant::now();
-        let mut results = Vec::with_capacity(requests.len());
-        if !requests.is_empty() {
-            self.run_round(
-                &requests,
-                self.config.per_instance_timeout.min(ttl),
-                Wait::Decision,
-            );
+        match output {
+            Some(Output::Locks(results)) => Ok(results),
+            _ => Err(Error::Os(io::ErrorKind::Other)),
         }
-        for (slot, request) in requests.iter().enumerate() {
-            results.push(match self.validity(slot, ttl) {
-                Some(expiry) => Ok(Lock {
-                    keys: request.keys.clone(),
-                    token: request.token,
-                    ttl,
-                    expiry,
-                    extensions: 0,
-                    fence: None,
-                }),
-                None => Err(self.verdict(Op::Acquire, slot, first, 1)),
-            });
-        }
-        let mut slot = 0;
-        requests.retain_mut(|request| {
-            request.op = Op::Release;
-            slot += 1;
-            results[slot - 1].is_err()
-        });
-        if !requests.is_empty() {
-            self.send_only(&requests);
-        }
-        self.batch = requests;
-        Ok(results)
     }
 
     /// Releases each of `locks` on every master, all in one pass: one write
     /// per master, one quorum decision per lock, one result per lock in the
     /// order given (each as [`Redlock::release`]'s).
     pub fn release_batch(&mut self, locks: &[Lock]) -> Vec<Result<(), Error>> {
-        let mut requests = std::mem::take(&mut self.batch);
-        requests.clear();
-        requests.extend(locks.iter().map(|lock| Request {
-            op: release_op(&lock.keys),
-            keys: lock.keys.clone(),
-            token: lock.token,
-            arg: 0,
-        }));
-        let first = Instant::now();
-        if !requests.is_empty() {
-            self.run_round(&requests, self.config.per_instance_timeout, Wait::Decision);
+        let requests = std::mem::take(&mut self.batch);
+        let batch = Batch::release(&self.ctx(), requests, locks, Instant::now());
+        let mut job = Job::ReleaseBatch(batch);
+        let output = self.run_job(&mut job);
+        if let Job::ReleaseBatch(batch) = job {
+            self.batch = batch.into_requests();
         }
-        let results = (0..requests.len())
-            .map(|slot| match self.round().decision(slot) {
-                Some(Decision::Won) => Ok(()),
-                _ => Err(self.verdict(Op::Release, slot, first, 1)),
-            })
-            .collect();
-        self.batch = requests;
-        results
+        match output {
+            Some(Output::Releases(results)) => results,
+            _ => Vec::new(),
+        }
     }
 
     /// Releases `lock` on every master, whatever each answered before.
@@ -650,21 +542,10 @@ impl Redlock {
     /// had expired); [`Error::NoQuorum`] or [`Error::Protocol`] when too
     /// few masters answered. Keys not released expire after their TTL.
     pub fn release(&mut self, lock: &Lock) -> Result<(), Error> {
-        let request = Request {
-            op: release_op(&lock.keys),
-            keys: lock.keys.clone(),
-            token: lock.token,
-            arg: 0,
-        };
-        let first = Instant::now();
-        self.run_round(
-            std::slice::from_ref(&request),
-            self.config.per_instance_timeout,
-            Wait::Decision,
-        );
-        match self.round().decision(0) {
-            Some(Decision::Won) => Ok(()),
-            _ => Err(self.verdict(Op::Release, 0, first, 1)),
+        let release = Release::new(&self.ctx(), lock, Instant::now());
+        match self.run_job(&mut Job::Release(release)) {
+            Some(Output::Released(result)) => result,
+            _ => Err(Error::Os(io::ErrorKind::Other)),
         }
     }
 
@@ -684,108 +565,65 @@ impl Redlock {
     /// earlier of the old one and the round's start plus `ttl - drift`
     /// (nothing was sent for a config error or the extension limit).
     pub fn extend(&mut self, lock: &mut Lock, ttl: Duration) -> Result<(), Error> {
-        let ttl = self.config.checked_ttl(ttl)?;
-        if let Some(max) = self.config.max_extensions
-            && lock.extensions >= max
-        {
-            return Err(Error::ExtensionLimit(max));
-        }
         self.check_servers()?;
-        let request = Request {
-            op: extend_op(&lock.keys),
-            keys: lock.keys.clone(),
-            token: lock.token,
-            arg: millis(ttl),
-        };
-        let first = Instant::now();
-        self.run_round(
-            std::slice::from_ref(&request),
-            self.config.per_instance_timeout.min(ttl),
-            Wait::Decision,
-        );
-        if let Some(expiry) = self.validity(0, ttl) {
-            lock.expiry = expiry;
-            lock.ttl = ttl;
-            lock.extensions += 1;
-            return Ok(());
+        let extend = Extend::new(&self.ctx(), lock.clone(), ttl, Instant::now())?;
+        match self.run_job(&mut Job::Extend(extend)) {
+            Some(Output::Extended(now_standing, result)) => {
+                *lock = now_standing;
+                result
+            }
+            _ => Err(Error::Os(io::ErrorKind::Other)),
         }
-        // Masters that ran the script expire the keys `ttl - drift` after
-        // the round's start at the latest, answered or not.
-        let shortened = self
-            .config
-            .validity_span(ttl)
-            .and_then(|span| Expiry::after(self.started, span))
-            .unwrap_or(Expiry::at(self.started));
-        lock.expiry = lock.expiry.min(shortened);
-        Err(self.verdict(Op::Extend, 0, first, 1))
     }
 
-    /// Phase two of a fenced acquire whose first round (`request`) won with
-    /// validity left: decides the fence from what the masters reported
-    /// ([`plan_fence`]), waiting within the round's time for masters that
-    /// had not answered when the quorum was reached if the reports so far
-    /// cannot decide it, then writes it back to every master. The fence is
-    /// valid once a quorum confirms the write-back within the validity,
-    /// counted from the start of the first round.
-    fn write_fence(
-        &mut self,
-        request: &Request,
-        ttl: Duration,
-        timeout: Duration,
-        first: Instant,
-        attempt: u32,
-    ) -> Result<(Expiry, u64), Error> {
-        let started = self.started;
-        let round = self.round();
-        let decided = plan_fence(
-            round.votes(0),
-            round.fence_reads(0),
-            round.quorum(),
-            self.readmit(),
-        );
-        let (fence, directive) = match decided {
-            FencePlan::Write { fence, directive } => (fence, directive),
-            FencePlan::Unknown { .. } => {
-                let untrusted = self
-                    .names
-                    .iter()
-                    .zip(
-                        self.round()
-                            .votes(0)
-                            .iter()
-                            .zip(self.round().fence_reads(0)),
-                    )
-                    .filter(|(_, (vote, read))| {
-                        **vote == Vote::Granted && !read.is_some_and(|r| r.is_trusted())
-                    })
-                    .map(|(name, _)| Arc::clone(name))
-                    .collect();
-                return Err(Error::FenceUnknown {
-                    failure: self.failure(0, first, attempt),
-                    untrusted,
-                });
+    /// Runs `job` to its end on this thread: its rounds, its cleanup
+    /// releases, its retry waits.
+    fn run_job(&mut self, job: &mut Job) -> Option<Output> {
+        loop {
+            let now = Instant::now();
+            match job.poll(&mut self.ctx(), now) {
+                Step::Round {
+                    requests,
+                    timeout,
+                    wait,
+                } => {
+                    self.run_round(requests, timeout, wait);
+                    let Redlock {
+                        engine,
+                        last,
+                        idle,
+                        config,
+                        names,
+                        tokens,
+                        jitter,
+                        started,
+                        ended,
+                        ..
+                    } = self;
+                    let round = last.and_then(|id| engine.round(id)).unwrap_or(idle);
+                    let mut ctx = Ctx {
+                        config,
+                        names,
+                        tokens,
+                        jitter,
+                    };
+                    job.handle_round(&mut ctx, round, *started, *ended);
+                }
+                Step::Send(requests) => self.send_only(requests),
+                Step::Sleep(at) => std::thread::sleep(at.saturating_duration_since(now)),
+                Step::Done => return job.take_output(),
             }
-        };
-        let mut keys = request.keys.as_slice().to_vec();
-        keys.push(directive.to_bytes());
-        let write_back = Request {
-            op: Op::Fence,
-            keys: Keys::Many(Arc::from(keys)),
-            token: request.token,
-            arg: fence,
-        };
-        self.run_round(std::slice::from_ref(&write_back), timeout, Wait::Decision);
-        if self.round().decision(0) == Some(Decision::Won)
-            && let Some(expiry) = self.expiry(started, ttl)
-        {
-            return Ok((expiry, fence.unsigned_abs()));
         }
-        // Refusals here mean the lock key was gone, not held elsewhere.
-        Err(match self.verdict(Op::Fence, 0, first, attempt) {
-            Error::NotHeld(f) => Error::FenceRefused(f),
-            Error::NoQuorum(f) if self.round().loss(0) == Loss::Refused => Error::FenceRefused(f),
-            other => other,
-        })
+    }
+
+    /// What a job borrows from this client.
+    fn ctx(&mut self) -> Ctx<'_> {
+        Ctx {
+            config: &self.config,
+            names: &self.names,
+            tokens: &mut self.tokens,
+            jitter: &mut self.jitter,
+        }
     }
 
     /// Connects every master that is not connected (and not in reconnect
@@ -860,21 +698,6 @@ impl Redlock {
         self.check_distinct();
     }
 
-    /// How long a master must have been seen unmarked before a fenced
-    /// acquire may readmit it (see [`readmit_after`]).
-    fn readmit(&self) -> Option<Duration> {
-        self.config
-            .quarantine
-            .map(|max| readmit_after(max, self.config.drift_factor))
-    }
-
-    /// The last round run.
-    fn round(&self) -> &Round {
-        self.last
-            .and_then(|id| self.engine.round(id))
-            .unwrap_or(&self.idle)
-    }
-
     /// Looks for two masters that are one server, once a connection has
     /// read a new `run_id`.
     fn check_distinct(&mut self) {
@@ -908,146 +731,13 @@ impl Redlock {
         self.engine.finish(id);
         while self.engine.poll_completed().is_some() {}
     }
-
-    /// The validity `slot` of the last round won, if it won with some left.
-    fn validity(&self, slot: usize, ttl: Duration) -> Option<Expiry> {
-        if self.round().decision(slot) != Some(Decision::Won) {
-            return None;
-        }
-        self.expiry(self.started, ttl)
-    }
-
-    /// The end of a lock whose keys were set or extended for `ttl` by a
-    /// round (or two, for a fenced acquire) that started at `started`, if
-    /// validity was left when the last round ended, on both clocks (a
-    /// suspend during the round counts). The spec's check at the decision
-    /// is implied: the round ended after it.
-    fn expiry(&self, started: Stamp, ttl: Duration) -> Option<Expiry> {
-        let span = self.config.validity_span(ttl)?;
-        let expiry = Expiry::after(started, span)?;
-        (!expiry.remaining(self.ended).is_zero()).then_some(expiry)
-    }
-
-    /// Turns a slot of the last round that did not produce a lock into the
-    /// error that says why.
-    fn verdict(&self, op: Op, slot: usize, first: Instant, attempts: u32) -> Error {
-        let failure = self.failure(slot, first, attempts);
-        if self.round().decision(slot) == Some(Decision::Won) {
-            return Error::ValidityExpired(failure);
-        }
-        match self.round().loss(slot) {
-            Loss::Protocol => Error::Protocol(failure),
-            Loss::Unreachable => Error::NoQuorum(failure),
-            Loss::Refused if op.sets_keys() => Error::Held(failure),
-            // Not held only when refusals alone explain the loss; a refusal
-            // beside a failure cannot tell whether the failed master held it.
-            Loss::Refused if failure.refused > failure.votes.len() - failure.quorum => {
-                Error::NotHeld(failure)
-            }
-            Loss::Refused => Error::NoQuorum(failure),
-        }
-    }
-
-    /// The votes of `slot` in the last round, for an error.
-    fn failure(&self, slot: usize, first: Instant, attempts: u32) -> Failure {
-        Failure {
-            quorum: self.round().quorum(),
-            granted: self.round().granted(slot),
-            refused: self.round().refused(slot),
-            votes: self
-                .names
-                .iter()
-                .zip(self.round().votes(slot))
-                .map(|(server, vote)| MasterVote {
-                    server: Arc::clone(server),
-                    vote: vote.clone(),
-                })
-                .collect(),
-            elapsed: first.elapsed(),
-            attempts,
-        }
-    }
 }
 
-/// The release that undoes what `keys` took.
-fn release_op(keys: &Keys) -> Op {
-    match keys {
-        Keys::One(_) => Op::Release,
-        Keys::Many(_) => Op::ReleaseMany,
-    }
-}
-
-/// The extend for what `keys` took.
-fn extend_op(keys: &Keys) -> Op {
-    match keys {
-        Keys::One(_) => Op::Extend,
-        Keys::Many(_) => Op::ExtendMany,
-    }
-}
-
-/// A TTL checked by [`Config::checked_ttl`] as the `PX` argument: at most
-/// [`MAX_TTL_MS`](crate::MAX_TTL_MS), so it fits.
-fn millis(ttl: Duration) -> i64 {
-    i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX)
-}
-
-/// How long a master must have been seen unmarked before a fenced acquire
-/// may readmit it with a floor: long enough, by the master's clock, that
-/// every write-back it confirmed before losing its data has landed on the
-/// other masters of that write-back's quorum, and that the readmitting
-/// acquire read them afterwards. Both spans are bounded by the largest TTL
-/// in use (`max`, the restart quarantine's): twice that, stretched by the
-/// clock drift allowance both ways, plus a few milliseconds.
-fn readmit_after(max: Duration, drift_factor: f64) -> Duration {
-    let drift = if (0.0..1.0).contains(&drift_factor) {
-        drift_factor
-    } else {
-        0.0
-    };
-    let stretch = 2.0 * (1.0 + drift) / (1.0 - drift);
-    let span = Duration::try_from_secs_f64(max.as_secs_f64() * stretch).unwrap_or(Duration::MAX);
-    span.saturating_add(Duration::from_millis(10))
-}
-
-/// Where a resource's fencing counter lives: `<resource>:fence`.
-fn fence_key(resource: &[u8]) -> Bytes {
-    let mut key = Vec::with_capacity(resource.len() + 6);
-    key.extend_from_slice(resource);
-    key.extend_from_slice(b":fence");
-    Bytes::from(key)
-}
-
-/// A small PRNG for retry jitter, seeded once from the OS.
-#[derive(Debug)]
-struct SplitMix64(u64);
-
-impl SplitMix64 {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `[low, high]` at nanosecond resolution.
-    fn between(&mut self, low: Duration, high: Duration) -> Duration {
-        let span = high
-            .saturating_sub(low)
-            .as_nanos()
-            .min(u128::from(u64::MAX)) as u64;
-        let offset = if span == 0 {
-            0
-        } else {
-            self.next() % (span + 1)
-        };
-        low + Duration::from_nanos(offset)
-    }
-}
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::addr::AddrError;
+    use crate::job::readmit_after;
 
     #[test]
     fn config_refuses_what_cannot_work() {
