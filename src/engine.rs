@@ -33,7 +33,10 @@ impl RoundId {
         RoundId((u64::from(generation) << 32) | index as u64)
     }
 
-    fn index(self) -> usize {
+    /// The round's slot in the engine's table: dense (slots are reused),
+    /// so a table indexed by it is as long as the most rounds ever live at
+    /// once.
+    pub(crate) fn index(self) -> usize {
         (self.0 & 0xffff_ffff) as usize
     }
 
@@ -334,6 +337,20 @@ impl Engine {
             .filter(|c| !c.is_down())
             .map(Conn::in_flight)
             .sum()
+    }
+
+    /// Whether `k` more requests fit under `limit` in flight on at least a
+    /// quorum of masters (a master that is down counts as empty): the
+    /// shared client's admission rule, so that a burst all masters share
+    /// waits its turn instead of dropping them as too far behind, while a
+    /// single master that lags alone still is.
+    pub fn has_room(&self, k: usize, limit: usize) -> bool {
+        let fits = self
+            .conns
+            .iter()
+            .filter(|c| c.is_down() || c.in_flight() + k <= limit)
+            .count();
+        fits >= crate::quorum::quorum(self.n) || self.in_flight() == 0
     }
 
     /// Looks for two masters that are one server, once a connection read a

@@ -75,6 +75,9 @@ pub(crate) enum Output {
 }
 
 /// One caller's operation.
+// Held by value in the caller's frame or the loop's table: boxing the large
+// variant would cost an allocation per operation.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub(crate) enum Job {
     Acquire(Acquire),
@@ -130,12 +133,6 @@ impl Job {
             Job::AcquireBatch(job) => job.handle_acquired(ctx, round, started, ended),
             Job::ReleaseBatch(job) => job.handle_released(ctx, round, ended),
         }
-    }
-
-    /// Whether the job takes keys: an acquire whose caller went away must
-    /// still be released if it won.
-    pub(crate) fn takes_keys(&self) -> bool {
-        matches!(self, Job::Acquire(_) | Job::AcquireBatch(_))
     }
 
     /// Stops a job whose caller went away at its next wait instead of

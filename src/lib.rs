@@ -53,6 +53,8 @@ mod job;
 
 pub mod lock;
 
+pub mod shared;
+
 pub mod watchdog;
 
 pub use addr::ServerAddr;
@@ -61,5 +63,6 @@ pub use error::{Error, Failure, MasterVote};
 pub use lock::{Lock, LockGuard, Redlock};
 pub use quorum::Vote;
 pub use resolve::Resolver;
+pub use shared::{Pending, SharedRedlock};
 pub use token::Token;
 pub use watchdog::{KeepOptions, Lost, LostReason, Watchdog};

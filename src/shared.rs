@@ -1,0 +1,1032 @@
+//! One engine per process: a thread-safe client whose operations, from
+//! any number of threads or tasks, are pipelined over one event loop.
+//!
+//! [`SharedRedlock`] is a cheap `Clone + Send + Sync` handle. Its event
+//! loop thread owns the N connections (an [`Engine`] and a [`Driver`]) and
+//! every operation in flight. Callers put operations on a queue and wake
+//! the loop with a [`mio::Waker`]; at each wake-up the loop starts every
+//! queued operation's round, so that one write per master carries all of
+//! them (auto-pipelining: what a batch does for one caller, done for
+//! independent callers), decides each operation's quorum on its own, and
+//! completes each caller. The operations themselves are the same sans-IO
+//! [`Job`]s the single-thread [`Redlock`](crate::Redlock) runs: one copy of
+//! the spec's rules.
+//!
+//! Blocking calls wait on a completion reused per thread, so that they
+//! allocate nothing in steady state. Async calls return futures that any
+//! executor can drive (they use only `std::task::Waker`); each allocates
+//! its completion once. A future dropped before it completes never leaks a
+//! lock: the loop releases what its acquire took, and stops its retries.
+//! Dropping the last handle stops the loop: operations in flight finish
+//! (without further retries), their cleanup is sent and the late replies
+//! read, within a bound, and the drop returns once the thread has ended.
+
+use std::cell::RefCell;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll, Waker};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+
+use crate::clock::Stamp;
+use crate::config::{Config, ConfigError, Retry};
+use crate::conn::{Keys, Op, Request, Timing};
+use crate::driver::Driver;
+use crate::engine::{Engine, Wait};
+use crate::error::Error;
+use crate::job::{Acquire, Batch, Ctx, Extend, Job, Output, Release, SplitMix64, Step, release_op};
+use crate::lock::Lock;
+use crate::quorum::quorum;
+use crate::script::Scripts;
+use crate::token::TokenSource;
+
+/// A thread-safe Redlock client: one event loop thread owns the
+/// connections to the N masters, and every clone of the handle, on any
+/// thread, submits operations to it. Operations submitted together share
+/// one write per master.
+///
+/// Blocking calls ([`SharedRedlock::acquire`], ...) wait on the calling
+/// thread; the `_async` forms return futures that work under any executor.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use redlock_mio::SharedRedlock;
+///
+/// # fn main() -> Result<(), redlock_mio::Error> {
+/// let redlock = SharedRedlock::connect([
+///     "redis://127.0.0.1:7000",
+///     "redis://127.0.0.1:7001",
+///     "redis://127.0.0.1:7002",
+/// ])?;
+/// let workers: Vec<_> = (0..8)
+///     .map(|i| {
+///         let redlock = redlock.clone();
+///         std::thread::spawn(move || -> Result<(), redlock_mio::Error> {
+///             let lock = redlock.acquire(format!("orders:{i}"), Duration::from_secs(10))?;
+///             // ... work while lock.remaining() > 0 ...
+///             redlock.release(&lock)
+///         })
+///     })
+///     .collect();
+/// for worker in workers {
+///     worker.join().expect("worker")?;
+/// }
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct SharedRedlock {
+    handle: Arc<Handle>,
+}
+
+/// Dropped with the last [`SharedRedlock`]: stops the loop.
+#[derive(Debug)]
+struct Handle {
+    queue: Arc<Queue>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    config: Config,
+}
+
+/// Where callers leave operations for the loop.
+#[derive(Debug)]
+struct Queue {
+    orders: Mutex<Vec<Submission>>,
+    waker: mio::Waker,
+    /// Set by a caller that woke the loop, cleared by the loop before it
+    /// takes the queue: one wake-up per batch of submissions.
+    woken: AtomicBool,
+    closed: AtomicBool,
+}
+
+/// One operation submitted, and where its caller waits.
+#[derive(Debug)]
+struct Submission {
+    order: Order,
+    completion: Arc<Completion>,
+}
+
+/// An operation as a caller asks for it; the loop makes it a [`Job`].
+#[derive(Debug)]
+enum Order {
+    Acquire {
+        keys: Keys,
+        op: Op,
+        ttl: Duration,
+        retry: Retry,
+    },
+    Extend {
+        lock: Lock,
+        ttl: Duration,
+    },
+    Release {
+        lock: Lock,
+    },
+    AcquireBatch {
+        resources: Vec<Bytes>,
+        ttl: Duration,
+    },
+    ReleaseBatch {
+        locks: Vec<Lock>,
+    },
+}
+
+/// Where one caller waits for its operation's output.
+#[derive(Debug, Default)]
+struct Completion {
+    slot: Mutex<Slot>,
+    ready: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct Slot {
+    output: Option<Output>,
+    /// The async caller to wake.
+    waker: Option<Waker>,
+    /// The caller went away (its future was dropped): whatever the
+    /// operation takes is released.
+    abandoned: bool,
+}
+
+impl Completion {
+    fn lock(&self) -> MutexGuard<'_, Slot> {
+        self.slot.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Hands `output` to the caller. Returns it when the caller went away,
+    /// for the loop to release what it holds.
+    fn complete(&self, output: Output) -> Option<Output> {
+        let mut slot = self.lock();
+        if slot.abandoned {
+            return Some(output);
+        }
+        slot.output = Some(output);
+        let waker = slot.waker.take();
+        drop(slot);
+        self.ready.notify_one();
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+        None
+    }
+
+    fn is_abandoned(&self) -> bool {
+        self.lock().abandoned
+    }
+
+    /// Blocks until the output is in.
+    fn wait(&self) -> Output {
+        let mut slot = self.lock();
+        loop {
+            if let Some(output) = slot.output.take() {
+                return output;
+            }
+            slot = self
+                .ready
+                .wait(slot)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+}
+
+thread_local! {
+    /// The completion blocking calls on this thread reuse: no allocation
+    /// per operation.
+    static COMPLETION: RefCell<Option<Arc<Completion>>> = const { RefCell::new(None) };
+}
+
+/// A completion for one blocking call: this thread's, when the loop no
+/// longer refers to it.
+fn blocking_completion() -> Arc<Completion> {
+    let reused = COMPLETION
+        .try_with(|c| c.borrow_mut().take())
+        .ok()
+        .flatten()
+        .filter(|c| Arc::strong_count(c) == 1);
+    match reused {
+        Some(completion) => {
+            let mut slot = completion.lock();
+            slot.output = None;
+            slot.waker = None;
+            slot.abandoned = false;
+            drop(slot);
+            completion
+        }
+        None => Arc::new(Completion::default()),
+    }
+}
+
+fn keep_completion(completion: Arc<Completion>) {
+    let _ = COMPLETION.try_with(|c| *c.borrow_mut() = Some(completion));
+}
+
+/// The output of an operation submitted to a [`SharedRedlock`]: a future
+/// that any executor can drive. Dropping it before it completes abandons
+/// the operation: nothing it takes stays locked (the loop releases it),
+/// and it is not retried.
+#[derive(Debug)]
+#[must_use = "futures do nothing unless polled; dropping this one abandons the operation"]
+pub struct Pending<T> {
+    completion: Arc<Completion>,
+    /// For releasing an output that arrived after the caller went away.
+    queue: Arc<Queue>,
+    extract: fn(Output) -> T,
+    done: bool,
+}
+
+impl<T> Future for Pending<T> {
+    type Output = T;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
+        let mut slot = self.completion.lock();
+        if let Some(output) = slot.output.take() {
+            drop(slot);
+            self.done = true;
+            return Poll::Ready((self.extract)(output));
+        }
+        match &slot.waker {
+            Some(waker) if waker.will_wake(cx.waker()) => {}
+            _ => slot.waker = Some(cx.waker().clone()),
+        }
+        Poll::Pending
+    }
+}
+
+impl<T> Drop for Pending<T> {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        let mut slot = self.completion.lock();
+        slot.abandoned = true;
+        slot.waker = None;
+        // The loop hands an output over or, once `abandoned` is set (under
+        // the same lock), keeps it and releases what it holds itself. An
+        // output already handed over is released from here.
+        let unclaimed = slot.output.take();
+        drop(slot);
+        let locks: Vec<Lock> = match unclaimed {
+            Some(Output::Lock(Ok(lock))) => vec![lock],
+            Some(Output::Locks(results)) => results.into_iter().flatten().collect(),
+            _ => return,
+        };
+        if !locks.is_empty() {
+            // Nobody waits for this release: its completion is dropped.
+            self.queue.submit(
+                Order::ReleaseBatch { locks },
+                Arc::new(Completion::default()),
+            );
+        }
+    }
+}
+
+impl SharedRedlock {
+    /// A shared client for the masters at `urls`, with default settings.
+    /// Starts the event loop thread; masters are connected on first use.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for an empty list or a malformed URL;
+    /// [`Error::Os`] when the OS refuses a poll instance, random bytes or a
+    /// thread.
+    pub fn connect<I, S>(urls: I) -> Result<SharedRedlock, Error>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        SharedRedlock::new(Config::new(urls)?)
+    }
+
+    /// A shared client with the given settings ([`Config::spin`] does not
+    /// apply: the loop sleeps in the kernel between events).
+    ///
+    /// # Errors
+    /// As [`SharedRedlock::connect`].
+    pub fn new(config: Config) -> Result<SharedRedlock, Error> {
+        config.check()?;
+        let event_loop = EventLoop::new(config.clone())?;
+        let queue = Arc::new(Queue {
+            orders: Mutex::new(Vec::with_capacity(256)),
+            waker: event_loop.driver.waker().map_err(|e| Error::Os(e.kind()))?,
+            woken: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
+        });
+        let loop_queue = Arc::clone(&queue);
+        let thread = thread::Builder::new()
+            .name("redlock-loop".into())
+            .spawn(move || event_loop.run(&loop_queue))
+            .map_err(|e| Error::Os(e.kind()))?;
+        Ok(SharedRedlock {
+            handle: Arc::new(Handle {
+                queue,
+                thread: Mutex::new(Some(thread)),
+                config,
+            }),
+        })
+    }
+
+    /// The settings in force.
+    pub fn config(&self) -> &Config {
+        &self.handle.config
+    }
+
+    /// The quorum: how many masters must agree.
+    pub fn quorum(&self) -> usize {
+        quorum(self.handle.config.servers.len())
+    }
+
+    /// One attempt to acquire `resource` for `ttl`; see
+    /// [`Redlock::try_acquire`](crate::Redlock::try_acquire).
+    ///
+    /// # Errors
+    /// As [`Redlock::try_acquire`](crate::Redlock::try_acquire).
+    pub fn try_acquire(&self, resource: impl Into<Bytes>, ttl: Duration) -> Result<Lock, Error> {
+        self.acquire_with(resource, ttl, &Retry::once())
+    }
+
+    /// Acquires `resource` for `ttl`, retrying as [`Config::retry`] says.
+    ///
+    /// # Errors
+    /// As [`Redlock::acquire`](crate::Redlock::acquire).
+    pub fn acquire(&self, resource: impl Into<Bytes>, ttl: Duration) -> Result<Lock, Error> {
+        let retry = self.handle.config.retry;
+        self.acquire_with(resource, ttl, &retry)
+    }
+
+    /// Acquires with an explicit retry policy.
+    ///
+    /// # Errors
+    /// As [`Redlock::acquire_with`](crate::Redlock::acquire_with).
+    pub fn acquire_with(
+        &self,
+        resource: impl Into<Bytes>,
+        ttl: Duration,
+        retry: &Retry,
+    ) -> Result<Lock, Error> {
+        self.wait(
+            acquire_order(Keys::One(resource.into()), Op::Acquire, ttl, retry),
+            lock_of,
+        )
+    }
+
+    /// One attempt at a fenced lock; see
+    /// [`Redlock::try_acquire_fenced`](crate::Redlock::try_acquire_fenced).
+    ///
+    /// # Errors
+    /// As [`Redlock::try_acquire_fenced`](crate::Redlock::try_acquire_fenced).
+    pub fn try_acquire_fenced(
+        &self,
+        resource: impl Into<Bytes>,
+        ttl: Duration,
+    ) -> Result<Lock, Error> {
+        self.acquire_fenced_with(resource, ttl, &Retry::once())
+    }
+
+    /// A fenced lock with a retry policy.
+    ///
+    /// # Errors
+    /// As [`Redlock::try_acquire_fenced`](crate::Redlock::try_acquire_fenced).
+    pub fn acquire_fenced_with(
+        &self,
+        resource: impl Into<Bytes>,
+        ttl: Duration,
+        retry: &Retry,
+    ) -> Result<Lock, Error> {
+        let order = acquire_order(Keys::One(resource.into()), Op::AcquireFenced, ttl, retry);
+        self.wait(order, lock_of)
+    }
+
+    /// One attempt to lock every one of `resources` together; see
+    /// [`Redlock::try_acquire_many`](crate::Redlock::try_acquire_many).
+    ///
+    /// # Errors
+    /// As [`Redlock::try_acquire_many`](crate::Redlock::try_acquire_many).
+    pub fn try_acquire_many<I>(&self, resources: I, ttl: Duration) -> Result<Lock, Error>
+    where
+        I: IntoIterator,
+        I::Item: Into<Bytes>,
+    {
+        self.acquire_many_with(resources, ttl, &Retry::once())
+    }
+
+    /// Several resources together, with a retry policy.
+    ///
+    /// # Errors
+    /// As [`Redlock::try_acquire_many`](crate::Redlock::try_acquire_many).
+    pub fn acquire_many_with<I>(
+        &self,
+        resources: I,
+        ttl: Duration,
+        retry: &Retry,
+    ) -> Result<Lock, Error>
+    where
+        I: IntoIterator,
+        I::Item: Into<Bytes>,
+    {
+        let keys: Arc<[Bytes]> = resources.into_iter().map(Into::into).collect();
+        if keys.is_empty() {
+            return Err(ConfigError::NoResources.into());
+        }
+        self.wait(
+            acquire_order(Keys::Many(keys), Op::AcquireMany, ttl, retry),
+            lock_of,
+        )
+    }
+
+    /// One attempt to acquire each of `resources`, all in one round; see
+    /// [`Redlock::try_acquire_batch`](crate::Redlock::try_acquire_batch).
+    ///
+    /// # Errors
+    /// As [`Redlock::try_acquire_batch`](crate::Redlock::try_acquire_batch).
+    pub fn try_acquire_batch<I>(
+        &self,
+        resources: I,
+        ttl: Duration,
+    ) -> Result<Vec<Result<Lock, Error>>, Error>
+    where
+        I: IntoIterator,
+        I::Item: Into<Bytes>,
+    {
+        let resources = resources.into_iter().map(Into::into).collect();
+        self.wait(Order::AcquireBatch { resources, ttl }, locks_of)
+    }
+
+    /// Releases each of `locks` in one round; see
+    /// [`Redlock::release_batch`](crate::Redlock::release_batch).
+    pub fn release_batch(&self, locks: &[Lock]) -> Vec<Result<(), Error>> {
+        let locks = locks.to_vec();
+        self.wait(Order::ReleaseBatch { locks }, releases_of)
+    }
+
+    /// Releases `lock` on every master; see
+    /// [`Redlock::release`](crate::Redlock::release).
+    ///
+    /// # Errors
+    /// As [`Redlock::release`](crate::Redlock::release).
+    pub fn release(&self, lock: &Lock) -> Result<(), Error> {
+        self.wait(Order::Release { lock: lock.clone() }, released_of)
+    }
+
+    /// Extends `lock` to `ttl`; see [`Redlock::extend`](crate::Redlock::extend),
+    /// including what a failed extend does to the lock's deadline.
+    ///
+    /// # Errors
+    /// As [`Redlock::extend`](crate::Redlock::extend).
+    pub fn extend(&self, lock: &mut Lock, ttl: Duration) -> Result<(), Error> {
+        let order = Order::Extend {
+            lock: lock.clone(),
+            ttl,
+        };
+        let (standing, result) = self.wait(order, extended_of).ok_or_else(lost)?;
+        *lock = standing;
+        result
+    }
+
+    /// [`SharedRedlock::try_acquire`] as a future.
+    pub fn try_acquire_async(
+        &self,
+        resource: impl Into<Bytes>,
+        ttl: Duration,
+    ) -> Pending<Result<Lock, Error>> {
+        self.acquire_with_async(resource, ttl, &Retry::once())
+    }
+
+    /// [`SharedRedlock::acquire`] as a future: retries wait on the event
+    /// loop's timer, not on a thread.
+    pub fn acquire_async(
+        &self,
+        resource: impl Into<Bytes>,
+        ttl: Duration,
+    ) -> Pending<Result<Lock, Error>> {
+        let retry = self.handle.config.retry;
+        self.acquire_with_async(resource, ttl, &retry)
+    }
+
+    /// [`SharedRedlock::acquire_with`] as a future.
+    pub fn acquire_with_async(
+        &self,
+        resource: impl Into<Bytes>,
+        ttl: Duration,
+        retry: &Retry,
+    ) -> Pending<Result<Lock, Error>> {
+        let order = acquire_order(Keys::One(resource.into()), Op::Acquire, ttl, retry);
+        self.submit(order, Arc::new(Completion::default()), lock_of)
+    }
+
+    /// [`SharedRedlock::acquire_fenced_with`] as a future.
+    pub fn acquire_fenced_async(
+        &self,
+        resource: impl Into<Bytes>,
+        ttl: Duration,
+        retry: &Retry,
+    ) -> Pending<Result<Lock, Error>> {
+        let order = acquire_order(Keys::One(resource.into()), Op::AcquireFenced, ttl, retry);
+        self.submit(order, Arc::new(Completion::default()), lock_of)
+    }
+
+    /// [`SharedRedlock::release`] as a future.
+    pub fn release_async(&self, lock: &Lock) -> Pending<Result<(), Error>> {
+        let order = Order::Release { lock: lock.clone() };
+        self.submit(order, Arc::new(Completion::default()), released_of)
+    }
+
+    /// [`SharedRedlock::extend`] as a future.
+    ///
+    /// # Errors
+    /// As [`Redlock::extend`](crate::Redlock::extend).
+    pub async fn extend_async(&self, lock: &mut Lock, ttl: Duration) -> Result<(), Error> {
+        let order = Order::Extend {
+            lock: lock.clone(),
+            ttl,
+        };
+        let (standing, result) = self
+            .submit(order, Arc::new(Completion::default()), extended_of)
+            .await
+            .ok_or_else(lost)?;
+        *lock = standing;
+        result
+    }
+
+    /// Submits `order` and blocks until its output is in.
+    fn wait<T>(&self, order: Order, extract: fn(Output) -> T) -> T {
+        let completion = blocking_completion();
+        let mut pending = self.submit(order, Arc::clone(&completion), extract);
+        let output = completion.wait();
+        pending.done = true;
+        drop(pending);
+        keep_completion(completion);
+        extract(output)
+    }
+
+    fn submit<T>(
+        &self,
+        order: Order,
+        completion: Arc<Completion>,
+        extract: fn(Output) -> T,
+    ) -> Pending<T> {
+        let queue = &self.handle.queue;
+        queue.submit(order, Arc::clone(&completion));
+        Pending {
+            completion,
+            queue: Arc::clone(queue),
+            extract,
+            done: false,
+        }
+    }
+}
+
+impl Queue {
+    /// Leaves `order` for the loop and wakes it, unless a wake-up is
+    /// already on its way.
+    fn submit(&self, order: Order, completion: Arc<Completion>) {
+        self.orders
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(Submission { order, completion });
+        if !self.woken.swap(true, Ordering::AcqRel) {
+            // A failed wake leaves the order to the loop's next turn.
+            let _ = self.waker.wake();
+        }
+    }
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        self.queue.closed.store(true, Ordering::Release);
+        let _ = self.queue.waker.wake();
+        let thread = self
+            .thread
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        // The loop itself never holds a handle, so this is another thread.
+        if let Some(thread) = thread {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn acquire_order(keys: Keys, op: Op, ttl: Duration, retry: &Retry) -> Order {
+    Order::Acquire {
+        keys,
+        op,
+        ttl,
+        retry: *retry,
+    }
+}
+
+/// The loop lost an output's kind: never, as each order makes its own.
+fn lost() -> Error {
+    Error::Os(io::ErrorKind::Other)
+}
+
+fn lock_of(output: Output) -> Result<Lock, Error> {
+    match output {
+        Output::Lock(result) => result,
+        _ => Err(lost()),
+    }
+}
+
+fn released_of(output: Output) -> Result<(), Error> {
+    match output {
+        Output::Released(result) => result,
+        _ => Err(lost()),
+    }
+}
+
+fn extended_of(output: Output) -> Option<(Lock, Result<(), Error>)> {
+    match output {
+        Output::Extended(lock, result) => Some((lock, result)),
+        _ => None,
+    }
+}
+
+fn locks_of(output: Output) -> Result<Vec<Result<Lock, Error>>, Error> {
+    match output {
+        Output::Locks(results) => Ok(results),
+        Output::Lock(Err(error)) => Err(error),
+        _ => Err(lost()),
+    }
+}
+
+fn releases_of(output: Output) -> Vec<Result<(), Error>> {
+    match output {
+        Output::Releases(results) => results,
+        _ => Vec::new(),
+    }
+}
+
+/// A job on the loop and the caller waiting for it.
+#[derive(Debug)]
+struct Running {
+    job: Job,
+    completion: Arc<Completion>,
+}
+
+/// The loop thread's state: the engine, the driver, and every job.
+#[derive(Debug)]
+struct EventLoop {
+    config: Config,
+    names: Vec<Arc<str>>,
+    engine: Engine,
+    driver: Driver,
+    tokens: TokenSource,
+    jitter: SplitMix64,
+    jobs: Vec<Option<Running>>,
+    free_jobs: Vec<usize>,
+    /// Per engine round index: the job it belongs to and when it started.
+    owners: Vec<(usize, Stamp)>,
+    /// Jobs waiting to retry, soonest first.
+    sleeping: BinaryHeap<Reverse<(Instant, usize)>>,
+    /// The queue's orders, swapped out each turn (both keep their storage).
+    inbox: Vec<Submission>,
+    /// Orders waiting for room in the connections' in-flight queues.
+    admitting: VecDeque<Submission>,
+    /// Set once two masters turned out to be one server.
+    same_server: Option<ConfigError>,
+}
+
+/// How long the loop, once its last handle is gone, waits for late
+/// replies and cleanup releases.
+fn shutdown_grace(config: &Config) -> Duration {
+    config.per_instance_timeout.max(Duration::from_millis(100))
+}
+
+impl EventLoop {
+    fn new(config: Config) -> Result<EventLoop, Error> {
+        let now = Instant::now();
+        let timing = Timing {
+            connect: config.connect_timeout,
+            stall: config.connect_timeout.max(config.per_instance_timeout),
+            backoff_min: Duration::from_millis(10).min(config.reconnect_backoff_max),
+            backoff_max: config.reconnect_backoff_max,
+            quarantine: config.quarantine,
+            max_in_flight: config.max_in_flight,
+        };
+        let mut seed = [0u8; 8];
+        getrandom::fill(&mut seed).map_err(|_| Error::Os(io::ErrorKind::Other))?;
+        Ok(EventLoop {
+            names: config
+                .servers
+                .iter()
+                .map(|a| Arc::from(a.to_string()))
+                .collect(),
+            engine: Engine::new(&config.servers, Scripts::new(), config.limits, timing, now),
+            driver: Driver::new(
+                &config.servers,
+                config.resolver.clone(),
+                config.connect_timeout,
+            )
+            .map_err(|e| Error::Os(e.kind()))?,
+            tokens: TokenSource::new().map_err(|_| Error::Os(io::ErrorKind::Other))?,
+            jitter: SplitMix64(u64::from_le_bytes(seed)),
+            jobs: Vec::new(),
+            free_jobs: Vec::new(),
+            owners: Vec::new(),
+            sleeping: BinaryHeap::new(),
+            inbox: Vec::with_capacity(256),
+            admitting: VecDeque::with_capacity(256),
+            same_server: None,
+            config,
+        })
+    }
+
+    fn run(mut self, queue: &Queue) {
+        let mut closing_since: Option<Instant> = None;
+        loop {
+            let now = Instant::now();
+            // Read before the queue is taken: once closed is seen, every
+            // order a handle submitted is in this turn's queue.
+            let closed = queue.closed.load(Ordering::Acquire);
+            queue.woken.store(false, Ordering::Release);
+            {
+                let mut orders = queue.orders.lock().unwrap_or_else(PoisonError::into_inner);
+                std::mem::swap(&mut *orders, &mut self.inbox);
+            }
+            if closed && closing_since.is_none() {
+                closing_since = Some(now);
+                // No retries once closing: each job ends with its current
+                // round.
+                for running in self.jobs.iter_mut().flatten() {
+                    running.job.abandon();
+                }
+            }
+            self.driver.prepare(&mut self.engine, now);
+            self.admitting.extend(self.inbox.drain(..));
+            self.admit(now);
+            self.wake_sleepers(now);
+            self.driver.send(&mut self.engine);
+            if let Some(since) = closing_since
+                && self.jobs.len() == self.free_jobs.len()
+                && self.admitting.is_empty()
+            {
+                // Everything answered; late replies and cleanup within the
+                // grace period.
+                let deadline = since + shutdown_grace(&self.config);
+                self.driver.settle(&mut self.engine, deadline);
+                return;
+            }
+            let wake = [
+                self.engine.poll_timeout(),
+                self.sleeping.peek().map(|Reverse((at, _))| *at),
+            ]
+            .into_iter()
+            .flatten()
+            .min();
+            let timeout = wake.map(|t| t.saturating_duration_since(Instant::now()));
+            match self.driver.turn(&mut self.engine, timeout) {
+                Ok(_) => {}
+                Err(cause) => {
+                    let now = Instant::now();
+                    for i in 0..self.engine.masters() {
+                        self.engine.handle_failure(i, now, cause.clone());
+                    }
+                }
+            }
+            self.check_distinct();
+            while let Some(id) = self.engine.poll_completed() {
+                let Some(&(index, started)) = self.owners.get(id.index()) else {
+                    continue;
+                };
+                let ended = Stamp::now();
+                let EventLoop {
+                    engine,
+                    jobs,
+                    config,
+                    names,
+                    tokens,
+                    jitter,
+                    ..
+                } = &mut self;
+                let (Some(round), Some(Some(running))) = (engine.round(id), jobs.get_mut(index))
+                else {
+                    continue;
+                };
+                let mut ctx = Ctx {
+                    config,
+                    names,
+                    tokens,
+                    jitter,
+                };
+                running.job.handle_round(&mut ctx, round, started, ended);
+                self.engine.finish(id);
+                self.advance(index, ended.mono);
+            }
+            self.admit(Instant::now());
+        }
+    }
+
+    /// Starts the orders waiting for room, oldest first, while at least a
+    /// quorum of connections can take their requests within half of
+    /// [`Config::max_in_flight`]: many callers at once are a burst every
+    /// master shares, to be queued here, not a master lagging alone, which
+    /// the connection drops as too far behind.
+    fn admit(&mut self, now: Instant) {
+        let limit = self.config.max_in_flight / 2;
+        while let Some(submission) = self.admitting.front() {
+            let k = match &submission.order {
+                Order::AcquireBatch { resources, .. } => resources.len(),
+                Order::ReleaseBatch { locks } => locks.len(),
+                _ => 1,
+            };
+            if !self.engine.has_room(k, limit) {
+                return;
+            }
+            if let Some(submission) = self.admitting.pop_front() {
+                self.start(submission, now);
+            }
+        }
+    }
+
+    /// Makes `submission` a job and runs it to its first wait.
+    fn start(&mut self, submission: Submission, now: Instant) {
+        let Submission { order, completion } = submission;
+        let mut ctx = Ctx {
+            config: &self.config,
+            names: &self.names,
+            tokens: &mut self.tokens,
+            jitter: &mut self.jitter,
+        };
+        let takes_keys = !matches!(order, Order::Release { .. } | Order::ReleaseBatch { .. });
+        let refused = match (&self.same_server, takes_keys) {
+            (Some(error), true) => Some(Error::Config(error.clone())),
+            _ => None,
+        };
+        let job = match (order, refused) {
+            (Order::Acquire { .. }, Some(error)) => Err(Output::Lock(Err(error))),
+            (Order::AcquireBatch { .. }, Some(error)) => Err(Output::Lock(Err(error))),
+            (Order::Extend { lock, .. }, Some(error)) => Err(Output::Extended(lock, Err(error))),
+            (
+                Order::Acquire {
+                    keys,
+                    op,
+                    ttl,
+                    retry,
+                },
+                None,
+            ) => Acquire::new(&mut ctx, keys, op, ttl, &retry, now)
+                .map(Job::Acquire)
+                .map_err(|e| Output::Lock(Err(e))),
+            (Order::Extend { lock, ttl }, None) => {
+                match Extend::new(&ctx, lock.clone(), ttl, now) {
+                    Ok(extend) => Ok(Job::Extend(extend)),
+                    Err(error) => Err(Output::Extended(lock, Err(error))),
+                }
+            }
+            (Order::Release { lock }, _) => Ok(Job::Release(Release::new(&ctx, &lock, now))),
+            (Order::AcquireBatch { resources, ttl }, None) => {
+                Batch::acquire(&mut ctx, Vec::new(), resources, ttl, now)
+                    .map(Job::AcquireBatch)
+                    .map_err(|e| Output::Lock(Err(e)))
+            }
+            (Order::ReleaseBatch { locks }, _) => Ok(Job::ReleaseBatch(Batch::release(
+                &ctx,
+                Vec::new(),
+                &locks,
+                now,
+            ))),
+        };
+        match job {
+            Ok(job) => {
+                let running = Some(Running { job, completion });
+                let index = match self.free_jobs.pop() {
+                    Some(index) => {
+                        self.jobs[index] = running;
+                        index
+                    }
+                    None => {
+                        self.jobs.push(running);
+                        self.jobs.len() - 1
+                    }
+                };
+                self.advance(index, now);
+            }
+            Err(output) => {
+                if let Some(output) = completion.complete(output) {
+                    self.release_abandoned(output, now);
+                }
+            }
+        }
+    }
+
+    /// Runs job `index` until it waits for a round or a timer, or ends.
+    fn advance(&mut self, index: usize, now: Instant) {
+        loop {
+            let EventLoop {
+                engine,
+                driver,
+                jobs,
+                config,
+                names,
+                tokens,
+                jitter,
+                owners,
+                sleeping,
+                ..
+            } = self;
+            let Some(Some(running)) = jobs.get_mut(index) else {
+                return;
+            };
+            if running.completion.is_abandoned() {
+                running.job.abandon();
+            }
+            let mut ctx = Ctx {
+                config,
+                names,
+                tokens,
+                jitter,
+            };
+            match running.job.poll(&mut ctx, now) {
+                Step::Round {
+                    requests,
+                    timeout,
+                    wait,
+                } => {
+                    driver.prepare(engine, now);
+                    let started = Stamp::now();
+                    let id = engine.start(requests, started.mono, timeout, wait);
+                    if owners.len() <= id.index() {
+                        owners.resize(id.index() + 1, (usize::MAX, started));
+                    }
+                    owners[id.index()] = (index, started);
+                    return;
+                }
+                Step::Send(requests) => {
+                    driver.prepare(engine, now);
+                    let id = engine.start(requests, now, Duration::ZERO, Wait::Decision);
+                    engine.finish(id);
+                }
+                Step::Sleep(at) => {
+                    sleeping.push(Reverse((at, index)));
+                    return;
+                }
+                Step::Done => {
+                    let output = running.job.take_output();
+                    let completion = Arc::clone(&running.completion);
+                    jobs[index] = None;
+                    self.free_jobs.push(index);
+                    if let Some(output) = output
+                        && let Some(unclaimed) = completion.complete(output)
+                    {
+                        self.release_abandoned(unclaimed, now);
+                    }
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Jobs whose retry wait is over (all of them once closing) go on.
+    fn wake_sleepers(&mut self, now: Instant) {
+        while let Some(Reverse((at, index))) = self.sleeping.peek().copied() {
+            if at > now
+                && !self
+                    .jobs
+                    .get(index)
+                    .and_then(Option::as_ref)
+                    .is_some_and(|r| r.completion.is_abandoned())
+            {
+                break;
+            }
+            self.sleeping.pop();
+            self.advance(index, now);
+        }
+    }
+
+    /// An acquire whose caller went away took locks: release them on every
+    /// master, nobody waiting for the answers.
+    fn release_abandoned(&mut self, output: Output, now: Instant) {
+        let release = |lock: &Lock| Request {
+            op: release_op(&lock.keys),
+            keys: lock.keys.clone(),
+            token: lock.token,
+            arg: 0,
+        };
+        let requests: Vec<Request> = match &output {
+            Output::Lock(Ok(lock)) => vec![release(lock)],
+            Output::Locks(results) => results.iter().flatten().map(release).collect(),
+            _ => return,
+        };
+        self.driver.prepare(&mut self.engine, now);
+        let id = self
+            .engine
+            .start(&requests, now, Duration::ZERO, Wait::Decision);
+        self.engine.finish(id);
+    }
+
+    fn check_distinct(&mut self) {
+        if let Some((first, second)) = self.engine.poll_same_server()
+            && self.same_server.is_none()
+        {
+            self.same_server = Some(ConfigError::SameServer {
+                first: Arc::clone(&self.names[first]),
+                second: Arc::clone(&self.names[second]),
+            });
+        }
+    }
+}

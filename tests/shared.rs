@@ -1,0 +1,402 @@
+//! The shared client against real masters: many threads and tasks on one
+//! event loop, each caller's outcome its own; mutual exclusion between
+//! callers racing on one resource; fenced, multi-resource, batch and
+//! NOSCRIPT recovery through it; async futures under tokio and a plain
+//! `block_on`; cancellation that leaks no lock; shutdown.
+
+mod common;
+
+use std::future::Future;
+use std::pin::pin;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier};
+use std::task::{Context, Poll, Wake, Waker};
+use std::thread;
+use std::time::Duration;
+
+use common::{cluster, connect, eventually, wait_empty};
+use redlock_mio::resp::{Arg, Reply};
+use redlock_mio::{Config, Error, Retry, SharedRedlock, Vote};
+use redlock_test::Server;
+
+const TTL: Duration = Duration::from_secs(15);
+
+/// A shared client of `urls` for masters the test started empty (no
+/// restart quarantine: no lock predates them), with a generous
+/// per-instance timeout for a loaded machine.
+fn shared(urls: &[String]) -> SharedRedlock {
+    let mut config = Config::new(urls).unwrap_or_else(|e| panic!("{e}"));
+    config.per_instance_timeout = Duration::from_millis(500);
+    config.quarantine = None;
+    SharedRedlock::new(config).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn get(server: &Server, key: &str) -> Reply {
+    connect(server).cmd(&[Arg::Bytes(b"GET"), Arg::Bytes(key.as_bytes())])
+}
+
+/// A minimal executor: polls `future` on this thread, parking between
+/// wake-ups. No runtime, only `std::task`.
+fn block_on<F: Future>(future: F) -> F::Output {
+    struct Unpark(thread::Thread);
+    impl Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = Waker::from(Arc::new(Unpark(thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    let mut future = pin!(future);
+    loop {
+        if let Poll::Ready(output) = future.as_mut().poll(&mut cx) {
+            return output;
+        }
+        thread::park();
+    }
+}
+
+#[test]
+fn many_threads_share_one_client_and_each_gets_its_own_locks() {
+    let masters = cluster(3);
+    let redlock = shared(&masters.urls());
+    let threads = 16;
+    let cycles = 100;
+    let start = Arc::new(Barrier::new(threads));
+    let workers: Vec<_> = (0..threads)
+        .map(|t| {
+            let redlock = redlock.clone();
+            let start = Arc::clone(&start);
+            thread::spawn(move || {
+                start.wait();
+                for c in 0..cycles {
+                    let resource = format!("shared:{t}:{}", c % 4);
+                    let lock = redlock
+                        .try_acquire(resource.clone(), TTL)
+                        .unwrap_or_else(|e| panic!("thread {t}, cycle {c}: {e}"));
+                    assert_eq!(lock.resource(), resource.as_bytes());
+                    assert!(lock.is_valid());
+                    redlock
+                        .release(&lock)
+                        .unwrap_or_else(|e| panic!("thread {t}, cycle {c}: {e}"));
+                }
+            })
+        })
+        .collect();
+    for worker in workers {
+        worker.join().expect("worker");
+    }
+    for server in &masters {
+        assert_eq!(wait_empty(server, Duration::from_secs(10)), Ok(()));
+    }
+}
+
+/// Mutual exclusion between callers of one client: every holder sets a
+/// flag that must have been clear, and clears it before releasing.
+#[test]
+fn callers_racing_on_one_resource_never_hold_it_together() {
+    let masters = cluster(3);
+    let redlock = shared(&masters.urls());
+    let held = Arc::new(AtomicBool::new(false));
+    let wins = Arc::new(AtomicUsize::new(0));
+    let start = Arc::new(Barrier::new(8));
+    let workers: Vec<_> = (0..8)
+        .map(|_| {
+            let (redlock, held, wins, start) = (
+                redlock.clone(),
+                Arc::clone(&held),
+                Arc::clone(&wins),
+                Arc::clone(&start),
+            );
+            thread::spawn(move || {
+                start.wait();
+                for _ in 0..150 {
+                    match redlock.try_acquire("race", TTL) {
+                        Ok(lock) => {
+                            assert!(!held.swap(true, Ordering::SeqCst), "two holders at once");
+                            wins.fetch_add(1, Ordering::SeqCst);
+                            thread::yield_now();
+                            held.store(false, Ordering::SeqCst);
+                            redlock.release(&lock).unwrap_or_else(|e| panic!("{e}"));
+                        }
+                        Err(Error::Held(_)) => {}
+                        Err(other) => panic!("{other}"),
+                    }
+                }
+            })
+        })
+        .collect();
+    for worker in workers {
+        worker.join().expect("worker");
+    }
+    assert!(wins.load(Ordering::SeqCst) > 0);
+    for server in &masters {
+        assert_eq!(get(server, "race"), Reply::Nil);
+    }
+}
+
+/// A killed master is one failed vote in each caller's round; a second one
+/// fails every caller with its own error naming both.
+#[test]
+fn callers_on_different_resources_each_get_their_own_outcome_under_master_failure() {
+    let mut masters = cluster(3);
+    let urls = masters.urls();
+    let redlock = shared(&urls);
+    masters[2].kill().unwrap_or_else(|e| panic!("{e}"));
+    let outcomes: Vec<_> = (0..8)
+        .map(|t| {
+            let redlock = redlock.clone();
+            thread::spawn(move || {
+                let lock = redlock.try_acquire(format!("fail:{t}"), TTL)?;
+                redlock.release(&lock).map(|()| lock)
+            })
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|w| w.join().expect("worker"))
+        .collect();
+    for (t, outcome) in outcomes.iter().enumerate() {
+        let lock = outcome
+            .as_ref()
+            .unwrap_or_else(|e| panic!("caller {t}: {e}"));
+        assert_eq!(lock.resource(), format!("fail:{t}").as_bytes());
+    }
+    masters[1].kill().unwrap_or_else(|e| panic!("{e}"));
+    for t in 0..4 {
+        match redlock.try_acquire(format!("fail2:{t}"), TTL) {
+            Err(Error::NoQuorum(failure)) => {
+                // Two failed votes decide at once: the live master's
+                // grant counts only if it came first.
+                assert!(failure.granted <= 1, "{failure}");
+                assert!(
+                    matches!(failure.votes[1].vote, Vote::Failed(_)),
+                    "{failure}"
+                );
+                assert!(
+                    matches!(failure.votes[2].vote, Vote::Failed(_)),
+                    "{failure}"
+                );
+            }
+            other => panic!("caller {t}: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn fenced_many_batch_and_extend_work_through_the_shared_client() {
+    let masters = cluster(3);
+    let redlock = shared(&masters.urls());
+    let first = redlock
+        .try_acquire_fenced("fenced", TTL)
+        .unwrap_or_else(|e| panic!("{e}"));
+    redlock.release(&first).unwrap_or_else(|e| panic!("{e}"));
+    let second = redlock
+        .try_acquire_fenced("fenced", TTL)
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        second.fence() > first.fence(),
+        "{:?} then {:?}",
+        first.fence(),
+        second.fence()
+    );
+    redlock.release(&second).unwrap_or_else(|e| panic!("{e}"));
+
+    let many = redlock
+        .try_acquire_many(["m:a", "m:b"], TTL)
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(matches!(
+        redlock.try_acquire("m:b", TTL),
+        Err(Error::Held(_))
+    ));
+    let mut many = many;
+    redlock
+        .extend(&mut many, 2 * TTL)
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(many.extensions(), 1);
+    assert!(many.remaining() > TTL);
+    redlock.release(&many).unwrap_or_else(|e| panic!("{e}"));
+
+    let results = redlock
+        .try_acquire_batch(["b:0", "b:1", "b:2"], TTL)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let locks: Vec<_> = results
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|e| panic!("{e}")))
+        .collect();
+    assert!(redlock.release_batch(&locks).iter().all(Result::is_ok));
+    for server in &masters {
+        for key in ["m:a", "m:b", "b:0", "b:1", "b:2"] {
+            assert_eq!(get(server, key), Reply::Nil, "{key}");
+        }
+    }
+}
+
+/// After SCRIPT FLUSH every EVALSHA meets -NOSCRIPT, answered with EVAL on
+/// the connection that met it, invisibly to the callers.
+#[test]
+fn noscript_is_recovered_for_every_caller() {
+    let masters = cluster(3);
+    let redlock = shared(&masters.urls());
+    let locks: Vec<_> = (0..8)
+        .map(|i| {
+            redlock
+                .try_acquire(format!("ns:{i}"), TTL)
+                .unwrap_or_else(|e| panic!("{e}"))
+        })
+        .collect();
+    for server in &masters {
+        let reply = connect(server).cmd(&["SCRIPT".into(), "FLUSH".into()]);
+        assert!(reply.is_ok(), "{reply:?}");
+    }
+    let workers: Vec<_> = locks
+        .into_iter()
+        .map(|mut lock| {
+            let redlock = redlock.clone();
+            thread::spawn(move || {
+                redlock.extend(&mut lock, TTL)?;
+                redlock.release(&lock)
+            })
+        })
+        .collect();
+    for worker in workers {
+        worker
+            .join()
+            .expect("worker")
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+    for server in &masters {
+        assert_eq!(wait_empty(server, Duration::from_secs(10)), Ok(()));
+    }
+}
+
+#[test]
+fn futures_complete_under_a_plain_block_on() {
+    let masters = cluster(3);
+    let redlock = shared(&masters.urls());
+    let lock =
+        block_on(redlock.try_acquire_async("async:plain", TTL)).unwrap_or_else(|e| panic!("{e}"));
+    let mut lock = lock;
+    block_on(redlock.extend_async(&mut lock, TTL)).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(lock.extensions(), 1);
+    let held = block_on(redlock.try_acquire_async("async:plain", TTL));
+    assert!(matches!(held, Err(Error::Held(_))), "{held:?}");
+    block_on(redlock.release_async(&lock)).unwrap_or_else(|e| panic!("{e}"));
+    for server in &masters {
+        assert_eq!(get(server, "async:plain"), Reply::Nil);
+    }
+}
+
+#[test]
+fn a_thousand_tokio_tasks_share_one_client() {
+    let masters = cluster(3);
+    let redlock = shared(&masters.urls());
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .build()
+        .expect("runtime");
+    let done = runtime.block_on(async {
+        let tasks: Vec<_> = (0..1000)
+            .map(|i| {
+                let redlock = redlock.clone();
+                tokio::spawn(async move {
+                    let lock = redlock.try_acquire_async(format!("tokio:{i}"), TTL).await?;
+                    redlock.release_async(&lock).await
+                })
+            })
+            .collect();
+        let mut done = 0;
+        for task in tasks {
+            task.await.expect("task").unwrap_or_else(|e| panic!("{e}"));
+            done += 1;
+        }
+        done
+    });
+    assert_eq!(done, 1000);
+    for server in &masters {
+        assert_eq!(wait_empty(server, Duration::from_secs(10)), Ok(()));
+    }
+}
+
+/// A future dropped before it completes leaks no lock: whether its acquire
+/// won before or after the drop, the keys are released (long before their
+/// TTL), and its retries stop.
+#[test]
+fn a_dropped_acquire_future_never_leaks_its_lock() {
+    let masters = cluster(3);
+    let redlock = shared(&masters.urls());
+    let long = Duration::from_secs(60);
+    for i in 0..50 {
+        let pending = redlock.try_acquire_async(format!("cancel:{i}"), long);
+        if i % 2 == 1 {
+            // Let some of them win before the drop.
+            thread::yield_now();
+        }
+        drop(pending);
+    }
+    // A waiter that retries forever, dropped while it waits: it stops.
+    let holder = redlock
+        .try_acquire("cancel:held", long)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let waiting = redlock.acquire_with_async("cancel:held", long, &Retry::forever());
+    drop(waiting);
+    redlock.release(&holder).unwrap_or_else(|e| panic!("{e}"));
+    for server in &masters {
+        assert_eq!(wait_empty(server, Duration::from_secs(10)), Ok(()));
+    }
+}
+
+/// Dropping the last handle stops the loop, but an operation in flight
+/// still completes, and its cleanup still reaches the masters.
+#[test]
+fn dropping_the_last_handle_finishes_what_is_in_flight() {
+    let masters = cluster(3);
+    let redlock = shared(&masters.urls());
+    let lock = redlock
+        .try_acquire("shutdown:held", TTL)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let release = redlock.release_async(&lock);
+    drop(redlock);
+    // The loop has ended: the release was answered before it did.
+    block_on(release).unwrap_or_else(|e| panic!("{e}"));
+    for server in &masters {
+        assert!(eventually(Duration::from_secs(5), || get(
+            server,
+            "shutdown:held"
+        ) == Reply::Nil));
+    }
+}
+
+/// More callers at once than a connection may leave unanswered
+/// ([`Config::max_in_flight`]) is a burst every master shares: the loop
+/// admits operations as room frees instead of dropping every master as too
+/// far behind, so each caller succeeds and nothing is left behind.
+#[test]
+fn a_burst_larger_than_the_in_flight_bound_waits_its_turn() {
+    let masters = cluster(3);
+    let mut config = Config::new(masters.urls()).unwrap_or_else(|e| panic!("{e}"));
+    config.per_instance_timeout = Duration::from_millis(500);
+    config.quarantine = None;
+    config.max_in_flight = 32;
+    let redlock = SharedRedlock::new(config).unwrap_or_else(|e| panic!("{e}"));
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        let tasks: Vec<_> = (0..500)
+            .map(|i| {
+                let redlock = redlock.clone();
+                tokio::spawn(async move {
+                    let lock = redlock.try_acquire_async(format!("burst:{i}"), TTL).await?;
+                    redlock.release_async(&lock).await
+                })
+            })
+            .collect();
+        for (i, task) in tasks.into_iter().enumerate() {
+            task.await
+                .expect("task")
+                .unwrap_or_else(|e| panic!("caller {i}: {e}"));
+        }
+    });
+    for server in &masters {
+        assert_eq!(wait_empty(server, Duration::from_secs(10)), Ok(()));
+    }
+}
