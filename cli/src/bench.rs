@@ -1,10 +1,12 @@
 //! `redlock bench`: acquire/release cycles against N masters, with HDR
 //! latency histograms.
 //!
-//! This module owns the measurement: T threads, each with its own
-//! [`Redlock`] client and its own histograms (merged at the end, so that
-//! threads share nothing but a progress counter), a warm-up that connects
-//! every client before the clock starts, and the report. Without
+//! This module owns the measurement: T threads sharing one
+//! [`SharedRedlock`] (one event loop pipelining their operations), or with
+//! `--client-per-thread` each with its own [`Redlock`]; each thread has its
+//! own histograms (merged at the end, so that threads share nothing else
+//! but a progress counter); a warm-up that connects every client before
+//! the clock starts; and the report. Without
 //! `--servers` it starts local masters with [`Cluster`] and stops them at
 //! the end, also when interrupted. It never reads `REDLOCK_SERVERS`: a
 //! benchmark should not load a deployment because of a variable left in
@@ -28,7 +30,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use clap::Args;
 use hdrhistogram::Histogram;
-use redlock_mio::{Config, Error, Redlock};
+use redlock_mio::{Config, Error, Lock, Redlock, SharedRedlock};
 use redlock_test::{Cluster, Options};
 
 use crate::exit::{self, Failure};
@@ -36,7 +38,9 @@ use crate::signals::Signals;
 use crate::{Quarantine, parse_duration, say};
 
 pub const LONG_ABOUT: &str = "Measure acquire and release latency and throughput.\n\n\
-    Each of T threads has its own client and repeats: try to acquire a resource \
+    T threads share one client (one event loop that pipelines their operations \
+    into one write per master; --client-per-thread gives each thread its own \
+    client and connections instead), and each repeats: try to acquire a resource \
     (one attempt, no retry), release it. Acquire and release are timed apart into \
     HDR histograms (microseconds). Resources are drawn from R names; the default, \
     one per thread (bench:0, bench:1, ...), means no contention, and a small R \
@@ -67,9 +71,14 @@ pub struct BenchArgs {
     #[arg(short, long, value_name = "D", default_value = "5s", value_parser = parse_duration)]
     duration: Duration,
 
-    /// Client threads, each with its own connections
+    /// Caller threads, sharing one client unless --client-per-thread
     #[arg(short, long, value_name = "T", default_value_t = 4)]
     threads: usize,
+
+    /// Give each thread its own client and connections (no pipelining
+    /// between threads) instead of one shared client
+    #[arg(long)]
+    client_per_thread: bool,
 
     /// Resource names to draw from [default: one per thread, or one per
     /// batch slot]; at least --batch
@@ -90,7 +99,7 @@ pub struct BenchArgs {
     batch: u32,
 
     /// Busy-wait for replies instead of sleeping in epoll (lower latency,
-    /// one core per thread)
+    /// one core per thread; per-thread clients only)
     #[arg(long)]
     spin: bool,
 }
@@ -292,12 +301,22 @@ fn measure(
     let progress = AtomicU64::new(0);
     let start = Barrier::new(args.threads + 1);
     let draw = io::stderr().is_terminal();
+    let shared = if args.client_per_thread {
+        None
+    } else {
+        let shared = SharedRedlock::new(config.clone())
+            .map_err(|e| exit::lock_error("cannot make a client", &e, exit::SOFTWARE))?;
+        Some(shared)
+    };
     thread::scope(|scope| {
         let workers: Vec<_> = (0..args.threads)
             .map(|index| {
                 let (stop, progress, start) = (&stop, &progress, &start);
-                let config = config.clone();
-                scope.spawn(move || worker(index, config, args, start, stop, progress))
+                let client = match &shared {
+                    Some(shared) => Ok(Client::Shared(shared.clone())),
+                    None => Redlock::new(config.clone()).map(Client::Own),
+                };
+                scope.spawn(move || worker(index, client, args, start, stop, progress))
             })
             .collect();
         start.wait();
@@ -391,16 +410,57 @@ impl Pick {
     }
 }
 
+/// A bench thread's client: its own, or a handle to the shared one.
+// One per thread, made once: its size does not matter.
+#[allow(clippy::large_enum_variant)]
+enum Client {
+    Own(Redlock),
+    Shared(SharedRedlock),
+}
+
+impl Client {
+    fn try_acquire(&mut self, resource: Bytes, ttl: Duration) -> Result<Lock, Error> {
+        match self {
+            Client::Own(c) => c.try_acquire(resource, ttl),
+            Client::Shared(c) => c.try_acquire(resource, ttl),
+        }
+    }
+
+    fn release(&mut self, lock: &Lock) -> Result<(), Error> {
+        match self {
+            Client::Own(c) => c.release(lock),
+            Client::Shared(c) => c.release(lock),
+        }
+    }
+
+    fn try_acquire_batch(
+        &mut self,
+        resources: &[Bytes],
+        ttl: Duration,
+    ) -> Result<Vec<Result<Lock, Error>>, Error> {
+        match self {
+            Client::Own(c) => c.try_acquire_batch(resources.iter().cloned(), ttl),
+            Client::Shared(c) => c.try_acquire_batch(resources.iter().cloned(), ttl),
+        }
+    }
+
+    fn release_batch(&mut self, locks: &[Lock]) -> Vec<Result<(), Error>> {
+        match self {
+            Client::Own(c) => c.release_batch(locks),
+            Client::Shared(c) => c.release_batch(locks),
+        }
+    }
+}
+
 fn worker(
     index: usize,
-    config: Config,
+    client: Result<Client, Error>,
     args: &BenchArgs,
     start: &Barrier,
     stop: &AtomicBool,
     progress: &AtomicU64,
 ) -> Result<Tally, Failure> {
     // Every thread must reach the barrier, even one that cannot work.
-    let client = Redlock::new(config);
     let batch = args.batch as usize;
     let names: Vec<Bytes> = match args.resources {
         None if batch == 1 => vec![Bytes::from(format!("bench:{index}"))],
@@ -479,7 +539,7 @@ fn worker(
 /// pass. Each resource is an attempt, and each lock taken and released one
 /// cycle; latencies are per batch.
 fn batch_cycle(
-    client: &mut Redlock,
+    client: &mut Client,
     resources: &[Bytes],
     ttl: Duration,
     tally: &mut Tally,
@@ -488,7 +548,7 @@ fn batch_cycle(
     let tries = resources.len() as u64;
     tally.attempts += tries;
     let t0 = Instant::now();
-    let acquired = client.try_acquire_batch(resources.iter().cloned(), ttl);
+    let acquired = client.try_acquire_batch(resources, ttl);
     let t1 = Instant::now();
     let results = match acquired {
         Ok(results) => results,
@@ -586,6 +646,7 @@ fn json_report(
         "spawned": setup.spawned,
         "quorum": setup.quorum,
         "threads": args.threads,
+        "client": if args.client_per_thread { "per-thread" } else { "shared" },
         "resources": resource_count(args),
         "ttl_ms": u64::try_from(args.ttl.as_millis()).unwrap_or(u64::MAX),
         "batch": args.batch,
@@ -633,19 +694,21 @@ fn text_report(
         resources,
         humantime::format_duration(args.ttl),
     );
-    let mut modes = Vec::new();
+    let mut modes = vec![if args.client_per_thread {
+        "one client per thread".to_owned()
+    } else {
+        "one shared client (one event loop) for all threads".to_owned()
+    }];
     if args.batch > 1 {
         modes.push(format!(
             "batches of {} locks per pass; latencies are per batch",
             args.batch
         ));
     }
-    if args.spin {
+    if args.spin && args.client_per_thread {
         modes.push("spin mode (busy-wait for replies)".to_owned());
     }
-    if !modes.is_empty() {
-        let _ = writeln!(out, "{}", modes.join("; "));
-    }
+    let _ = writeln!(out, "{}", modes.join("; "));
     if interrupted.is_some() {
         let _ = writeln!(
             out,

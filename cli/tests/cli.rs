@@ -538,6 +538,7 @@ fn bench_json_output_parses_and_shows_throughput() {
     };
     assert_eq!(number(&["masters"]), 3.0);
     assert_eq!(number(&["threads"]), 2.0);
+    assert_eq!(report["client"].as_str(), Some("shared"), "{text}");
     assert!(number(&["cycles"]) > 0.0, "{text}");
     assert!(number(&["cycles_per_sec"]) > 0.0, "{text}");
     assert!(number(&["duration_s"]) >= 2.0, "{text}");
@@ -683,7 +684,7 @@ fn the_resource_is_the_redis_key_as_given() {
 }
 
 #[test]
-fn bench_batches_and_spins_on_request() {
+fn bench_batches_spins_and_gives_each_thread_a_client_on_request() {
     let mut bench = redlock(&[]);
     bench.args([
         "bench",
@@ -696,6 +697,7 @@ fn bench_batches_and_spins_on_request() {
         "--batch",
         "16",
         "--spin",
+        "--client-per-thread",
         "--json",
         // Not the 50 ms default: a slow round on a loaded machine would
         // count as an error.
@@ -713,6 +715,7 @@ fn bench_batches_and_spins_on_request() {
         "one per batch slot: {text}"
     );
     assert_eq!(report["spin"].as_bool(), Some(true), "{text}");
+    assert_eq!(report["client"].as_str(), Some("per-thread"), "{text}");
     assert!(report["cycles"].as_u64().is_some_and(|c| c >= 16), "{text}");
     assert_eq!(report["errors"].as_u64(), Some(0), "{text}");
 }
