@@ -201,14 +201,15 @@ thread_local! {
     static COMPLETION: RefCell<Option<Arc<Completion>>> = const { RefCell::new(None) };
 }
 
-/// A completion for one blocking call: this thread's, when the loop no
-/// longer refers to it.
+/// A completion for one blocking call: this thread's. The loop may still
+/// hold a reference to it from the last call for a moment, but it never
+/// writes to a completion after handing its output over, so the next call
+/// may reuse it at once.
 fn blocking_completion() -> Arc<Completion> {
     let reused = COMPLETION
         .try_with(|c| c.borrow_mut().take())
         .ok()
-        .flatten()
-        .filter(|c| Arc::strong_count(c) == 1);
+        .flatten();
     match reused {
         Some(completion) => {
             let mut slot = completion.lock();

@@ -1,11 +1,15 @@
 //! Zero allocation in steady state (issue 5): after a warm-up, acquire,
 //! extend and release allocate nothing, for N = 3 real masters, also while
-//! one master lags behind the other two (issue 14).
+//! one master lags behind the other two (issue 14), and through the shared
+//! client, on the callers' threads and its event loop thread alike
+//! (issue 11).
 //!
 //! A counting global allocator wraps `System` and counts allocations
 //! (`alloc`, `alloc_zeroed`, `realloc`) only on a thread that has armed it,
-//! so that the other tests of this binary, running on their own threads,
-//! do not disturb the count.
+//! and on the shared client's event loop thread (`redlock-loop`, of which
+//! this binary starts one) while the loop counter is armed, so that the
+//! other tests of this binary, running on their own threads, do not
+//! disturb the count.
 //!
 //! To find where allocations come from, set `ALLOC_BACKTRACES=K`: the
 //! first K allocations in a measured region print a backtrace to stderr.
@@ -23,7 +27,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use redlock_mio::{Config, Error, Redlock};
+use redlock_mio::{Config, Error, Redlock, SharedRedlock};
 
 /// The allocator of this test binary: `System`, counted per thread.
 struct Counting;
@@ -36,6 +40,40 @@ thread_local! {
     static ARMED: Cell<bool> = const { Cell::new(false) };
     /// Allocations seen while armed.
     static COUNT: Cell<u64> = const { Cell::new(0) };
+    /// Whether this thread is the shared client's event loop: unknown
+    /// (`None`) until its first allocation while the loop counter is armed.
+    static IS_LOOP: Cell<Option<bool>> = const { Cell::new(None) };
+    /// Set while `note` finds out `IS_LOOP`, which may allocate.
+    static ASKING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// True while the event loop thread's allocations are counted.
+static LOOP_ARMED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// Allocations seen on the event loop thread while armed.
+static LOOP_COUNT: AtomicUsize = AtomicUsize::new(0);
+
+/// Counts an allocation on the event loop thread while its counter is
+/// armed. Finding out whether this is that thread (its name) may itself
+/// allocate, once per thread: that is neither counted nor recursed into.
+fn note_loop() {
+    if !LOOP_ARMED.load(Ordering::Relaxed) {
+        return;
+    }
+    let is_loop = IS_LOOP.try_with(|known| match known.get() {
+        Some(is_loop) => Some(is_loop),
+        None => {
+            if ASKING.try_with(|a| a.replace(true)).unwrap_or(true) {
+                return None;
+            }
+            let is_loop = std::thread::current().name() == Some("redlock-loop");
+            known.set(Some(is_loop));
+            let _ = ASKING.try_with(|a| a.set(false));
+            Some(is_loop)
+        }
+    });
+    if let Ok(Some(true)) = is_loop {
+        LOOP_COUNT.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 /// Backtraces still to print (from `ALLOC_BACKTRACES`).
@@ -46,6 +84,7 @@ static TRACES_LEFT: AtomicUsize = AtomicUsize::new(0);
 /// while the backtrace is captured and printed, so that their own
 /// allocations neither count nor recurse.
 fn note(size: usize) {
+    note_loop();
     // `try_with`: an allocation during thread teardown finds no local.
     let _ = ARMED.try_with(|armed| {
         if !armed.get() {
@@ -285,4 +324,83 @@ fn acquire_extend_and_release_allocate_nothing_in_steady_state() {
 fn a_resource_built_at_run_time_and_kept_costs_the_engine_no_allocation() {
     let kept = Bytes::from(format!("alloc:owned:{}", std::process::id()).into_bytes());
     assert_none(&count_cycles(move || kept.clone()));
+}
+
+/// Issue 11: blocking calls through the shared client allocate nothing in
+/// steady state, on the callers' threads (each reuses its completion) or on
+/// the event loop thread (jobs, rounds and queues reuse their storage), with
+/// several callers at once.
+#[test]
+fn the_shared_client_allocates_nothing_per_blocking_call_in_steady_state() {
+    let masters = common::cluster(3);
+    let mut config = Config::new(masters.urls()).expect("config");
+    config.quarantine = None;
+    config.per_instance_timeout = Duration::from_millis(200);
+    config.connect_timeout = Duration::from_secs(60);
+    let shared = SharedRedlock::new(config).expect("client");
+    let callers = 4;
+    let keys: Vec<Bytes> = (0..callers)
+        .map(|i| Bytes::from(format!("alloc:shared:{i}")))
+        .collect();
+    // Each caller warms up on its own thread (its first call makes the
+    // thread's completion), then all measure together once the loop's
+    // counter is armed.
+    let warmed = std::sync::Barrier::new(callers + 1);
+    let armed = std::sync::Barrier::new(callers + 1);
+    let counts = std::thread::scope(|scope| {
+        let workers: Vec<_> = keys
+            .iter()
+            .map(|key| {
+                let (shared, key, warmed, armed) = (&shared, key.clone(), &warmed, &armed);
+                scope.spawn(move || {
+                    let mut counts = NO_ALLOCATION;
+                    for round in 0..2 {
+                        let cycles = if round == 0 {
+                            WARM_UP_CYCLES as u64
+                        } else {
+                            warmed.wait();
+                            armed.wait();
+                            MEASURED_CYCLES
+                        };
+                        for _ in 0..cycles {
+                            let (lock, n) = counted(|| shared.try_acquire(key.clone(), TTL));
+                            let mut lock = lock.expect("acquire");
+                            let (extended, e) = counted(|| shared.extend(&mut lock, TTL));
+                            expect_ok("extend", extended);
+                            let (released, r) = counted(|| shared.release(&lock));
+                            expect_ok("release", released);
+                            if round == 1 {
+                                counts.acquire += n;
+                                counts.extend += e;
+                                counts.release += r;
+                            }
+                        }
+                    }
+                    counts
+                })
+            })
+            .collect();
+        warmed.wait();
+        arm_backtraces();
+        LOOP_COUNT.store(0, Ordering::Relaxed);
+        LOOP_ARMED.store(true, Ordering::Relaxed);
+        armed.wait();
+        let counts =
+            workers
+                .into_iter()
+                .map(|w| w.join().expect("caller"))
+                .fold(NO_ALLOCATION, |a, b| Counts {
+                    acquire: a.acquire + b.acquire,
+                    extend: a.extend + b.extend,
+                    release: a.release + b.release,
+                });
+        LOOP_ARMED.store(false, Ordering::Relaxed);
+        counts
+    });
+    let on_loop = LOOP_COUNT.load(Ordering::Relaxed);
+    assert_eq!(
+        on_loop, 0,
+        "{on_loop} allocations on the event loop thread in {callers} x {MEASURED_CYCLES} cycles"
+    );
+    assert_none(&counts);
 }
