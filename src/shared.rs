@@ -46,6 +46,7 @@ use crate::lock::Lock;
 use crate::quorum::quorum;
 use crate::script::Scripts;
 use crate::token::TokenSource;
+use crate::watchdog::{KeepStep, Keeper, Shared as KeepShared};
 
 /// A thread-safe Redlock client: one event loop thread owns the
 /// connections to the N masters, and every clone of the handle, on any
@@ -134,6 +135,15 @@ enum Order {
     },
     ReleaseBatch {
         locks: Vec<Lock>,
+    },
+    /// Keep a lock alive from the loop (no caller waits).
+    Keep {
+        // Boxed: a rare order, and the largest by far.
+        keeper: Box<Keeper>,
+    },
+    /// Stop keeping a lock and release it.
+    Unkeep {
+        shared: Arc<KeepShared>,
     },
 }
 
@@ -564,6 +574,25 @@ impl SharedRedlock {
         extract(output)
     }
 
+    /// Hands a kept lock to the loop.
+    pub(crate) fn submit_keep(&self, keeper: Keeper) {
+        // Nobody waits for it: the holder reads the shared state.
+        self.handle.queue.submit(
+            Order::Keep {
+                keeper: Box::new(keeper),
+            },
+            Arc::new(Completion::default()),
+        );
+    }
+
+    /// Stops keeping a lock and releases it, waiting for the release.
+    pub(crate) fn unkeep(&self, shared: &Arc<KeepShared>) -> Result<(), Error> {
+        let order = Order::Unkeep {
+            shared: Arc::clone(shared),
+        };
+        self.wait(order, released_of)
+    }
+
     fn submit<T>(
         &self,
         order: Order,
@@ -662,14 +691,46 @@ fn releases_of(output: Output) -> Vec<Result<(), Error>> {
     }
 }
 
-/// A job on the loop and the caller waiting for it.
+/// A job on the loop and who waits for it.
 #[derive(Debug)]
 struct Running {
     job: Job,
-    completion: Arc<Completion>,
+    waiter: Waiter,
 }
 
-/// The loop thread's state: the engine, the driver, and every job.
+/// Who waits for a job.
+#[derive(Debug)]
+enum Waiter {
+    /// A caller, blocking or async.
+    Caller(Arc<Completion>),
+    /// The kept lock in this slot of the loop's table (an extension).
+    Keeper(usize),
+}
+
+impl Waiter {
+    fn is_abandoned(&self) -> bool {
+        match self {
+            Waiter::Caller(completion) => completion.is_abandoned(),
+            Waiter::Keeper(_) => false,
+        }
+    }
+}
+
+/// A kept lock in the loop's table.
+#[derive(Debug)]
+struct Kept {
+    keeper: Keeper,
+    /// Tells this lock's timers from those of an earlier lock in the slot.
+    generation: u64,
+    /// An extension is in flight.
+    extending: bool,
+    /// Told to stop while extending: release once the extension ends, and
+    /// hand the result to this caller.
+    stopping: Option<Arc<Completion>>,
+}
+
+/// The loop thread's state: the engine, the driver, every job and every
+/// kept lock.
 #[derive(Debug)]
 struct EventLoop {
     config: Config,
@@ -690,6 +751,12 @@ struct EventLoop {
     admitting: VecDeque<Submission>,
     /// Set once two masters turned out to be one server.
     same_server: Option<ConfigError>,
+    /// Kept locks, by slot.
+    kept: Vec<Option<Kept>>,
+    free_kept: Vec<usize>,
+    /// When each kept lock next needs the loop: (when, slot, generation).
+    keep_timers: BinaryHeap<Reverse<(Instant, usize, u64)>>,
+    generations: u64,
 }
 
 /// How long the loop, once its last handle is gone, waits for late
@@ -733,6 +800,10 @@ impl EventLoop {
             inbox: Vec::with_capacity(256),
             admitting: VecDeque::with_capacity(256),
             same_server: None,
+            kept: Vec::new(),
+            free_kept: Vec::new(),
+            keep_timers: BinaryHeap::new(),
+            generations: 0,
             config,
         })
     }
@@ -758,9 +829,24 @@ impl EventLoop {
                 }
             }
             self.driver.prepare(&mut self.engine, now);
-            self.admitting.extend(self.inbox.drain(..));
+            // Taken and put back, so that both queues keep their storage.
+            let mut inbox = std::mem::take(&mut self.inbox);
+            for submission in inbox.drain(..) {
+                match submission.order {
+                    // Keeping and releasing kept locks is never held back:
+                    // a kept lock's extension must not wait behind a burst.
+                    Order::Keep { keeper } => self.keep(*keeper, now),
+                    Order::Unkeep { shared } => self.unkeep(&shared, submission.completion, now),
+                    order => self.admitting.push_back(Submission {
+                        order,
+                        completion: submission.completion,
+                    }),
+                }
+            }
+            self.inbox = inbox;
             self.admit(now);
             self.wake_sleepers(now);
+            self.fire_keep_timers(now);
             self.driver.send(&mut self.engine);
             if let Some(since) = closing_since
                 && self.jobs.len() == self.free_jobs.len()
@@ -775,18 +861,16 @@ impl EventLoop {
             let wake = [
                 self.engine.poll_timeout(),
                 self.sleeping.peek().map(|Reverse((at, _))| *at),
+                self.keep_timers.peek().map(|Reverse((at, _, _))| *at),
             ]
             .into_iter()
             .flatten()
             .min();
             let timeout = wake.map(|t| t.saturating_duration_since(Instant::now()));
-            match self.driver.turn(&mut self.engine, timeout) {
-                Ok(_) => {}
-                Err(cause) => {
-                    let now = Instant::now();
-                    for i in 0..self.engine.masters() {
-                        self.engine.handle_failure(i, now, cause.clone());
-                    }
+            if let Err(cause) = self.driver.turn(&mut self.engine, timeout) {
+                let now = Instant::now();
+                for i in 0..self.engine.masters() {
+                    self.engine.handle_failure(i, now, cause.clone());
                 }
             }
             self.check_distinct();
@@ -859,8 +943,9 @@ impl EventLoop {
             _ => None,
         };
         let job = match (order, refused) {
-            (Order::Acquire { .. }, Some(error)) => Err(Output::Lock(Err(error))),
-            (Order::AcquireBatch { .. }, Some(error)) => Err(Output::Lock(Err(error))),
+            (Order::Acquire { .. } | Order::AcquireBatch { .. }, Some(error)) => {
+                Err(Output::Lock(Err(error)))
+            }
             (Order::Extend { lock, .. }, Some(error)) => Err(Output::Extended(lock, Err(error))),
             (
                 Order::Acquire {
@@ -891,28 +976,39 @@ impl EventLoop {
                 &locks,
                 now,
             ))),
+            (Order::Keep { keeper }, _) => {
+                self.keep(*keeper, now);
+                return;
+            }
+            (Order::Unkeep { shared }, _) => {
+                self.unkeep(&shared, completion, now);
+                return;
+            }
         };
         match job {
-            Ok(job) => {
-                let running = Some(Running { job, completion });
-                let index = match self.free_jobs.pop() {
-                    Some(index) => {
-                        self.jobs[index] = running;
-                        index
-                    }
-                    None => {
-                        self.jobs.push(running);
-                        self.jobs.len() - 1
-                    }
-                };
-                self.advance(index, now);
-            }
+            Ok(job) => self.spawn(job, Waiter::Caller(completion), now),
             Err(output) => {
                 if let Some(output) = completion.complete(output) {
                     self.release_abandoned(output, now);
                 }
             }
         }
+    }
+
+    /// Puts `job` in the table and runs it to its first wait.
+    fn spawn(&mut self, job: Job, waiter: Waiter, now: Instant) {
+        let running = Some(Running { job, waiter });
+        let index = match self.free_jobs.pop() {
+            Some(index) => {
+                self.jobs[index] = running;
+                index
+            }
+            None => {
+                self.jobs.push(running);
+                self.jobs.len() - 1
+            }
+        };
+        self.advance(index, now);
     }
 
     /// Runs job `index` until it waits for a round or a timer, or ends.
@@ -933,7 +1029,7 @@ impl EventLoop {
             let Some(Some(running)) = jobs.get_mut(index) else {
                 return;
             };
-            if running.completion.is_abandoned() {
+            if running.waiter.is_abandoned() {
                 running.job.abandon();
             }
             let mut ctx = Ctx {
@@ -968,13 +1064,18 @@ impl EventLoop {
                 }
                 Step::Done => {
                     let output = running.job.take_output();
-                    let completion = Arc::clone(&running.completion);
-                    jobs[index] = None;
+                    let finished = jobs[index].take();
                     self.free_jobs.push(index);
-                    if let Some(output) = output
-                        && let Some(unclaimed) = completion.complete(output)
-                    {
-                        self.release_abandoned(unclaimed, now);
+                    let (Some(output), Some(finished)) = (output, finished) else {
+                        return;
+                    };
+                    match finished.waiter {
+                        Waiter::Caller(completion) => {
+                            if let Some(unclaimed) = completion.complete(output) {
+                                self.release_abandoned(unclaimed, now);
+                            }
+                        }
+                        Waiter::Keeper(slot) => self.handle_extended(slot, output, now),
                     }
                     return;
                 }
@@ -985,18 +1086,155 @@ impl EventLoop {
     /// Jobs whose retry wait is over (all of them once closing) go on.
     fn wake_sleepers(&mut self, now: Instant) {
         while let Some(Reverse((at, index))) = self.sleeping.peek().copied() {
-            if at > now
-                && !self
-                    .jobs
-                    .get(index)
-                    .and_then(Option::as_ref)
-                    .is_some_and(|r| r.completion.is_abandoned())
-            {
+            let abandoned = self
+                .jobs
+                .get(index)
+                .and_then(Option::as_ref)
+                .is_some_and(|r| r.waiter.is_abandoned());
+            if at > now && !abandoned {
                 break;
             }
             self.sleeping.pop();
             self.advance(index, now);
         }
+    }
+
+    /// Takes a lock to keep, and runs its schedule.
+    fn keep(&mut self, keeper: Keeper, now: Instant) {
+        self.generations += 1;
+        let kept = Some(Kept {
+            keeper,
+            generation: self.generations,
+            extending: false,
+            stopping: None,
+        });
+        let slot = match self.free_kept.pop() {
+            Some(slot) => {
+                self.kept[slot] = kept;
+                slot
+            }
+            None => {
+                self.kept.push(kept);
+                self.kept.len() - 1
+            }
+        };
+        if let Some(Some(kept)) = self.kept.get(slot) {
+            kept.keeper.shared().set_slot(Some(slot));
+        }
+        self.drive_kept(slot, now);
+    }
+
+    /// Runs kept lock `slot`'s schedule: extend it now, or set its timer.
+    fn drive_kept(&mut self, slot: usize, now: Instant) {
+        loop {
+            let Some(Some(kept)) = self.kept.get_mut(slot) else {
+                return;
+            };
+            if kept.extending {
+                return;
+            }
+            match kept.keeper.poll(now) {
+                KeepStep::Idle => return,
+                KeepStep::Wait(at) => {
+                    self.keep_timers.push(Reverse((at, slot, kept.generation)));
+                    return;
+                }
+                KeepStep::Extend(ttl) => {
+                    let ctx = Ctx {
+                        config: &self.config,
+                        names: &self.names,
+                        tokens: &mut self.tokens,
+                        jitter: &mut self.jitter,
+                    };
+                    let lock = kept.keeper.lock().clone();
+                    let refused = self.same_server.clone().map(Error::Config);
+                    let extend = match refused {
+                        Some(error) => Err(error),
+                        None => Extend::new(&ctx, lock.clone(), ttl, now),
+                    };
+                    match extend {
+                        Ok(extend) => {
+                            kept.extending = true;
+                            self.spawn(Job::Extend(extend), Waiter::Keeper(slot), now);
+                            return;
+                        }
+                        // Refused before anything was sent (the cap, say):
+                        // the schedule decides again.
+                        Err(error) => kept.keeper.handle_extended(lock, Err(error), now),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Kept lock `slot`'s extension ended.
+    fn handle_extended(&mut self, slot: usize, output: Output, now: Instant) {
+        let Some(Some(kept)) = self.kept.get_mut(slot) else {
+            return;
+        };
+        kept.extending = false;
+        if let Output::Extended(lock, result) = output {
+            kept.keeper.handle_extended(lock, result, now);
+        }
+        match kept.stopping.take() {
+            Some(completion) => self.release_kept(slot, completion, now),
+            None => self.drive_kept(slot, now),
+        }
+    }
+
+    /// Kept locks whose timer is due run their schedule.
+    fn fire_keep_timers(&mut self, now: Instant) {
+        while let Some(Reverse((at, slot, generation))) = self.keep_timers.peek().copied() {
+            if at > now {
+                return;
+            }
+            self.keep_timers.pop();
+            let current = self
+                .kept
+                .get(slot)
+                .and_then(Option::as_ref)
+                .is_some_and(|k| k.generation == generation);
+            if current {
+                self.drive_kept(slot, now);
+            }
+        }
+    }
+
+    /// Stops keeping a lock and releases it for `completion`; after the
+    /// extension in flight, if one is.
+    fn unkeep(&mut self, shared: &Arc<KeepShared>, completion: Arc<Completion>, now: Instant) {
+        let Some(slot) = shared.slot() else {
+            // Never kept (or already released): nothing to release.
+            completion.complete(Output::Released(Ok(())));
+            return;
+        };
+        match self.kept.get_mut(slot) {
+            Some(Some(kept)) if kept.extending => kept.stopping = Some(completion),
+            Some(Some(_)) => self.release_kept(slot, completion, now),
+            _ => {
+                completion.complete(Output::Released(Ok(())));
+            }
+        }
+    }
+
+    /// Forgets kept lock `slot` and releases it for `completion`.
+    fn release_kept(&mut self, slot: usize, completion: Arc<Completion>, now: Instant) {
+        let Some(kept) = self.kept.get_mut(slot).and_then(Option::take) else {
+            return;
+        };
+        self.free_kept.push(slot);
+        kept.keeper.shared().set_slot(None);
+        let release = Release::new(
+            &Ctx {
+                config: &self.config,
+                names: &self.names,
+                tokens: &mut self.tokens,
+                jitter: &mut self.jitter,
+            },
+            kept.keeper.lock(),
+            now,
+        );
+        self.spawn(Job::Release(release), Waiter::Caller(completion), now);
     }
 
     /// An acquire whose caller went away took locks: release them on every

@@ -1,28 +1,30 @@
-//! The watchdog: a thread that keeps one held lock alive by extending it,
-//! as Redisson's lock watchdog and node-redlock's `using()` do.
+//! The watchdog: keeps held locks alive by extending them, as Redisson's
+//! lock watchdog and node-redlock's `using()` do, any number of them from
+//! the one event loop of a [`SharedRedlock`].
 //!
 //! This module owns the extension policy (when to extend, how soon to
-//! retry, when to give the lock up) and the keeper thread that carries it
-//! out with its own [`Redlock`] client, so that the holder's thread is
-//! never interrupted and its own client stays free. The policy is plain
-//! data in, plain data out (the private `Schedule` takes `now`); only the
-//! thread reads the clock and talks to the masters. It must not extend a lock
-//! whose validity has run out (mutual exclusion may already have ended),
-//! nor extend anything once it has been told to stop: releasing the lock
-//! is the last thing the thread does.
+//! retry, when to give the lock up) and each kept lock's state. The policy
+//! is plain data in, plain data out (the private `Schedule` takes `now`);
+//! the event loop runs it: a timer per kept lock, and the extensions that
+//! fall due together go out in one write per master beside every other
+//! operation. It must not extend a lock whose validity has run out (mutual
+//! exclusion may already have ended), nor extend anything once it has been
+//! told to stop: releasing the lock is the last thing done with it.
 //!
 //! The holder's side, [`Watchdog`], answers from state shared with the
-//! thread under a mutex, never with network I/O.
+//! loop under a mutex, never with network I/O.
 
 use std::fmt;
+use std::future::Future;
 use std::panic::{self, AssertUnwindSafe};
+use std::pin::Pin;
 use std::sync::mpsc::{self, Receiver, Sender};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
-use std::thread::{self, JoinHandle};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use crate::token::Token;
-use crate::{Config, ConfigError, Error, Lock, Redlock};
+use crate::{Config, ConfigError, Error, Lock, SharedRedlock};
 
 /// The longest wait before retrying a failed extension.
 const RETRY_GAP_MAX: Duration = Duration::from_millis(50);
@@ -52,12 +54,13 @@ pub struct KeepOptions {
     /// the watchdog took the lock). [`Config::max_extensions`], when set,
     /// applies too; the smaller cap wins. Default: no cap of its own.
     pub max_extensions: Option<u32>,
-    /// Called once, on the keeper thread, when the lock is lost. It runs
-    /// after [`Watchdog::lost`] already reports the loss, and should return
-    /// quickly: [`Watchdog::release`] waits for it, so it must not release
-    /// or drop the watchdog itself (that would wait for its own thread). A
-    /// panic in it is caught (the panic hook still prints it) so that the
-    /// keeper still releases the lock when told to.
+    /// Called once, on the event loop thread, when the lock is lost. It
+    /// runs after [`Watchdog::lost`] already reports the loss, and must
+    /// return quickly: every lock and operation of the client waits for it.
+    /// It must not release or drop the watchdog, nor call the client's
+    /// blocking operations (they wait for the loop it runs on). A panic in
+    /// it is caught (the panic hook still prints it) so that the loop goes
+    /// on.
     pub on_lost: Option<Box<dyn FnOnce(Lost) + Send>>,
 }
 
@@ -103,7 +106,7 @@ pub enum LostReason {
     /// The lock has been extended this many times, the cap, and less than
     /// one extension period of validity is left.
     ExtensionLimit(u32),
-    /// The validity ran out before the keeper could act: its thread was
+    /// The validity ran out before the keeper could act: its event loop was
     /// not scheduled in time (a suspended process), or the lock was handed
     /// over with no validity left.
     Expired,
@@ -161,11 +164,14 @@ impl fmt::Display for Lost {
     }
 }
 
-/// A held lock kept alive by a thread of its own: the holder's handle.
+/// A held lock kept alive by the event loop of a [`SharedRedlock`]: the
+/// holder's handle.
 ///
-/// [`Watchdog::keep`] takes a [`Lock`] and starts a keeper thread with its
-/// own [`Redlock`] client (its own connections), which extends the lock
-/// before its validity runs low. The holder asks at any moment, without
+/// [`SharedRedlock::keep`] takes a [`Lock`] and hands it to the client's
+/// event loop, which extends it before its validity runs low: no thread per
+/// lock, and the extensions of many locks that fall due together share one
+/// write per master. [`Watchdog::keep`] does the same on a client of its
+/// own. The holder asks at any moment, without
 /// network I/O, whether the lock is still held ([`Watchdog::is_held`]) and
 /// until when ([`Watchdog::deadline`]). [`Watchdog::release`], or dropping
 /// the watchdog, stops the thread and releases the lock on every master.
@@ -211,7 +217,7 @@ impl fmt::Display for Lost {
 /// - as [`LostReason::Expired`]: once the keeper finds no validity left.
 ///
 /// So, but for a refusal, the report comes with at least one period of
-/// validity left, *provided the keeper thread runs when it should*. No
+/// validity left, *provided the event loop runs when it should*. No
 /// thread can promise that: a stopped or starved process, or a lock handed
 /// over with less than a period left, gets its report late, possibly after
 /// the deadline (then as [`LostReason::Expired`]). The report is a
@@ -222,33 +228,34 @@ impl fmt::Display for Lost {
 /// by the deadline in any case.
 ///
 /// A watchdog keeps a slow holder's lock, not a paused one's: a process
-/// stopped (GC, swap, SIGSTOP) stops its keeper thread too, and wakes up
+/// stopped (GC, swap, SIGSTOP) stops its event loop too, and wakes up
 /// with the same pause problem as without one (see `SAFETY.md`).
 ///
 /// # Learning of a loss
 /// Three ways, for three kinds of holder: [`Watchdog::is_held`] and
 /// [`Watchdog::lost`] for a holder that checks between steps of its work;
-/// [`KeepOptions::on_lost`], a callback on the keeper thread, for one that
-/// must react at once (cancel a task, signal a child process);
+/// [`KeepOptions::on_lost`], a callback on the event loop thread, for one
+/// that must react at once (cancel a task, signal a child process);
 /// [`Watchdog::subscribe`], a channel, for one that waits on it, with a
-/// timeout or beside other events. The callback cannot block the keeper
-/// for long without delaying a release; the channel costs one message.
+/// timeout or beside other events; [`Watchdog::lost_async`], a future, for
+/// an async holder. The callback must return at once (every lock of the
+/// client waits for it); the channel costs one message.
 ///
 /// # Example
 /// ```no_run
 /// use std::time::Duration;
-/// use redlock_mio::{KeepOptions, Redlock, Watchdog};
+/// use redlock_mio::{KeepOptions, SharedRedlock};
 ///
 /// # fn step(_: u32) {}
 /// # fn main() -> Result<(), redlock_mio::Error> {
-/// let mut redlock = Redlock::connect([
+/// let redlock = SharedRedlock::connect([
 ///     "redis://127.0.0.1:7000",
 ///     "redis://127.0.0.1:7001",
 ///     "redis://127.0.0.1:7002",
 /// ])?;
 /// let lock = redlock.acquire("reports:nightly", Duration::from_secs(10))?;
 /// let options = KeepOptions::default().on_lost(|lost| eprintln!("lock lost: {lost}"));
-/// let kept = Watchdog::keep(redlock.config().clone(), lock, options)?;
+/// let kept = redlock.keep(lock, options)?;
 /// for part in 0..1000 {
 ///     if !kept.is_held() {
 ///         // Lost: stop now, within kept.remaining().
@@ -263,73 +270,25 @@ impl fmt::Display for Lost {
 #[must_use = "dropping the watchdog releases the lock at once"]
 #[derive(Debug)]
 pub struct Watchdog {
+    redlock: SharedRedlock,
     shared: Arc<Shared>,
-    keeper: Option<JoinHandle<Result<(), Error>>>,
     resource: bytes::Bytes,
     token: Token,
     ttl: Duration,
+    released: bool,
 }
 
 impl Watchdog {
-    /// Hands `lock` to a new keeper thread, which extends it with a client
-    /// of its own made from `config` (pass `redlock.config().clone()` for
-    /// the holder's settings). The thread connects to the masters at once,
-    /// so that its first extension does not spend its round on handshakes.
+    /// Hands `lock` to the event loop of a new [`SharedRedlock`] made from
+    /// `config` (pass `redlock.config().clone()` for the holder's
+    /// settings): a thread and connections for this one lock. To keep many
+    /// locks from one thread, make one [`SharedRedlock`] and call
+    /// [`SharedRedlock::keep`] for each.
     ///
     /// # Errors
-    /// [`Error::Config`] for settings that cannot work, or a TTL under
-    /// 1 ms (also when [`KeepOptions::ttl`] is `None` and the lock's TTL
-    /// is unknown), over [`MAX_TTL_MS`](crate::MAX_TTL_MS) or over
-    /// [`Config::quarantine`];
-    /// [`Error::Os`] when the OS refuses a poll instance, random bytes or
-    /// a thread; [`ConfigError::ExtensionFraction`] when
-    /// [`KeepOptions::every`] is not in `(0, 1)`. Nothing is sent then, and
-    /// the lock is left as it was.
+    /// As [`SharedRedlock::new`] and [`SharedRedlock::keep`].
     pub fn keep(config: Config, lock: Lock, options: KeepOptions) -> Result<Watchdog, Error> {
-        let every = options.every;
-        if !(every > 0.0 && every < 1.0) {
-            return Err(ConfigError::ExtensionFraction.into());
-        }
-        let ttl = config.checked_ttl(options.ttl.unwrap_or(lock.ttl()))?;
-        let cap = match (options.max_extensions, config.max_extensions) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
-        // How long one extension round may take: the keeper's client waits
-        // this long for the masters (Redlock::extend).
-        let round = config.per_instance_timeout.min(ttl);
-        let mut schedule =
-            Schedule::new(ttl, every, round, cap, lock.deadline(), lock.extensions());
-        schedule.unmeasured = !lock.validity_known();
-        let redlock = Redlock::new(config)?;
-        let shared = Arc::new(Shared {
-            state: Mutex::new(State {
-                lock: lock.clone(),
-                last_error: None,
-                lost: None,
-                subscribers: Vec::new(),
-                stop: false,
-            }),
-            wake: Condvar::new(),
-        });
-        let keeper = Keeper {
-            redlock,
-            lock: lock.clone(),
-            schedule,
-            shared: Arc::clone(&shared),
-            on_lost: options.on_lost,
-        };
-        let keeper = thread::Builder::new()
-            .name("redlock-watchdog".into())
-            .spawn(move || keeper.run())
-            .map_err(|e| Error::Os(e.kind()))?;
-        Ok(Watchdog {
-            shared,
-            keeper: Some(keeper),
-            resource: bytes::Bytes::copy_from_slice(lock.resource()),
-            token: *lock.token(),
-            ttl,
-        })
+        SharedRedlock::new(config)?.keep(lock, options)
     }
 
     /// The lock's key; the first of them, for a multi-resource lock
@@ -394,7 +353,7 @@ impl Watchdog {
     /// It becomes `Some` (and stays so) when the keeper gives the lock up:
     /// at once after a quorum refused an extension; with at least one
     /// extension period of validity left when extensions keep failing or
-    /// the cap is reached, provided the keeper thread runs on time; after
+    /// the cap is reached, provided the event loop runs on time; after
     /// the deadline only when it did not (see "When lost() fires" on
     /// [`Watchdog`] for the exact bounds). `None` therefore does not mean
     /// that the lock is valid: compare [`Watchdog::deadline`] with the
@@ -420,48 +379,130 @@ impl Watchdog {
         rx
     }
 
-    /// Stops the keeper, at once even in the middle of a wait, and releases
-    /// the lock on every master; returns when the thread has exited, so
-    /// that nothing is extended afterwards. An extension already in flight
-    /// finishes first (within one per-instance timeout).
-    ///
-    /// # Errors
-    /// As [`Redlock::release`]: [`Error::NotHeld`] when no quorum held the
-    /// token any more (after a loss, say); [`Error::NoQuorum`] or
-    /// [`Error::Protocol`] when too few masters answered. Keys not
-    /// released expire after their TTL.
-    pub fn release(mut self) -> Result<(), Error> {
-        match self.stop() {
-            Some(Ok(released)) => released,
-            // Only the caller's callback could panic, and that is caught.
-            Some(Err(payload)) => panic::resume_unwind(payload),
-            None => Ok(()),
+    /// A future that completes with the loss report when the lock is lost
+    /// (at once if it already is), under any executor. It never completes
+    /// while the lock is kept: race it against the work it guards.
+    pub fn lost_async(&self) -> LostFuture {
+        LostFuture {
+            shared: Arc::clone(&self.shared),
         }
     }
 
-    /// Tells the keeper to release and exit, and waits for it; `None` when
-    /// that was done already.
-    fn stop(&mut self) -> Option<thread::Result<Result<(), Error>>> {
-        let keeper = self.keeper.take()?;
-        self.shared.state().stop = true;
-        self.shared.wake.notify_all();
-        Some(keeper.join())
+    /// Stops the extensions, at once even in the middle of a wait, and
+    /// releases the lock on every master; returns when the release is
+    /// answered, so that nothing is extended afterwards. An extension
+    /// already in flight finishes first (within one per-instance timeout).
+    ///
+    /// # Errors
+    /// As [`Redlock::release`](crate::Redlock::release): [`Error::NotHeld`]
+    /// when no quorum held the token any more (after a loss, say);
+    /// [`Error::NoQuorum`] or [`Error::Protocol`] when too few masters
+    /// answered. Keys not released expire after their TTL.
+    pub fn release(mut self) -> Result<(), Error> {
+        self.released = true;
+        let result = self.redlock.unkeep(&self.shared);
+        // Channels still waiting learn that no loss will come.
+        self.shared.state().subscribers.clear();
+        result
     }
 }
 
 impl Drop for Watchdog {
     fn drop(&mut self) {
-        // Nothing to report to: keys not released expire after the TTL.
-        let _ = self.stop();
+        if !self.released {
+            // Nothing to report to: keys not released expire after the TTL.
+            let _ = self.redlock.unkeep(&self.shared);
+            self.shared.state().subscribers.clear();
+        }
     }
 }
 
-/// What the holder and the keeper share.
+/// The future of [`Watchdog::lost_async`].
 #[derive(Debug)]
-struct Shared {
+#[must_use = "futures do nothing unless polled"]
+pub struct LostFuture {
+    shared: Arc<Shared>,
+}
+
+impl Future for LostFuture {
+    type Output = Lost;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Lost> {
+        let mut state = self.shared.state();
+        if let Some(lost) = &state.lost {
+            return Poll::Ready(lost.clone());
+        }
+        if !state.wakers.iter().any(|w| w.will_wake(cx.waker())) {
+            state.wakers.push(cx.waker().clone());
+        }
+        Poll::Pending
+    }
+}
+
+impl SharedRedlock {
+    /// Keeps `lock` alive from this client's event loop until the returned
+    /// [`Watchdog`] is released or dropped: extended as [`Watchdog`]
+    /// describes, with no thread of its own. Any number of locks can be
+    /// kept this way; their extensions share the loop's writes.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for a TTL under 1 ms (also when
+    /// [`KeepOptions::ttl`] is `None` and the lock's TTL is unknown), over
+    /// [`MAX_TTL_MS`](crate::MAX_TTL_MS) or over [`Config::quarantine`];
+    /// [`ConfigError::ExtensionFraction`] when [`KeepOptions::every`] is
+    /// not in `(0, 1)`. Nothing is sent then, and the lock is left as it
+    /// was.
+    pub fn keep(&self, lock: Lock, options: KeepOptions) -> Result<Watchdog, Error> {
+        let config = self.config();
+        let every = options.every;
+        if !(every > 0.0 && every < 1.0) {
+            return Err(ConfigError::ExtensionFraction.into());
+        }
+        let ttl = config.checked_ttl(options.ttl.unwrap_or(lock.ttl()))?;
+        let cap = match (options.max_extensions, config.max_extensions) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        // How long one extension round may take: the loop waits this long
+        // for the masters.
+        let round = config.per_instance_timeout.min(ttl);
+        let mut schedule =
+            Schedule::new(ttl, every, round, cap, lock.deadline(), lock.extensions());
+        schedule.unmeasured = !lock.validity_known();
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                lock: lock.clone(),
+                last_error: None,
+                lost: None,
+                subscribers: Vec::new(),
+                wakers: Vec::new(),
+                slot: None,
+            }),
+        });
+        let watchdog = Watchdog {
+            redlock: self.clone(),
+            shared: Arc::clone(&shared),
+            resource: bytes::Bytes::copy_from_slice(lock.resource()),
+            token: *lock.token(),
+            ttl,
+            released: false,
+        };
+        let keeper = Keeper {
+            lock,
+            schedule,
+            shared,
+            on_lost: options.on_lost,
+            lost: false,
+        };
+        self.submit_keep(keeper);
+        Ok(watchdog)
+    }
+}
+
+/// What the holder and the event loop share.
+#[derive(Debug)]
+pub(crate) struct Shared {
     state: Mutex<State>,
-    /// Wakes the keeper when `stop` is set.
-    wake: Condvar,
 }
 
 impl Shared {
@@ -480,93 +521,101 @@ struct State {
     lost: Option<Lost>,
     /// Channels waiting for the loss report.
     subscribers: Vec<Sender<Lost>>,
-    /// Set by the holder: release and exit.
-    stop: bool,
+    /// Async holders waiting for the loss report.
+    wakers: Vec<Waker>,
+    /// Where the event loop keeps the lock, once it has taken it.
+    slot: Option<usize>,
 }
 
-/// The keeper thread's own data.
-struct Keeper {
-    redlock: Redlock,
+/// One kept lock, as the event loop holds it: the lock as of the last
+/// extension, its schedule, and what the holder shares.
+pub(crate) struct Keeper {
     lock: Lock,
     schedule: Schedule,
     shared: Arc<Shared>,
     on_lost: Option<Box<dyn FnOnce(Lost) + Send>>,
+    lost: bool,
+}
+
+impl fmt::Debug for Keeper {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Keeper")
+            .field("lock", &self.lock)
+            .field("schedule", &self.schedule)
+            .field("lost", &self.lost)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What the event loop does next for a kept lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum KeepStep {
+    /// Extend it now, to this TTL.
+    Extend(Duration),
+    /// Nothing until then.
+    Wait(Instant),
+    /// Nothing until told to release: the lock was lost.
+    Idle,
 }
 
 impl Keeper {
-    /// Extends as the schedule says until told to stop, then releases.
-    fn run(mut self) -> Result<(), Error> {
-        let warm_up = self
-            .schedule
-            .first_due()
-            .saturating_duration_since(Instant::now())
-            .min(self.redlock.config().connect_timeout);
-        if !warm_up.is_zero() {
-            self.redlock.warm_up(warm_up);
+    /// What to do at `now`; a loss is reported here, once, to every way
+    /// the holder listens.
+    pub(crate) fn poll(&mut self, now: Instant) -> KeepStep {
+        if self.lost {
+            return KeepStep::Idle;
         }
-        let mut lost = false;
-        loop {
-            let now = Instant::now();
-            let next = if lost {
-                None
-            } else {
-                Some(self.schedule.poll_next(now))
-            };
-            let mut state = self.shared.state();
-            if state.stop {
-                break;
-            }
-            match next {
-                Some(Next::Extend) => {
-                    drop(state);
-                    self.extend();
+        match self.schedule.poll_next(now) {
+            Next::Extend => KeepStep::Extend(self.schedule.ttl),
+            Next::Wait(until) => KeepStep::Wait(until),
+            Next::Lose(reason) => {
+                self.lost = true;
+                let report = Lost {
+                    reason,
+                    at: now,
+                    deadline: self.lock.deadline(),
+                    extensions: self.lock.extensions(),
+                };
+                let mut state = self.shared.state();
+                state.lost = Some(report.clone());
+                let subscribers = std::mem::take(&mut state.subscribers);
+                let wakers = std::mem::take(&mut state.wakers);
+                drop(state);
+                for subscriber in subscribers {
+                    let _ = subscriber.send(report.clone());
                 }
-                Some(Next::Wait(until)) => {
-                    let timeout = until.saturating_duration_since(now);
-                    // The guard is dropped: the loop reads the state afresh.
-                    drop(
-                        self.shared
-                            .wake
-                            .wait_timeout_while(state, timeout, |s| !s.stop),
-                    );
+                for waker in wakers {
+                    waker.wake();
                 }
-                Some(Next::Lose(reason)) => {
-                    let report = Lost {
-                        reason,
-                        at: now,
-                        deadline: self.lock.deadline(),
-                        extensions: self.lock.extensions(),
-                    };
-                    state.lost = Some(report.clone());
-                    let subscribers = std::mem::take(&mut state.subscribers);
-                    drop(state);
-                    for subscriber in subscribers {
-                        let _ = subscriber.send(report.clone());
-                    }
-                    if let Some(callback) = self.on_lost.take() {
-                        let _ = panic::catch_unwind(AssertUnwindSafe(|| callback(report)));
-                    }
-                    lost = true;
+                if let Some(callback) = self.on_lost.take() {
+                    let _ = panic::catch_unwind(AssertUnwindSafe(|| callback(report)));
                 }
-                None => {
-                    drop(self.shared.wake.wait_while(state, |s| !s.stop));
-                }
+                KeepStep::Idle
             }
         }
-        // Release also after a loss: keys still standing on some masters
-        // hold our token, and compare-and-delete removes only those.
-        self.redlock.release(&self.lock)
     }
 
-    fn extend(&mut self) {
-        let result = self.redlock.extend(&mut self.lock, self.schedule.ttl);
+    /// The lock as of the last extension: what to extend, or to release.
+    pub(crate) fn lock(&self) -> &Lock {
+        &self.lock
+    }
+
+    /// What the holder shares with the loop.
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// An extension attempt ended: `lock` is the lock as it left it
+    /// (extended, or shortened by a failure).
+    pub(crate) fn handle_extended(&mut self, lock: Lock, result: Result<(), Error>, now: Instant) {
+        self.lock = lock;
         match result {
             Ok(()) => self
                 .schedule
                 .handle_extended(self.lock.deadline(), self.lock.extensions()),
             Err(error) => {
                 self.schedule.handle_shortened(self.lock.deadline());
-                self.schedule.handle_failed(error, Instant::now());
+                self.schedule.handle_failed(error, now);
             }
         }
         let mut state = self.shared.state();
@@ -575,7 +624,18 @@ impl Keeper {
     }
 }
 
-/// What the keeper does next.
+impl Shared {
+    /// Where the event loop keeps the lock.
+    pub(crate) fn slot(&self) -> Option<usize> {
+        self.state().slot
+    }
+
+    pub(crate) fn set_slot(&self, slot: Option<usize>) {
+        self.state().slot = slot;
+    }
+}
+
+/// What the schedule says to do next.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Next {
     /// Extend now.

@@ -400,3 +400,61 @@ fn a_burst_larger_than_the_in_flight_bound_waits_its_turn() {
         assert_eq!(wait_empty(server, Duration::from_secs(10)), Ok(()));
     }
 }
+
+/// Issue 11, item 3: many locks kept alive by the one event loop thread,
+/// no thread per lock: each outlives its TTL several times over, and all
+/// are released at the end.
+#[test]
+fn many_locks_are_kept_alive_from_the_one_event_loop() {
+    let masters = cluster(3);
+    let redlock = shared(&masters.urls());
+    let ttl = Duration::from_secs(1);
+    let kept: Vec<_> = (0..200)
+        .map(|i| {
+            let lock = redlock
+                .try_acquire(format!("kept:{i}"), ttl)
+                .unwrap_or_else(|e| panic!("{e}"));
+            redlock
+                .keep(lock, redlock_mio::KeepOptions::default())
+                .unwrap_or_else(|e| panic!("{e}"))
+        })
+        .collect();
+    // Three extensions each: the locks outlived their TTL at least twice.
+    assert!(
+        eventually(Duration::from_secs(30), || kept
+            .iter()
+            .all(|k| k.extensions() >= 3)),
+        "extensions: {:?}",
+        kept.iter().map(|k| k.extensions()).collect::<Vec<_>>()
+    );
+    for k in &kept {
+        assert!(k.is_held(), "{:?}", k.lost());
+    }
+    for k in kept {
+        k.release().unwrap_or_else(|e| panic!("{e}"));
+    }
+    for server in &masters {
+        assert_eq!(wait_empty(server, Duration::from_secs(10)), Ok(()));
+    }
+}
+
+/// The async form of the loss report: a future that completes when a
+/// majority of masters goes away and the kept lock is given up.
+#[test]
+fn a_lost_kept_lock_completes_its_future() {
+    let mut masters = cluster(3);
+    let redlock = shared(&masters.urls());
+    let lock = redlock
+        .try_acquire("kept:lost", Duration::from_secs(2))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let kept = redlock
+        .keep(lock, redlock_mio::KeepOptions::default())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let lost = kept.lost_async();
+    masters[0].kill().unwrap_or_else(|e| panic!("{e}"));
+    masters[1].kill().unwrap_or_else(|e| panic!("{e}"));
+    let report = block_on(lost);
+    assert!(report.deadline >= report.at, "{report}");
+    assert!(!kept.is_held());
+    drop(kept);
+}
