@@ -164,7 +164,7 @@ pub(crate) struct Tag {
 
 /// A step of the connection handshake.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Step {
+pub enum HandshakeStep {
     /// `AUTH`.
     Auth,
     /// `SELECT db`.
@@ -210,7 +210,7 @@ pub enum Cause {
     /// dropped and re-established, as for [`Cause::Stalled`].
     TooFarBehind,
     /// A handshake command got an error reply.
-    Handshake(Step, Bytes),
+    Handshake(HandshakeStep, Bytes),
     /// The command got an error reply (or a reply of an unexpected type,
     /// described in the message).
     Server(Bytes),
@@ -249,10 +249,10 @@ impl fmt::Display for Cause {
             }
             Cause::Handshake(step, msg) => {
                 let step = match step {
-                    Step::Auth => "AUTH",
-                    Step::Select => "SELECT",
-                    Step::ScriptLoad => "SCRIPT LOAD",
-                    Step::Info => "INFO server",
+                    HandshakeStep::Auth => "AUTH",
+                    HandshakeStep::Select => "SELECT",
+                    HandshakeStep::ScriptLoad => "SCRIPT LOAD",
+                    HandshakeStep::Info => "INFO server",
                 };
                 write!(f, "{step} failed: {}", String::from_utf8_lossy(msg))
             }
@@ -336,7 +336,7 @@ enum State {
 
 #[derive(Debug)]
 enum Expect {
-    Handshake(Step),
+    Handshake(HandshakeStep),
     Reply {
         tag: Tag,
         request: Request,
@@ -475,14 +475,16 @@ impl Conn {
                 ),
                 None => resp::encode_command(&mut self.out, &[Arg::Bytes(b"AUTH"), password]),
             }
-            self.in_flight.push_back(Expect::Handshake(Step::Auth));
+            self.in_flight
+                .push_back(Expect::Handshake(HandshakeStep::Auth));
         }
         if self.addr.db != 0 {
             resp::encode_command(
                 &mut self.out,
                 &[Arg::Bytes(b"SELECT"), Arg::Int(i64::from(self.addr.db))],
             );
-            self.in_flight.push_back(Expect::Handshake(Step::Select));
+            self.in_flight
+                .push_back(Expect::Handshake(HandshakeStep::Select));
         }
         for script in self.scripts.all() {
             resp::encode_command(
@@ -494,12 +496,13 @@ impl Conn {
                 ],
             );
             self.in_flight
-                .push_back(Expect::Handshake(Step::ScriptLoad));
+                .push_back(Expect::Handshake(HandshakeStep::ScriptLoad));
         }
         // Always: the run_id tells one server named twice (it must not vote
         // twice), and the uptime drives restart quarantine.
         resp::encode_command(&mut self.out, &[Arg::Bytes(b"INFO"), Arg::Bytes(b"server")]);
-        self.in_flight.push_back(Expect::Handshake(Step::Info));
+        self.in_flight
+            .push_back(Expect::Handshake(HandshakeStep::Info));
         self.handshake_left = self.in_flight.len();
     }
 
@@ -670,7 +673,7 @@ impl Conn {
         }
         let (Some(uptime), Some(run_id)) = (uptime, run_id) else {
             let msg = Bytes::from_static(b"no uptime_in_seconds or run_id in INFO server");
-            return Err(Cause::Handshake(Step::Info, msg));
+            return Err(Cause::Handshake(HandshakeStep::Info, msg));
         };
         if self.run_id.as_ref() != Some(&run_id) {
             self.new_run_id = true;
@@ -790,7 +793,9 @@ impl Conn {
                 Some(Expect::Handshake(step)) => {
                     match reply {
                         Reply::Error(msg) => return Err(Cause::Handshake(step, msg)),
-                        Reply::Bulk(info) if step == Step::Info => self.handle_info(&info, now)?,
+                        Reply::Bulk(info) if step == HandshakeStep::Info => {
+                            self.handle_info(&info, now)?
+                        }
                         _ => {}
                     }
                     self.handshake_left = self.handshake_left.saturating_sub(1);

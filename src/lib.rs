@@ -72,7 +72,7 @@ mod watchdog;
 
 pub use addr::{AddrError, Endpoint, Secret, ServerAddr};
 pub use config::{Config, ConfigError, MAX_TTL_MS, Retry};
-pub use conn::{Cause, Step};
+pub use conn::{Cause, HandshakeStep};
 pub use error::{Error, Failure, MasterVote};
 pub use lock::{Lock, LockGuard, Redlock};
 pub use quorum::Vote;
