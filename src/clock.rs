@@ -15,31 +15,33 @@ use std::time::{Duration, Instant};
 /// (`CLOCK_BOOTTIME` on Linux and Android). Elsewhere it follows `Instant`,
 /// and a suspend is not seen (see SAFETY.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct BootInstant(Duration);
+pub(crate) struct BootInstant(Duration);
 
 impl BootInstant {
     /// The boot clock now.
-    pub fn now() -> BootInstant {
+    pub(crate) fn now() -> BootInstant {
         BootInstant(boot_clock())
     }
 
     /// `self + d`, or `None` on overflow.
-    pub fn checked_add(self, d: Duration) -> Option<BootInstant> {
+    pub(crate) fn checked_add(self, d: Duration) -> Option<BootInstant> {
         self.0.checked_add(d).map(BootInstant)
     }
 
     /// `self - d`, or `None` before the clock's start.
-    pub fn checked_sub(self, d: Duration) -> Option<BootInstant> {
+    #[cfg(test)]
+    pub(crate) fn checked_sub(self, d: Duration) -> Option<BootInstant> {
         self.0.checked_sub(d).map(BootInstant)
     }
 
     /// How long after `earlier` this is; zero if it is not later.
-    pub fn saturating_duration_since(self, earlier: BootInstant) -> Duration {
+    pub(crate) fn saturating_duration_since(self, earlier: BootInstant) -> Duration {
         self.0.saturating_sub(earlier.0)
     }
 
     /// The reading as time since boot.
-    pub fn since_boot(self) -> Duration {
+    #[cfg(test)]
+    pub(crate) fn since_boot(self) -> Duration {
         self.0
     }
 }
@@ -77,18 +79,18 @@ fn monotonic_since_start() -> Duration {
 /// pause between the two reads can only make a suspend look shorter at a
 /// lock's start, never longer at a later check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Stamp {
+pub(crate) struct Stamp {
     /// The monotonic clock.
-    pub mono: Instant,
+    pub(crate) mono: Instant,
     /// The boot clock.
-    pub boot: BootInstant,
+    pub(crate) boot: BootInstant,
 }
 
 impl Stamp {
     /// Both clocks now, read within [`SUSPEND_NOISE`] / 10 of each other:
     /// a thread preempted between the reads reads again (a few times at
     /// most), so that a pause of the reader is not taken for a suspend.
-    pub fn now() -> Stamp {
+    pub(crate) fn now() -> Stamp {
         let mut stamp = Stamp::read();
         for _ in 0..4 {
             let after = BootInstant::now();
@@ -111,18 +113,18 @@ impl Stamp {
 
 /// A suspend shorter than this is not told apart from two clock reads
 /// taken a moment apart; the drift allowance (2 ms and more) covers it.
-pub const SUSPEND_NOISE: Duration = Duration::from_millis(1);
+pub(crate) const SUSPEND_NOISE: Duration = Duration::from_millis(1);
 
 /// When a lock's validity ends, on both clocks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Expiry {
+pub(crate) struct Expiry {
     mono: Instant,
     boot: BootInstant,
 }
 
 impl Expiry {
     /// `span` after `start` on both clocks; `None` on overflow.
-    pub fn after(start: Stamp, span: Duration) -> Option<Expiry> {
+    pub(crate) fn after(start: Stamp, span: Duration) -> Option<Expiry> {
         Some(Expiry {
             mono: start.mono.checked_add(span)?,
             boot: start.boot.checked_add(span)?,
@@ -130,7 +132,7 @@ impl Expiry {
     }
 
     /// Already over at `now`: a lock whose validity is unknown.
-    pub fn at(now: Stamp) -> Expiry {
+    pub(crate) fn at(now: Stamp) -> Expiry {
         Expiry {
             mono: now.mono,
             boot: now.boot,
@@ -139,7 +141,7 @@ impl Expiry {
 
     /// The earlier of the two ends, clock by clock.
     #[must_use]
-    pub fn min(self, other: Expiry) -> Expiry {
+    pub(crate) fn min(self, other: Expiry) -> Expiry {
         Expiry {
             mono: self.mono.min(other.mono),
             boot: self.boot.min(other.boot),
@@ -150,7 +152,7 @@ impl Expiry {
     /// when the lock was taken, unless the boot clock shows that the
     /// machine was suspended since, by more than [`SUSPEND_NOISE`]; then
     /// earlier by the suspended time.
-    pub fn deadline(&self, now: Stamp) -> Instant {
+    pub(crate) fn deadline(&self, now: Stamp) -> Instant {
         let mono_left = self.mono.saturating_duration_since(now.mono);
         let boot_left = self.boot.saturating_duration_since(now.boot);
         match mono_left.checked_sub(boot_left) {
@@ -160,7 +162,7 @@ impl Expiry {
     }
 
     /// Validity left at `now`; zero once over on either clock.
-    pub fn remaining(&self, now: Stamp) -> Duration {
+    pub(crate) fn remaining(&self, now: Stamp) -> Duration {
         self.deadline(now).saturating_duration_since(now.mono)
     }
 }

@@ -104,7 +104,7 @@ pub struct Config {
     /// for masters that persist every write (`appendfsync always`).
     /// Default: 60 s.
     ///
-    /// [`Cause::Quarantined`]: crate::conn::Cause::Quarantined
+    /// [`Cause::Quarantined`]: crate::Cause::Quarantined
     pub quarantine: Option<Duration>,
     /// Busy-wait for replies (poll with a zero timeout) instead of sleeping
     /// in the kernel: lower latency for a core's worth of CPU while a round
@@ -123,7 +123,7 @@ pub struct Config {
     /// large batches ([`Redlock::try_acquire_batch`](crate::Redlock::try_acquire_batch) puts one request per
     /// resource in flight). At least 32.
     ///
-    /// [`Cause::TooFarBehind`]: crate::conn::Cause::TooFarBehind
+    /// [`Cause::TooFarBehind`]: crate::Cause::TooFarBehind
     pub max_in_flight: usize,
     /// Looks host names up: on a thread of its own, never inside a round,
     /// allowed [`Config::connect_timeout`] before the master counts as

@@ -24,7 +24,7 @@ use crate::token::Token;
 
 /// What a request does on one master.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Op {
+pub(crate) enum Op {
     /// `SET resource token NX PX ttl`.
     Acquire,
     /// The compare-and-delete script.
@@ -59,14 +59,14 @@ impl Op {
 
     /// Whether the operation takes a lock (sets keys), as opposed to
     /// releasing, extending or fencing one.
-    pub fn sets_keys(self) -> bool {
+    pub(crate) fn sets_keys(self) -> bool {
         matches!(self, Op::Acquire | Op::AcquireFenced | Op::AcquireMany)
     }
 
     /// Whether the operation only removes keys: the one kind that is still
     /// worth sending after its round ended (the spec's cleanup after a lost
     /// reply), since it can only free a resource, never hold one.
-    pub fn releases(self) -> bool {
+    pub(crate) fn releases(self) -> bool {
         matches!(self, Op::Release | Op::ReleaseMany)
     }
 
@@ -79,7 +79,7 @@ impl Op {
 /// The keys a request names: one (the common case, which allocates
 /// nothing) or several, shared between the request's copies.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Keys {
+pub(crate) enum Keys {
     /// A single key.
     One(Bytes),
     /// Several keys: a multi-resource lock, or a lock key and its fence.
@@ -88,7 +88,7 @@ pub enum Keys {
 
 impl Keys {
     /// The keys, in order.
-    pub fn as_slice(&self) -> &[Bytes] {
+    pub(crate) fn as_slice(&self) -> &[Bytes] {
         match self {
             Keys::One(key) => std::slice::from_ref(key),
             Keys::Many(keys) => keys,
@@ -98,22 +98,22 @@ impl Keys {
 
 /// One lock operation, as sent to every master.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Request {
+pub(crate) struct Request {
     /// What to do.
-    pub op: Op,
+    pub(crate) op: Op,
     /// The keys: the lock key first.
-    pub keys: Keys,
+    pub(crate) keys: Keys,
     /// The lock value.
-    pub token: Token,
+    pub(crate) token: Token,
     /// The TTL in milliseconds (acquire and extend kinds), or the fence
     /// value ([`Op::Fence`]); unused by releases.
-    pub arg: i64,
+    pub(crate) arg: i64,
 }
 
 impl Request {
     /// Appends the request to `dst` as the command sent in the common case:
     /// `SET ... NX PX` or `EVALSHA`.
-    pub fn encode(&self, scripts: &Scripts, dst: &mut BytesMut) {
+    pub(crate) fn encode(&self, scripts: &Scripts, dst: &mut BytesMut) {
         self.encode_as(scripts, dst, false);
     }
 
@@ -155,16 +155,16 @@ impl Request {
 
 /// Names one request: the round it belongs to and its slot in the round.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Tag {
+pub(crate) struct Tag {
     /// The round's number; a reply whose round is over is dropped.
-    pub round: u64,
+    pub(crate) round: u64,
     /// The request's index within its round.
-    pub slot: u32,
+    pub(crate) slot: u32,
 }
 
 /// A step of the connection handshake.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Step {
+pub enum HandshakeStep {
     /// `AUTH`.
     Auth,
     /// `SELECT db`.
@@ -205,11 +205,12 @@ pub enum Cause {
     /// The oldest request in flight went unanswered past the stall limit.
     Stalled,
     /// The master is too far behind: as many requests as
-    /// [`Timing::max_in_flight`] await its replies. The connection is
+    /// [`Config::max_in_flight`](crate::Config::max_in_flight) await its
+    /// replies. The connection is
     /// dropped and re-established, as for [`Cause::Stalled`].
     TooFarBehind,
     /// A handshake command got an error reply.
-    Handshake(Step, Bytes),
+    Handshake(HandshakeStep, Bytes),
     /// The command got an error reply (or a reply of an unexpected type,
     /// described in the message).
     Server(Bytes),
@@ -248,10 +249,10 @@ impl fmt::Display for Cause {
             }
             Cause::Handshake(step, msg) => {
                 let step = match step {
-                    Step::Auth => "AUTH",
-                    Step::Select => "SELECT",
-                    Step::ScriptLoad => "SCRIPT LOAD",
-                    Step::Info => "INFO server",
+                    HandshakeStep::Auth => "AUTH",
+                    HandshakeStep::Select => "SELECT",
+                    HandshakeStep::ScriptLoad => "SCRIPT LOAD",
+                    HandshakeStep::Info => "INFO server",
                 };
                 write!(f, "{step} failed: {}", String::from_utf8_lossy(msg))
             }
@@ -278,28 +279,28 @@ impl fmt::Debug for Cause {
 
 /// Timing rules of a connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Timing {
+pub(crate) struct Timing {
     /// How long a connect (TCP or Unix) may take.
-    pub connect: Duration,
+    pub(crate) connect: Duration,
     /// How long the oldest request in flight may go unanswered before the
     /// connection is dropped and re-established.
-    pub stall: Duration,
+    pub(crate) stall: Duration,
     /// First wait before reconnecting after a failed connect; it doubles on
     /// each further failure.
-    pub backoff_min: Duration,
+    pub(crate) backoff_min: Duration,
     /// Cap on that wait.
-    pub backoff_max: Duration,
+    pub(crate) backoff_max: Duration,
     /// Restart quarantine: the largest TTL in use. When set, each
     /// (re)connect reads `INFO server`, and a master restarted less than
     /// this long ago (or whose `run_id` changed while it held this client's
     /// locks) does not count toward the quorum until this long after its
     /// restart. `None` turns it off.
-    pub quarantine: Option<Duration>,
+    pub(crate) quarantine: Option<Duration>,
     /// The most requests (handshake included) one connection keeps in
     /// flight; a master that lags further is [`Cause::TooFarBehind`]. The
     /// queue's storage is allocated once, when the connection is made, so
     /// that a lagging master never costs an allocation.
-    pub max_in_flight: usize,
+    pub(crate) max_in_flight: usize,
 }
 
 /// Capacity of a connection's write buffer, allocated on connect. It holds
@@ -312,16 +313,16 @@ pub struct Timing {
 /// nothing is dropped as too far behind long before its socket buffers
 /// (hundreds of KiB on loopback) fill, so a lagging master does not grow
 /// it.
-pub const OUT_CAPACITY: usize = 16 * 1024;
+pub(crate) const OUT_CAPACITY: usize = 16 * 1024;
 
 /// Capacity of a connection's read buffer, allocated once: room for one
 /// read of [`READ_CHUNK`] bytes beside the partial reply left from the last
 /// one. Only a reply larger than [`READ_CHUNK`] grows it, up to the
 /// parser's [`Limits::max_reply_len`].
-pub const IN_CAPACITY: usize = 2 * READ_CHUNK;
+pub(crate) const IN_CAPACITY: usize = 2 * READ_CHUNK;
 
 /// The most bytes the driver reads from a socket at once.
-pub const READ_CHUNK: usize = 16 * 1024;
+pub(crate) const READ_CHUNK: usize = 16 * 1024;
 
 #[derive(Debug)]
 enum State {
@@ -335,7 +336,7 @@ enum State {
 
 #[derive(Debug)]
 enum Expect {
-    Handshake(Step),
+    Handshake(HandshakeStep),
     Reply {
         tag: Tag,
         request: Request,
@@ -348,7 +349,7 @@ enum Expect {
 
 /// One master's connection state (sans-IO).
 #[derive(Debug)]
-pub struct Conn {
+pub(crate) struct Conn {
     addr: ServerAddr,
     limits: Limits,
     scripts: Scripts,
@@ -378,7 +379,7 @@ pub struct Conn {
 
 impl Conn {
     /// A connection, not yet connected, that may connect at once.
-    pub fn new(
+    pub(crate) fn new(
         addr: ServerAddr,
         scripts: Scripts,
         limits: Limits,
@@ -409,23 +410,23 @@ impl Conn {
     }
 
     /// The master's address.
-    pub fn addr(&self) -> &ServerAddr {
+    pub(crate) fn addr(&self) -> &ServerAddr {
         &self.addr
     }
 
     /// True when the driver should open a socket now.
     #[must_use]
-    pub fn poll_connect(&self, now: Instant) -> bool {
+    pub(crate) fn poll_connect(&self, now: Instant) -> bool {
         matches!(self.state, State::Down { retry_at, .. } if now >= retry_at)
     }
 
     /// True while there is no socket.
-    pub fn is_down(&self) -> bool {
+    pub(crate) fn is_down(&self) -> bool {
         matches!(self.state, State::Down { .. })
     }
 
     /// True while the connection waits for its host name's lookup.
-    pub fn is_resolving(&self) -> bool {
+    pub(crate) fn is_resolving(&self) -> bool {
         matches!(
             self.state,
             State::Down {
@@ -436,7 +437,7 @@ impl Conn {
     }
 
     /// True while a connect is in progress.
-    pub fn is_connecting(&self) -> bool {
+    pub(crate) fn is_connecting(&self) -> bool {
         matches!(self.state, State::Connecting { .. })
     }
 
@@ -445,20 +446,20 @@ impl Conn {
     /// replies are parsed as they arrive and a partial one cannot exceed the
     /// parser's limits, and the queue, and with it what the write buffer
     /// can hold, by [`Timing::max_in_flight`] (see [`OUT_CAPACITY`]).
-    pub fn buffer_capacity(&self) -> usize {
+    pub(crate) fn buffer_capacity(&self) -> usize {
         self.inbuf.capacity()
             + self.out.capacity()
             + self.in_flight.capacity() * std::mem::size_of::<Expect>()
     }
 
     /// How many requests (handshake included) await a reply.
-    pub fn in_flight(&self) -> usize {
+    pub(crate) fn in_flight(&self) -> usize {
         self.in_flight.len()
     }
 
     /// The driver opened a socket: queue the handshake so it leaves in the
     /// first write, together with whatever requests follow.
-    pub fn handle_connect_started(&mut self, now: Instant) {
+    pub(crate) fn handle_connect_started(&mut self, now: Instant) {
         self.clear_out();
         self.inbuf.clear();
         self.scan.reset();
@@ -474,14 +475,16 @@ impl Conn {
                 ),
                 None => resp::encode_command(&mut self.out, &[Arg::Bytes(b"AUTH"), password]),
             }
-            self.in_flight.push_back(Expect::Handshake(Step::Auth));
+            self.in_flight
+                .push_back(Expect::Handshake(HandshakeStep::Auth));
         }
         if self.addr.db != 0 {
             resp::encode_command(
                 &mut self.out,
                 &[Arg::Bytes(b"SELECT"), Arg::Int(i64::from(self.addr.db))],
             );
-            self.in_flight.push_back(Expect::Handshake(Step::Select));
+            self.in_flight
+                .push_back(Expect::Handshake(HandshakeStep::Select));
         }
         for script in self.scripts.all() {
             resp::encode_command(
@@ -493,17 +496,18 @@ impl Conn {
                 ],
             );
             self.in_flight
-                .push_back(Expect::Handshake(Step::ScriptLoad));
+                .push_back(Expect::Handshake(HandshakeStep::ScriptLoad));
         }
         // Always: the run_id tells one server named twice (it must not vote
         // twice), and the uptime drives restart quarantine.
         resp::encode_command(&mut self.out, &[Arg::Bytes(b"INFO"), Arg::Bytes(b"server")]);
-        self.in_flight.push_back(Expect::Handshake(Step::Info));
+        self.in_flight
+            .push_back(Expect::Handshake(HandshakeStep::Info));
         self.handshake_left = self.in_flight.len();
     }
 
     /// The connect finished: queued bytes may be written.
-    pub fn handle_connected(&mut self) {
+    pub(crate) fn handle_connected(&mut self) {
         if self.is_connecting() {
             self.state = State::Ready;
         }
@@ -513,7 +517,7 @@ impl Conn {
     /// reconnect. A connection that had completed its handshake may
     /// reconnect on next use; one that never did waits out a doubling
     /// backoff, so that a dead master costs no system call per operation.
-    pub fn handle_failure(&mut self, now: Instant, cause: Cause) {
+    pub(crate) fn handle_failure(&mut self, now: Instant, cause: Cause) {
         let healthy = matches!(self.state, State::Ready) && self.handshake_left == 0;
         let retry_at = if healthy {
             self.backoff = self.timing.backoff_min;
@@ -532,7 +536,7 @@ impl Conn {
     }
 
     /// The next instant at which [`Conn::handle_timeout`] has work to do.
-    pub fn poll_timeout(&self) -> Option<Instant> {
+    pub(crate) fn poll_timeout(&self) -> Option<Instant> {
         match self.state {
             State::Down { .. } => None,
             State::Connecting { deadline } => Some(deadline),
@@ -544,7 +548,7 @@ impl Conn {
 
     /// Fails the connection when its connect or its oldest request has taken
     /// too long. Returns the cause when it did.
-    pub fn handle_timeout(&mut self, now: Instant) -> Option<Cause> {
+    pub(crate) fn handle_timeout(&mut self, now: Instant) -> Option<Cause> {
         let cause = match self.state {
             State::Connecting { deadline } if now >= deadline => Cause::ConnectTimeout,
             State::Ready if self.poll_timeout().is_some_and(|t| now >= t) => Cause::Stalled,
@@ -568,7 +572,7 @@ impl Conn {
     /// # Errors
     /// The cause of the last failure when the connection is down, or
     /// [`Cause::Stalled`] when too many requests are unanswered.
-    pub fn send(
+    pub(crate) fn send(
         &mut self,
         tag: Tag,
         request: &Request,
@@ -608,7 +612,7 @@ impl Conn {
     /// Nothing is written while connecting, so the bytes queued are the
     /// handshake's followed by each request's, in queue order; other
     /// rounds' requests may sit before and after this round's.
-    pub fn handle_round_end(&mut self, round: u64) {
+    pub(crate) fn handle_round_end(&mut self, round: u64) {
         if !self.is_connecting() {
             return;
         }
@@ -669,7 +673,7 @@ impl Conn {
         }
         let (Some(uptime), Some(run_id)) = (uptime, run_id) else {
             let msg = Bytes::from_static(b"no uptime_in_seconds or run_id in INFO server");
-            return Err(Cause::Handshake(Step::Info, msg));
+            return Err(Cause::Handshake(HandshakeStep::Info, msg));
         };
         if self.run_id.as_ref() != Some(&run_id) {
             self.new_run_id = true;
@@ -700,30 +704,30 @@ impl Conn {
 
     /// The server's `run_id`, as last read in a handshake: the same for
     /// every connection to one server process.
-    pub fn run_id(&self) -> Option<&Bytes> {
+    pub(crate) fn run_id(&self) -> Option<&Bytes> {
         self.run_id.as_ref()
     }
 
     /// Whether a new `run_id` was read since the last call.
     #[must_use]
-    pub fn take_new_run_id(&mut self) -> bool {
+    pub(crate) fn take_new_run_id(&mut self) -> bool {
         std::mem::take(&mut self.new_run_id)
     }
 
     /// How much longer the master stays out of the quorum, if at all.
-    pub fn quarantine_left(&self, now: Instant) -> Option<Duration> {
+    pub(crate) fn quarantine_left(&self, now: Instant) -> Option<Duration> {
         self.quarantined_until
             .and_then(|until| until.checked_duration_since(now))
             .filter(|left| !left.is_zero())
     }
 
     /// The master granted a lock: a restart from now on may lose it.
-    pub fn handle_grant(&mut self, now: Instant) {
+    pub(crate) fn handle_grant(&mut self, now: Instant) {
         self.last_grant = Some(now);
     }
 
     /// Bytes waiting to be written; empty while connecting.
-    pub fn poll_transmit(&self) -> &[u8] {
+    pub(crate) fn poll_transmit(&self) -> &[u8] {
         match self.state {
             State::Ready => self.out.get(self.written..).unwrap_or_default(),
             _ => &[],
@@ -731,7 +735,7 @@ impl Conn {
     }
 
     /// The driver wrote the first `n` bytes of [`Conn::poll_transmit`].
-    pub fn handle_written(&mut self, n: usize) {
+    pub(crate) fn handle_written(&mut self, n: usize) {
         self.written = self.written.saturating_add(n).min(self.out.len());
         if self.written == self.out.len() {
             self.clear_out();
@@ -755,7 +759,7 @@ impl Conn {
     }
 
     /// The driver read `bytes` from the socket.
-    pub fn handle_input(&mut self, bytes: &[u8]) {
+    pub(crate) fn handle_input(&mut self, bytes: &[u8]) {
         self.inbuf.extend_from_slice(bytes);
     }
 
@@ -773,7 +777,7 @@ impl Conn {
     /// A [`Cause`] when the connection must be dropped: malformed bytes, a
     /// reply with nothing in flight, or a failed handshake step. The caller
     /// then calls [`Conn::handle_failure`].
-    pub fn poll_reply(
+    pub(crate) fn poll_reply(
         &mut self,
         now: Instant,
         resend: impl Fn(Tag, Op) -> bool,
@@ -789,7 +793,9 @@ impl Conn {
                 Some(Expect::Handshake(step)) => {
                     match reply {
                         Reply::Error(msg) => return Err(Cause::Handshake(step, msg)),
-                        Reply::Bulk(info) if step == Step::Info => self.handle_info(&info, now)?,
+                        Reply::Bulk(info) if step == HandshakeStep::Info => {
+                            self.handle_info(&info, now)?
+                        }
                         _ => {}
                     }
                     self.handshake_left = self.handshake_left.saturating_sub(1);

@@ -79,7 +79,7 @@ impl Stream {
 
 /// Drives N connections over one `mio::Poll`.
 #[derive(Debug)]
-pub struct Driver {
+pub(crate) struct Driver {
     poll: Poll,
     events: Events,
     sockets: Vec<Option<Stream>>,
@@ -101,7 +101,7 @@ impl Driver {
     ///
     /// # Errors
     /// When the OS refuses a new poll instance.
-    pub fn new(
+    pub(crate) fn new(
         servers: &[ServerAddr],
         resolver: Resolver,
         lookup_limit: Duration,
@@ -130,7 +130,7 @@ impl Driver {
     /// Connect and stall limits are applied after a poll, so that replies
     /// already waiting in a socket are read before a connection is judged
     /// stalled.
-    pub fn prepare(&mut self, engine: &mut Engine, now: Instant) {
+    pub(crate) fn prepare(&mut self, engine: &mut Engine, now: Instant) {
         for i in 0..engine.masters() {
             if engine.conn(i).is_some_and(Conn::is_down) {
                 self.close(i);
@@ -145,14 +145,14 @@ impl Driver {
     /// instant it ended. With `spin`, polls with a zero timeout (a busy wait
     /// on one core) instead of sleeping in the kernel until a reply
     /// arrives: lower latency, a core's worth of CPU.
-    pub fn run(&mut self, engine: &mut Engine, id: RoundId, spin: bool) -> Instant {
+    pub(crate) fn run(&mut self, engine: &mut Engine, id: RoundId, spin: bool) -> Instant {
         self.drive(engine, spin, None, |engine| engine.is_complete(id))
     }
 
     /// Reads until no connection has a request in flight (every late reply
     /// read, every `-NOSCRIPT` fallback sent and answered) or `deadline`
     /// passes. Returns how many requests were still unanswered.
-    pub fn settle(&mut self, engine: &mut Engine, deadline: Instant) -> usize {
+    pub(crate) fn settle(&mut self, engine: &mut Engine, deadline: Instant) -> usize {
         self.drive(engine, false, Some(deadline), |engine| {
             engine.in_flight() == 0
         });
@@ -161,7 +161,7 @@ impl Driver {
 
     /// Writes whatever the connections have queued without waiting for any
     /// reply: used to send a release nobody waits for.
-    pub fn send(&mut self, engine: &mut Engine) {
+    pub(crate) fn send(&mut self, engine: &mut Engine) {
         self.flush(engine, Instant::now());
     }
 
@@ -215,7 +215,7 @@ impl Driver {
     ///
     /// # Errors
     /// The cause to fail every master with when the poll instance broke.
-    pub fn turn(
+    pub(crate) fn turn(
         &mut self,
         engine: &mut Engine,
         timeout: Option<Duration>,
@@ -236,7 +236,7 @@ impl Driver {
     ///
     /// # Errors
     /// When the OS refuses it.
-    pub fn waker(&self) -> io::Result<mio::Waker> {
+    pub(crate) fn waker(&self) -> io::Result<mio::Waker> {
         mio::Waker::new(self.poll.registry(), WAKE)
     }
 

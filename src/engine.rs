@@ -26,7 +26,7 @@ use crate::script::Scripts;
 /// slot's generation, so that a reply to a round that is over never lands
 /// in a later round that reuses the slot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct RoundId(u64);
+pub(crate) struct RoundId(u64);
 
 impl RoundId {
     fn new(index: usize, generation: u32) -> RoundId {
@@ -47,7 +47,7 @@ impl RoundId {
 
 /// When a round counts as complete, for [`Engine::poll_completed`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Wait {
+pub(crate) enum Wait {
     /// Once every slot is decided.
     Decision,
     /// Phase one of a fenced acquire (one slot): once decided, and either
@@ -72,7 +72,7 @@ struct Entry {
 
 /// N connections and the rounds in flight over them.
 #[derive(Debug)]
-pub struct Engine {
+pub(crate) struct Engine {
     conns: Vec<Conn>,
     entries: Vec<Entry>,
     /// Indices of `entries` that are not live.
@@ -87,7 +87,7 @@ pub struct Engine {
 
 impl Engine {
     /// An engine for `servers`, nothing connected yet.
-    pub fn new(
+    pub(crate) fn new(
         servers: &[ServerAddr],
         scripts: Scripts,
         limits: Limits,
@@ -109,17 +109,17 @@ impl Engine {
     }
 
     /// How many masters.
-    pub fn masters(&self) -> usize {
+    pub(crate) fn masters(&self) -> usize {
         self.n
     }
 
     /// The connection to master `i`.
-    pub fn conn(&self, i: usize) -> Option<&Conn> {
+    pub(crate) fn conn(&self, i: usize) -> Option<&Conn> {
         self.conns.get(i)
     }
 
     /// Every connection, in master order.
-    pub fn conns(&self) -> &[Conn] {
+    pub(crate) fn conns(&self) -> &[Conn] {
         &self.conns
     }
 
@@ -127,7 +127,7 @@ impl Engine {
     /// so that each master gets them in one write (with whatever other
     /// rounds queued since the last write). A master that is down gets its
     /// failed votes at once. Replies are awaited until `now + timeout`.
-    pub fn start(
+    pub(crate) fn start(
         &mut self,
         requests: &[Request],
         now: Instant,
@@ -172,17 +172,17 @@ impl Engine {
     }
 
     /// The round `id`, while it is live.
-    pub fn round(&self, id: RoundId) -> Option<&Round> {
+    pub(crate) fn round(&self, id: RoundId) -> Option<&Round> {
         self.entry(id).map(|e| &e.round)
     }
 
     /// Whether round `id` is complete as its [`Wait`] says (or unknown).
-    pub fn is_complete(&self, id: RoundId) -> bool {
+    pub(crate) fn is_complete(&self, id: RoundId) -> bool {
         self.entry(id).is_none_or(Entry::is_complete)
     }
 
     /// The next round that completed since the last call.
-    pub fn poll_completed(&mut self) -> Option<RoundId> {
+    pub(crate) fn poll_completed(&mut self) -> Option<RoundId> {
         self.completed.pop_front()
     }
 
@@ -190,7 +190,7 @@ impl Engine {
     /// have not finished connecting are dropped unsent (releases excepted).
     /// Its votes stay readable, and late replies are still counted, until
     /// [`Engine::free`].
-    pub fn end(&mut self, id: RoundId) {
+    pub(crate) fn end(&mut self, id: RoundId) {
         if self.entry(id).is_some() {
             for conn in &mut self.conns {
                 conn.handle_round_end(id.0);
@@ -199,7 +199,7 @@ impl Engine {
     }
 
     /// Forgets round `id`: late replies to it are read and dropped.
-    pub fn free(&mut self, id: RoundId) {
+    pub(crate) fn free(&mut self, id: RoundId) {
         let index = id.index();
         if let Some(entry) = self.entries.get_mut(index)
             && entry.live
@@ -211,13 +211,14 @@ impl Engine {
     }
 
     /// [`Engine::end`] then [`Engine::free`].
-    pub fn finish(&mut self, id: RoundId) {
+    pub(crate) fn finish(&mut self, id: RoundId) {
         self.end(id);
         self.free(id);
     }
 
     /// How many rounds are live.
-    pub fn live_rounds(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn live_rounds(&self) -> usize {
         self.entries.len() - self.free.len()
     }
 
@@ -225,31 +226,31 @@ impl Engine {
 
     /// Whether the driver should open a socket to master `i` now.
     #[must_use]
-    pub fn poll_connect(&self, i: usize, now: Instant) -> bool {
+    pub(crate) fn poll_connect(&self, i: usize, now: Instant) -> bool {
         self.conns.get(i).is_some_and(|c| c.poll_connect(now))
     }
 
     /// The driver opened a socket to master `i`.
-    pub fn handle_connect_started(&mut self, i: usize, now: Instant) {
+    pub(crate) fn handle_connect_started(&mut self, i: usize, now: Instant) {
         if let Some(conn) = self.conns.get_mut(i) {
             conn.handle_connect_started(now);
         }
     }
 
     /// Master `i`'s connect finished.
-    pub fn handle_connected(&mut self, i: usize) {
+    pub(crate) fn handle_connected(&mut self, i: usize) {
         if let Some(conn) = self.conns.get_mut(i) {
             conn.handle_connected();
         }
     }
 
     /// Bytes waiting to be written to master `i`.
-    pub fn poll_transmit(&self, i: usize) -> &[u8] {
+    pub(crate) fn poll_transmit(&self, i: usize) -> &[u8] {
         self.conns.get(i).map_or(&[], Conn::poll_transmit)
     }
 
     /// The first `n` bytes of [`Engine::poll_transmit`] were written.
-    pub fn handle_written(&mut self, i: usize, n: usize) {
+    pub(crate) fn handle_written(&mut self, i: usize, n: usize) {
         if let Some(conn) = self.conns.get_mut(i) {
             conn.handle_written(n);
         }
@@ -257,7 +258,7 @@ impl Engine {
 
     /// Bytes read from master `i`: every complete reply is routed to its
     /// round. A malformed stream fails the connection.
-    pub fn handle_input(&mut self, i: usize, bytes: &[u8], now: Instant) {
+    pub(crate) fn handle_input(&mut self, i: usize, bytes: &[u8], now: Instant) {
         let Some(conn) = self.conns.get_mut(i) else {
             return;
         };
@@ -291,7 +292,7 @@ impl Engine {
 
     /// Master `i` failed: its connection is dropped (to be reconnected)
     /// and its pending votes in every round fail with `cause`.
-    pub fn handle_failure(&mut self, i: usize, now: Instant, cause: Cause) {
+    pub(crate) fn handle_failure(&mut self, i: usize, now: Instant, cause: Cause) {
         if let Some(conn) = self.conns.get_mut(i) {
             conn.handle_failure(now, cause.clone());
         }
@@ -300,7 +301,7 @@ impl Engine {
 
     /// Applies the connections' connect and stall limits and the rounds'
     /// deadlines.
-    pub fn handle_timeout(&mut self, now: Instant) {
+    pub(crate) fn handle_timeout(&mut self, now: Instant) {
         for i in 0..self.n {
             if let Some(cause) = self.conns[i].handle_timeout(now) {
                 self.fail_pending(i, &cause, now);
@@ -317,7 +318,7 @@ impl Engine {
 
     /// The next instant at which [`Engine::handle_timeout`] has work: a
     /// live round's deadline or a connection's connect or stall limit.
-    pub fn poll_timeout(&self) -> Option<Instant> {
+    pub(crate) fn poll_timeout(&self) -> Option<Instant> {
         let rounds = self
             .entries
             .iter()
@@ -331,7 +332,7 @@ impl Engine {
     }
 
     /// Requests still awaiting a reply on connections that are up.
-    pub fn in_flight(&self) -> usize {
+    pub(crate) fn in_flight(&self) -> usize {
         self.conns
             .iter()
             .filter(|c| !c.is_down())
@@ -344,7 +345,7 @@ impl Engine {
     /// shared client's admission rule, so that a burst all masters share
     /// waits its turn instead of dropping them as too far behind, while a
     /// single master that lags alone still is.
-    pub fn has_room(&self, k: usize, limit: usize) -> bool {
+    pub(crate) fn has_room(&self, k: usize, limit: usize) -> bool {
         let fits = self
             .conns
             .iter()
@@ -355,7 +356,7 @@ impl Engine {
 
     /// Looks for two masters that are one server, once a connection read a
     /// new `run_id`: the first such pair, in master order.
-    pub fn poll_same_server(&mut self) -> Option<(usize, usize)> {
+    pub(crate) fn poll_same_server(&mut self) -> Option<(usize, usize)> {
         let mut learned = false;
         for conn in &mut self.conns {
             learned |= conn.take_new_run_id();

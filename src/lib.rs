@@ -1,14 +1,22 @@
 //! redlock-mio: the Redlock distributed lock over N independent Redis
 //! masters, with a hand-written RESP2 codec and one mio event loop.
 //!
-//! Start with [`Redlock`] ([`lock`]): `Redlock::connect(urls)`, then
-//! `try_acquire` / `acquire`, `extend`, `release`; [`watchdog`] keeps a lock
+//! Start with [`Redlock`]: `Redlock::connect(urls)`, then
+//! `try_acquire` / `acquire`, `extend`, `release`; [`SharedRedlock`] is the
+//! same client for many threads or tasks, and a [`Watchdog`] keeps a lock
 //! alive on its own thread. The semantics are the spec's
 //! (`shared/spec/redlock.md`); `SAFETY.md` says what they guarantee.
 //!
+//! Every type a caller names is re-exported here, at the root: settings
+//! ([`Config`], [`Retry`]), results ([`Lock`], [`Error`] with its
+//! [`Failure`], one [`Vote`] and [`Cause`] per master) and addresses
+//! ([`ServerAddr`], [`Resolver`]). Two modules are public besides: [`resp`],
+//! the RESP2 codec the client speaks, and [`script`], the Lua it runs on
+//! each master.
+//!
 //! The modules are listed in data-flow order: one acquire goes from the
-//! bytes on the wire ([`resp`]) up to the API ([`lock`]). Everything below
-//! [`driver`] is sans-IO: plain data in, plain data out, `now` passed in.
+//! bytes on the wire (`resp`) up to the API (`lock`). Everything below the
+//! driver is sans-IO: plain data in, plain data out, `now` passed in.
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -23,46 +31,52 @@
 //! ```
 
 #![warn(missing_docs)]
+#![warn(unreachable_pub)]
 
 // Blank lines keep rustfmt from sorting these: the order is the data flow.
+// Only the codec and the scripts are public modules: the codec is a
+// documented RESP2 parser and encoder (fuzzed, benchmarked and used by the
+// tools beside the crate), and the scripts are the Lua each master runs.
+// Everything else is reached through the re-exports below.
 pub mod resp;
 
 pub mod script;
 
-pub mod token;
+mod token;
 
-pub mod clock;
+mod clock;
 
-pub mod addr;
+mod addr;
 
-pub mod conn;
+mod conn;
 
-pub mod quorum;
+mod quorum;
 
-pub mod engine;
+mod engine;
 
-pub mod resolve;
+mod resolve;
 
-pub mod driver;
+mod driver;
 
-pub mod config;
+mod config;
 
-pub mod error;
+mod error;
 
 mod job;
 
-pub mod lock;
+mod lock;
 
-pub mod shared;
+mod shared;
 
-pub mod watchdog;
+mod watchdog;
 
-pub use addr::ServerAddr;
+pub use addr::{AddrError, Endpoint, Secret, ServerAddr};
 pub use config::{Config, ConfigError, MAX_TTL_MS, Retry};
+pub use conn::{Cause, HandshakeStep};
 pub use error::{Error, Failure, MasterVote};
 pub use lock::{Lock, LockGuard, Redlock};
 pub use quorum::Vote;
 pub use resolve::Resolver;
 pub use shared::{Pending, SharedRedlock};
-pub use token::Token;
+pub use token::{TOKEN_MAX_LEN, Token, TokenError};
 pub use watchdog::{KeepOptions, Lost, LostReason, Watchdog};

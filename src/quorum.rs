@@ -18,7 +18,7 @@ use crate::conn::{Cause, Conn, Op, Request};
 use crate::resp::Reply;
 
 /// The quorum for `n` masters: `n / 2 + 1`.
-pub fn quorum(n: usize) -> usize {
+pub(crate) fn quorum(n: usize) -> usize {
     n / 2 + 1
 }
 
@@ -40,7 +40,7 @@ pub enum Vote {
 /// The outcome of a round, decided as soon as it is known.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[must_use]
-pub enum Decision {
+pub(crate) enum Decision {
     /// At least `Q` masters granted.
     Won,
     /// Fewer than `Q` masters can grant.
@@ -49,7 +49,7 @@ pub enum Decision {
 
 /// Why a lost round was lost.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Loss {
+pub(crate) enum Loss {
     /// Enough masters answered, but too many refused: the key holds
     /// another token there.
     Refused,
@@ -61,18 +61,18 @@ pub enum Loss {
 
 /// The lock validity left after a successful round.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Validity {
+pub(crate) struct Validity {
     /// `ttl - elapsed - drift`.
-    pub remaining: Duration,
+    pub(crate) remaining: Duration,
     /// `now + remaining`: the instant mutual exclusion ends.
-    pub deadline: Instant,
+    pub(crate) deadline: Instant,
 }
 
 impl Validity {
     /// `ttl - drift`: how long after a round's start keys it set or
     /// extended with `ttl` surely still stand, whatever the round's outcome.
     /// `None` when the drift allowance takes it all.
-    pub fn span(ttl: Duration, drift_factor: f64) -> Option<Duration> {
+    pub(crate) fn span(ttl: Duration, drift_factor: f64) -> Option<Duration> {
         let factor = if (0.0..1.0).contains(&drift_factor) {
             drift_factor
         } else {
@@ -86,7 +86,8 @@ impl Validity {
     /// The spec's rule: `drift = ttl * drift_factor + 2 ms`, and the lock is
     /// valid for `ttl - (now - started) - drift` from `now`. `None` when
     /// nothing is left. `drift_factor` outside `[0, 1)` counts as 1.
-    pub fn compute(
+    #[cfg(test)]
+    pub(crate) fn compute(
         ttl: Duration,
         started: Instant,
         now: Instant,
@@ -128,7 +129,7 @@ const EMPTY: Tally = Tally {
 /// routes each reply to its round; a round is reused from operation to
 /// operation, so that a steady-state round allocates nothing.
 #[derive(Debug)]
-pub struct Round {
+pub(crate) struct Round {
     /// Each slot's operation.
     ops: Vec<Op>,
     n: usize,
@@ -149,7 +150,7 @@ pub struct Round {
 
 impl Round {
     /// A round for `n` masters, idle until [`Round::reset`].
-    pub fn new(n: usize, now: Instant) -> Round {
+    pub(crate) fn new(n: usize, now: Instant) -> Round {
         Round {
             ops: Vec::new(),
             n,
@@ -166,7 +167,7 @@ impl Round {
 
     /// Readies the round for `requests`, every vote pending, replies
     /// awaited until `now + timeout`.
-    pub fn reset(&mut self, requests: &[Request], now: Instant, timeout: Duration) {
+    pub(crate) fn reset(&mut self, requests: &[Request], now: Instant, timeout: Duration) {
         self.ops.clear();
         self.ops.extend(requests.iter().map(|r| r.op));
         self.started = now;
@@ -183,56 +184,53 @@ impl Round {
         self.undecided = k;
     }
 
-    /// When the round started.
-    pub fn started(&self) -> Instant {
-        self.started
-    }
-
     /// When pending votes fail with [`Cause::Timeout`].
-    pub fn deadline(&self) -> Instant {
+    pub(crate) fn deadline(&self) -> Instant {
         self.deadline
     }
 
     /// The quorum `Q`.
-    pub fn quorum(&self) -> usize {
+    pub(crate) fn quorum(&self) -> usize {
         self.quorum
     }
 
     /// How many slots (requests) the round carries.
-    pub fn slots(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn slots(&self) -> usize {
         self.tallies.len()
     }
 
     /// True once every slot is decided.
-    pub fn is_decided(&self) -> bool {
+    pub(crate) fn is_decided(&self) -> bool {
         self.undecided == 0
     }
 
     /// Each master's vote on `slot`, in master order.
-    pub fn votes(&self, slot: usize) -> &[Vote] {
+    pub(crate) fn votes(&self, slot: usize) -> &[Vote] {
         self.votes
             .get(slot * self.n..(slot + 1) * self.n)
             .unwrap_or_default()
     }
 
     /// How many masters granted `slot`.
-    pub fn granted(&self, slot: usize) -> usize {
+    pub(crate) fn granted(&self, slot: usize) -> usize {
         self.tally(slot).granted
     }
 
     /// How many masters refused `slot` (the key holds another token).
-    pub fn refused(&self, slot: usize) -> usize {
+    pub(crate) fn refused(&self, slot: usize) -> usize {
         self.tally(slot).refused
     }
 
     /// How many masters failed to answer `slot` usably.
-    pub fn failed(&self, slot: usize) -> usize {
+    pub(crate) fn failed(&self, slot: usize) -> usize {
         self.tally(slot).failed
     }
 
     /// The largest integer replied to `slot` by a master that granted it.
     /// A fenced acquire's reports are richer: see [`Round::fence_reads`].
-    pub fn max_granted_value(&self, slot: usize) -> Option<i64> {
+    #[cfg(test)]
+    pub(crate) fn max_granted_value(&self, slot: usize) -> Option<i64> {
         let values = self
             .values
             .get(slot * self.n..(slot + 1) * self.n)
@@ -248,19 +246,20 @@ impl Round {
     /// What each master reported in phase one of a fenced acquire on
     /// `slot`, in master order: `None` where it sent no such report (it
     /// refused, failed, has not answered, or ran another script).
-    pub fn fence_reads(&self, slot: usize) -> &[Option<FenceRead>] {
+    pub(crate) fn fence_reads(&self, slot: usize) -> &[Option<FenceRead>] {
         self.reads
             .get(slot * self.n..(slot + 1) * self.n)
             .unwrap_or_default()
     }
 
     /// Whether some master has not answered `slot` yet.
-    pub fn is_waiting(&self, slot: usize) -> bool {
+    pub(crate) fn is_waiting(&self, slot: usize) -> bool {
         self.votes(slot).contains(&Vote::Pending)
     }
 
     /// When `slot` was decided: the instant its validity is measured to.
-    pub fn decided_at(&self, slot: usize) -> Option<Instant> {
+    #[cfg(test)]
+    pub(crate) fn decided_at(&self, slot: usize) -> Option<Instant> {
         self.tally(slot).decided_at
     }
 
@@ -269,7 +268,7 @@ impl Round {
     }
 
     /// The outcome of `slot`, once known.
-    pub fn decision(&self, slot: usize) -> Option<Decision> {
+    pub(crate) fn decision(&self, slot: usize) -> Option<Decision> {
         let t = self.tally(slot);
         if t.granted >= self.quorum {
             Some(Decision::Won)
@@ -283,7 +282,7 @@ impl Round {
     /// Why `slot` was lost: failures alone explain the loss when more than
     /// `N - Q` masters failed; otherwise refusals do. Meaningful once
     /// [`Round::decision`] is [`Decision::Lost`].
-    pub fn loss(&self, slot: usize) -> Loss {
+    pub(crate) fn loss(&self, slot: usize) -> Loss {
         if self.failed(slot) <= self.n - self.quorum {
             Loss::Refused
         } else if self
@@ -298,19 +297,19 @@ impl Round {
     }
 
     /// Whether master `i` has yet to vote on `slot`.
-    pub fn is_pending(&self, slot: usize, i: usize) -> bool {
+    pub(crate) fn is_pending(&self, slot: usize, i: usize) -> bool {
         self.votes.get(slot * self.n + i) == Some(&Vote::Pending)
     }
 
     /// Whether `slot` still waits for its decision.
-    pub fn is_undecided(&self, slot: usize) -> bool {
+    pub(crate) fn is_undecided(&self, slot: usize) -> bool {
         slot < self.tallies.len() && self.decision(slot).is_none()
     }
 
     /// Master `i`'s reply to `slot`, which must be pending: counted as the
     /// operation says, unless `conns` show that it cannot count (a
     /// quarantined master, or a second connection to one server).
-    pub fn handle_reply(
+    pub(crate) fn handle_reply(
         &mut self,
         conns: &mut [Conn],
         slot: usize,
@@ -350,7 +349,7 @@ impl Round {
     }
 
     /// Master `i` failed: its pending votes fail with `cause`.
-    pub fn fail_pending(&mut self, i: usize, cause: &Cause, now: Instant) {
+    pub(crate) fn fail_pending(&mut self, i: usize, cause: &Cause, now: Instant) {
         for slot in 0..self.tallies.len() {
             if self.is_pending(slot, i) {
                 self.record(slot, i, Vote::Failed(cause.clone()), now);
@@ -360,7 +359,7 @@ impl Round {
 
     /// Once the deadline has passed, fails every pending vote with
     /// [`Cause::Timeout`].
-    pub fn handle_timeout(&mut self, now: Instant) {
+    pub(crate) fn handle_timeout(&mut self, now: Instant) {
         if now >= self.deadline {
             for i in 0..self.n {
                 self.fail_pending(i, &Cause::Timeout, now);
@@ -370,7 +369,7 @@ impl Round {
 
     /// Records a vote of master `i` on `slot` (a send that failed at once,
     /// for example).
-    pub fn record(&mut self, slot: usize, i: usize, vote: Vote, now: Instant) {
+    pub(crate) fn record(&mut self, slot: usize, i: usize, vote: Vote, now: Instant) {
         let was_decided = self.decision(slot).is_some();
         let Some(tally) = self.tallies.get_mut(slot) else {
             return;
@@ -395,7 +394,7 @@ impl Round {
 
 /// The first other connection to the same server process as connection
 /// `i`, by `run_id`, if any.
-pub fn same_server(conns: &[Conn], i: usize) -> Option<usize> {
+pub(crate) fn same_server(conns: &[Conn], i: usize) -> Option<usize> {
     let run_id = conns.get(i)?.run_id()?;
     conns
         .iter()
@@ -407,7 +406,7 @@ pub fn same_server(conns: &[Conn], i: usize) -> Option<usize> {
 /// How far one master's fence reading can be trusted, as phase one of a
 /// fenced acquire reports it (see `SAFETY.md`, *Fencing tokens*).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Standing {
+pub(crate) enum Standing {
     /// The master carries the fencing marker: it has kept its data since it
     /// was marked, so its reading holds for every resource, a missing fence
     /// meaning "none was ever written here".
@@ -424,23 +423,23 @@ pub enum Standing {
 /// `{reading, standing, high, unmarked_ms}` of the phase-one script
 /// ([`crate::script::ACQUIRE_FENCED_SOURCE`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FenceRead {
+pub(crate) struct FenceRead {
     /// The master's fence for the resource; for a marked master, at least
     /// its floor.
-    pub fence: i64,
+    pub(crate) fence: i64,
     /// Whether `fence` counts.
-    pub standing: Standing,
+    pub(crate) standing: Standing,
     /// For a marked master, the largest fence it ever stored, for any
     /// resource; 0 otherwise.
-    pub high: i64,
+    pub(crate) high: i64,
     /// For an unmarked master, how long ago (by its own clock) a fenced
     /// acquire first found it unmarked.
-    pub unmarked_for: Option<Duration>,
+    pub(crate) unmarked_for: Option<Duration>,
 }
 
 impl FenceRead {
     /// Reads the phase-one script's reply; `None` for any other shape.
-    pub fn parse(reply: &Reply) -> Option<FenceRead> {
+    pub(crate) fn parse(reply: &Reply) -> Option<FenceRead> {
         let Reply::Array(items) = reply else {
             return None;
         };
@@ -476,7 +475,7 @@ impl FenceRead {
     }
 
     /// Whether the reading counts toward the fence.
-    pub fn is_trusted(&self) -> bool {
+    pub(crate) fn is_trusted(&self) -> bool {
         self.standing != Standing::Unmarked
     }
 }
@@ -485,7 +484,7 @@ impl FenceRead {
 /// the directive the write-back script ([`crate::script::FENCE_SOURCE`])
 /// applies to unmarked masters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Directive {
+pub(crate) enum Directive {
     /// Nothing.
     Keep,
     /// Every master granted and none was marked: a fresh deployment. Mark
@@ -500,7 +499,7 @@ pub enum Directive {
 
 impl Directive {
     /// The directive's text, as the write-back script reads it.
-    pub fn to_bytes(self) -> Bytes {
+    pub(crate) fn to_bytes(self) -> Bytes {
         match self {
             Directive::Keep => Bytes::from_static(b"keep"),
             Directive::Bootstrap => Bytes::from_static(b"bootstrap"),
@@ -512,7 +511,7 @@ impl Directive {
 /// The fence a fenced acquire may hand out, decided from phase one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[must_use]
-pub enum FencePlan {
+pub(crate) enum FencePlan {
     /// Write `fence` back to every master, with `directive`.
     Write {
         /// The new fence: one more than every trusted reading.
@@ -543,7 +542,7 @@ pub enum FencePlan {
 ///    the fence is also made larger than those marked masters' `high`, and
 ///    phase two readmits the master ([`Directive::Readmit`]).
 /// 3. Otherwise the fence is [`FencePlan::Unknown`].
-pub fn plan_fence(
+pub(crate) fn plan_fence(
     votes: &[Vote],
     reads: &[Option<FenceRead>],
     quorum: usize,

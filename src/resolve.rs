@@ -67,7 +67,7 @@ struct Lookup {
 
 /// Where one master's TCP connects go.
 #[derive(Debug)]
-pub struct Route {
+pub(crate) struct Route {
     host: String,
     port: u16,
     /// An IP literal: its one address, never looked up.
@@ -86,7 +86,7 @@ pub struct Route {
 impl Route {
     /// The route to `host:port`. An IP literal is ready at once; a name is
     /// looked up on first use.
-    pub fn new(host: &str, port: u16) -> Route {
+    pub(crate) fn new(host: &str, port: u16) -> Route {
         let literal = host.parse::<IpAddr>().ok();
         Route {
             host: host.to_owned(),
@@ -110,7 +110,7 @@ impl Route {
     ///
     /// # Errors
     /// As above.
-    pub fn poll_addr(
+    pub(crate) fn poll_addr(
         &mut self,
         resolver: &Resolver,
         now: Instant,
@@ -138,14 +138,14 @@ impl Route {
     }
 
     /// A connect to the address last given succeeded.
-    pub fn handle_connected(&mut self) {
+    pub(crate) fn handle_connected(&mut self) {
         self.misses = 0;
     }
 
     /// A connect to the address last given failed: the next one goes to the
     /// next address; once every address has failed, the name is looked up
     /// again (the old addresses are used meanwhile).
-    pub fn handle_connect_failed(&mut self, resolver: &Resolver, now: Instant) {
+    pub(crate) fn handle_connect_failed(&mut self, resolver: &Resolver, now: Instant) {
         if self.addrs.is_empty() {
             return;
         }

@@ -2,7 +2,13 @@
 //!
 //! This module owns the script texts from the spec and their digests. It
 //! does not send anything: a connection loads the scripts during its
-//! handshake and answers `-NOSCRIPT` itself (see [`crate::conn`]).
+//! handshake and answers `-NOSCRIPT` itself.
+//!
+//! Public so that callers can see what runs on their masters: the sources
+//! are the wire contract (a key this crate set can be released or checked
+//! by the same script from any client), and [`FENCE_STATE_KEY`] is the key
+//! a fenced acquire keeps its counter in. Which scripts a connection loads
+//! is the crate's business.
 
 /// A Lua script and the hex SHA1 that `EVALSHA` names it by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -128,7 +134,7 @@ pub const EXTEND_MANY_SOURCE: &str = "for i = 1, #KEYS do if redis.call(\"get\",
 
 /// Which of the client's scripts a request runs; indexes [`Scripts`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ScriptId {
+pub(crate) enum ScriptId {
     /// [`RELEASE_SOURCE`].
     Release,
     /// [`EXTEND_SOURCE`].
@@ -147,13 +153,13 @@ pub enum ScriptId {
 
 /// Every script the client uses, hashed once per client.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Scripts {
+pub(crate) struct Scripts {
     all: [Script; 7],
 }
 
 impl Scripts {
     /// Hashes every script.
-    pub fn new() -> Scripts {
+    pub(crate) fn new() -> Scripts {
         Scripts {
             all: [
                 Script::new(RELEASE_SOURCE),
@@ -168,12 +174,12 @@ impl Scripts {
     }
 
     /// The script `id` names.
-    pub fn get(&self, id: ScriptId) -> &Script {
+    pub(crate) fn get(&self, id: ScriptId) -> &Script {
         &self.all[id as usize]
     }
 
     /// All scripts, in the order a handshake loads them.
-    pub fn all(&self) -> &[Script] {
+    pub(crate) fn all(&self) -> &[Script] {
         &self.all
     }
 }

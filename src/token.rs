@@ -85,7 +85,7 @@ impl fmt::Debug for Token {
 /// Mints unique, unguessable tokens: a random 128-bit prefix per source and
 /// a counter.
 #[derive(Debug)]
-pub struct TokenSource {
+pub(crate) struct TokenSource {
     prefix: [u8; 32],
     counter: u64,
 }
@@ -97,14 +97,14 @@ impl TokenSource {
     ///
     /// # Errors
     /// When the OS random source fails.
-    pub fn new() -> Result<TokenSource, getrandom::Error> {
+    pub(crate) fn new() -> Result<TokenSource, getrandom::Error> {
         let mut seed = [0u8; 16];
         getrandom::fill(&mut seed)?;
         Ok(TokenSource::from_seed(seed))
     }
 
     /// A source with a given prefix: for tests that need repeatable tokens.
-    pub fn from_seed(seed: [u8; 16]) -> TokenSource {
+    pub(crate) fn from_seed(seed: [u8; 16]) -> TokenSource {
         let mut prefix = [0u8; 32];
         for (pair, byte) in prefix.chunks_exact_mut(2).zip(seed) {
             pair[0] = HEX[usize::from(byte >> 4)];
@@ -114,7 +114,7 @@ impl TokenSource {
     }
 
     /// The next token: the prefix followed by the counter in 16 hex digits.
-    pub fn next_token(&mut self) -> Token {
+    pub(crate) fn next_token(&mut self) -> Token {
         self.counter = self.counter.wrapping_add(1);
         let mut bytes = [0u8; TOKEN_MAX_LEN];
         bytes[..32].copy_from_slice(&self.prefix);

@@ -16,7 +16,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::{Options, Plain, Server, bulk, cluster, connect, eventually, master, master_with};
-use redlock_mio::addr::AddrError;
+use redlock_mio::AddrError;
 use redlock_mio::resp::{Arg, Reply};
 use redlock_mio::{Config, ConfigError, Error, Failure, Lock, Redlock, Retry, Token, Vote};
 

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use common::{Cluster, Server, cluster, connect, wait_empty};
-use redlock_mio::conn::Cause;
+use redlock_mio::Cause;
 use redlock_mio::resp::{Arg, Limit, Limits, ProtocolError, Reply, decode};
 use redlock_mio::script::{EXTEND_SOURCE, RELEASE_SOURCE, Script};
 use redlock_mio::{Config, Error, Failure, Redlock, Vote};

@@ -14,7 +14,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{client, cluster, wait_for_uptime};
-use redlock_mio::conn::Cause;
+use redlock_mio::Cause;
 use redlock_mio::{Error, Redlock, Vote};
 use redlock_test::Cluster;
 

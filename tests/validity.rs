@@ -10,7 +10,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{Server, client, cluster, connect, eventually, status};
-use redlock_mio::conn::Cause;
+use redlock_mio::Cause;
 use redlock_mio::resp::Arg;
 use redlock_mio::{Config, ConfigError, Error, Lock, Redlock, Resolver, Token, Vote};
 

@@ -18,8 +18,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
+use redlock_mio::Endpoint;
 use redlock_mio::ServerAddr;
-use redlock_mio::addr::Endpoint;
 use redlock_mio::resp::{Arg, Limits, Reply, decode, encode_command};
 
 use crate::exit::{self, Failure};
