@@ -79,4 +79,4 @@ pub use quorum::Vote;
 pub use resolve::Resolver;
 pub use shared::{Pending, SharedRedlock};
 pub use token::{TOKEN_MAX_LEN, Token, TokenError};
-pub use watchdog::{KeepOptions, Lost, LostReason, Watchdog};
+pub use watchdog::{KeepOptions, Lost, LostFuture, LostReason, Watchdog};

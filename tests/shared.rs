@@ -21,13 +21,27 @@ use redlock_test::Server;
 
 const TTL: Duration = Duration::from_secs(15);
 
-/// A shared client of `urls` for masters the test started empty (no
-/// restart quarantine: no lock predates them), with a generous
-/// per-instance timeout for a loaded machine.
-fn shared(urls: &[String]) -> SharedRedlock {
+/// Settings for masters the test started empty (no restart quarantine: no
+/// lock predates them), with generous time limits: on a loaded machine a
+/// slow reply must not become a lost vote, nor a slow master a dropped
+/// connection.
+fn config(urls: &[String]) -> Config {
     let mut config = Config::new(urls).unwrap_or_else(|e| panic!("{e}"));
-    config.per_instance_timeout = Duration::from_millis(500);
+    config.per_instance_timeout = Duration::from_secs(2);
+    config.connect_timeout = Duration::from_secs(5);
     config.quarantine = None;
+    config
+}
+
+fn shared(urls: &[String]) -> SharedRedlock {
+    SharedRedlock::new(config(urls)).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A shared client for keeping 2 s locks: rounds of 250 ms, as in
+/// `tests/watchdog.rs`, leave a failing extension time for retries.
+fn keeping(urls: &[String]) -> SharedRedlock {
+    let mut config = config(urls);
+    config.per_instance_timeout = Duration::from_millis(250);
     SharedRedlock::new(config).unwrap_or_else(|e| panic!("{e}"))
 }
 
@@ -372,9 +386,7 @@ fn dropping_the_last_handle_finishes_what_is_in_flight() {
 #[test]
 fn a_burst_larger_than_the_in_flight_bound_waits_its_turn() {
     let masters = cluster(3);
-    let mut config = Config::new(masters.urls()).unwrap_or_else(|e| panic!("{e}"));
-    config.per_instance_timeout = Duration::from_millis(500);
-    config.quarantine = None;
+    let mut config = config(&masters.urls());
     config.max_in_flight = 32;
     let redlock = SharedRedlock::new(config).unwrap_or_else(|e| panic!("{e}"));
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -407,8 +419,8 @@ fn a_burst_larger_than_the_in_flight_bound_waits_its_turn() {
 #[test]
 fn many_locks_are_kept_alive_from_the_one_event_loop() {
     let masters = cluster(3);
-    let redlock = shared(&masters.urls());
-    let ttl = Duration::from_secs(1);
+    let redlock = keeping(&masters.urls());
+    let ttl = Duration::from_secs(2);
     let kept: Vec<_> = (0..200)
         .map(|i| {
             let lock = redlock
@@ -443,7 +455,7 @@ fn many_locks_are_kept_alive_from_the_one_event_loop() {
 #[test]
 fn a_lost_kept_lock_completes_its_future() {
     let mut masters = cluster(3);
-    let redlock = shared(&masters.urls());
+    let redlock = keeping(&masters.urls());
     let lock = redlock
         .try_acquire("kept:lost", Duration::from_secs(2))
         .unwrap_or_else(|e| panic!("{e}"));
