@@ -593,6 +593,14 @@ impl SharedRedlock {
         self.wait(order, released_of)
     }
 
+    /// [`SharedRedlock::unkeep`] as a future.
+    pub(crate) fn unkeep_async(&self, shared: &Arc<KeepShared>) -> Pending<Result<(), Error>> {
+        let order = Order::Unkeep {
+            shared: Arc::clone(shared),
+        };
+        self.submit(order, Arc::new(Completion::default()), released_of)
+    }
+
     fn submit<T>(
         &self,
         order: Order,

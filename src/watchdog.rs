@@ -407,6 +407,20 @@ impl Watchdog {
     }
 }
 
+impl Watchdog {
+    /// [`Watchdog::release`] as a future, for async holders: nothing
+    /// blocks.
+    ///
+    /// # Errors
+    /// As [`Watchdog::release`].
+    pub async fn release_async(mut self) -> Result<(), Error> {
+        self.released = true;
+        let result = self.redlock.unkeep_async(&self.shared).await;
+        self.shared.state().subscribers.clear();
+        result
+    }
+}
+
 impl Drop for Watchdog {
     fn drop(&mut self) {
         if !self.released {
