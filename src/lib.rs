@@ -2,9 +2,12 @@
 //! masters, with a hand-written RESP2 codec and one mio event loop.
 //!
 //! Start with [`Redlock`]: `Redlock::connect(urls)`, then
-//! `try_acquire` / `acquire`, `extend`, `release`; [`SharedRedlock`] is the
-//! same client for many threads or tasks, and a [`Watchdog`] keeps a lock
-//! alive on its own thread. The semantics are the spec's
+//! `try_acquire` / `acquire`, `extend`, `release`, for one thread at a time
+//! and the lowest latency. [`SharedRedlock`] is the client for many threads
+//! or tasks: one event loop thread per process, every caller's operations
+//! pipelined into shared writes, blocking calls and futures for any
+//! executor; [`SharedRedlock::keep`] keeps any number of locks alive from
+//! that loop ([`Watchdog`]). The semantics are the spec's
 //! (`shared/spec/redlock.md`); `SAFETY.md` says what they guarantee.
 //!
 //! Every type a caller names is re-exported here, at the root: settings
@@ -15,8 +18,20 @@
 //! each master.
 //!
 //! The modules are listed in data-flow order: one acquire goes from the
-//! bytes on the wire (`resp`) up to the API (`lock`). Everything below the
-//! driver is sans-IO: plain data in, plain data out, `now` passed in.
+//! bytes on the wire up to the API:
+//!
+//! `resp -> script -> token -> clock -> addr -> conn -> quorum -> engine ->
+//! resolve -> driver -> config -> error -> job -> lock -> shared -> watchdog`
+//!
+//! `resp` encodes commands and parses replies; `conn` is one master's
+//! connection state; `quorum` one round's votes and validity arithmetic;
+//! `engine` owns the N connections and every round in flight; `driver` is
+//! the one module that touches mio; `job` is each operation (retries,
+//! cleanup, fencing) as a state machine; `lock` runs jobs on the caller's
+//! thread and `shared` on one event loop for many callers; `watchdog`
+//! keeps locks alive from that loop. Everything but `driver`, `lock`,
+//! `shared` and `resolve` is sans-IO: plain data in, plain data out, `now`
+//! passed in.
 //!
 //! ```no_run
 //! use std::time::Duration;
