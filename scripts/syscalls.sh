@@ -19,94 +19,34 @@ NS=${NS:-"3 5"}
 CLIENTS=${CLIENTS:-"floor ours"}
 
 cd "$(dirname "$0")/.."
-
-die() {
-    echo "syscalls.sh: $*" >&2
-    exit 1
-}
-
-if ! command -v strace >/dev/null; then
-    echo "installing strace" >&2
-    apt-get install -y strace >/dev/null 2>&1 ||
-        { apt-get update >/dev/null && apt-get install -y strace >/dev/null; } ||
-        die "strace is missing and could not be installed"
-fi
-command -v redis-server >/dev/null || die "redis-server not found (apt-get install -y redis-server)"
-command -v redis-cli >/dev/null || die "redis-cli not found (apt-get install -y redis-tools)"
+# shellcheck source=scripts/common.sh
+. scripts/common.sh
+need_tools
 
 echo "building the cycle bench" >&2
 bin=$(cargo bench --bench cycle --no-run --message-format=json 2>/dev/null |
     grep -o '"executable":"[^"]*cycle-[^"]*"' | tail -n 1 | cut -d'"' -f4)
 [[ -x $bin ]] || die "could not find the cycle bench binary (cargo bench --bench cycle --no-run)"
 
-work=$(mktemp -d "${TMPDIR:-/tmp}/redlock-syscalls.XXXXXX")
-pids=()
-cleanup() {
-    # Only the masters this script started, by pid.
-    for pid in "${pids[@]}"; do
-        kill "$pid" 2>/dev/null || true
-    done
-    for pid in "${pids[@]}"; do
-        wait "$pid" 2>/dev/null || true
-    done
-    rm -rf "$work"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-# Starts master $1 on a free loopback port and appends its URL to urls.
-start_master() {
-    local i=$1 port pid tries
-    mkdir -p "$work/m$i"
-    for tries in 1 2 3 4 5 6 7 8; do
-        port=$((20000 + RANDOM % 30000))
-        # Something answers there already: try another port.
-        if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
-            continue
-        fi
-        redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
-            --daemonize no --dir "$work/m$i" --logfile "$work/m$i/redis.log" \
-            </dev/null >/dev/null 2>&1 &
-        pid=$!
-        for _ in $(seq 100); do
-            if [[ $(redis-cli -p "$port" ping 2>/dev/null) == PONG ]]; then
-                pids+=("$pid")
-                urls+=("redis://127.0.0.1:$port")
-                return 0
-            fi
-            kill -0 "$pid" 2>/dev/null || break
-            sleep 0.05
-        done
-        kill "$pid" 2>/dev/null || true
-        wait "$pid" 2>/dev/null || true
-    done
-    die "could not start master $i (see $work/m$i/redis.log)"
-}
+masters_init redlock-syscalls
 
 max_n=0
 for n in $NS; do ((n > max_n)) && max_n=$n; done
-urls=()
 for i in $(seq "$max_n"); do
     start_master "$i"
 done
 echo "masters: ${urls[*]}" >&2
 
-# strace's summary as "name calls" lines, the total left out.
-summary() {
-    awk 'NR > 2 && $1 !~ /^-/ && $1 != "total" { print $1, $2 }' "$1"
-}
-
 # Runs one client with strace; $4 names the output prefix.
 trace() {
-    local client=$1 n=$2 cycles=$3 out=$4 servers
-    servers=$(IFS=,; echo "${urls[*]:0:n}")
+    local client=$1 n=$2 cycles=$3 out=$4
     if ! strace -f -c -U name,calls -o "$out.strace" -- \
-        "$bin" --client "$client" --n "$n" --cycles "$cycles" --servers "$servers" \
+        "$bin" --client "$client" --n "$n" --cycles "$cycles" --servers "$(servers "$n")" \
         2>"$out.stderr"; then
         cat "$out.stderr" >&2
         die "$client N=$n cycles=$cycles failed"
     fi
-    summary "$out.strace" >"$out.calls"
+    strace_summary "$out.strace" >"$out.calls"
     echo "  $(cat "$out.stderr")" >&2
 }
 
