@@ -105,7 +105,11 @@ fn run(args: &Args) -> Result<(), String> {
     let threads = status("Threads:");
     let extensions: u64 = kept.iter().map(|k| u64::from(k.extensions())).sum();
     let lost = kept.iter().filter(|k| !k.is_held()).count();
-    let released = kept.into_iter().map(|k| k.release()).filter(Result::is_ok).count();
+    let released = kept
+        .into_iter()
+        .map(|k| k.release())
+        .filter(Result::is_ok)
+        .count();
     println!(
         "keep: {} locks, ttl {} ms (extended every {} ms), {:.1} s: {} extensions ({:.0}/s), \
          {} lost, {} released; CPU {:.1}% of one core ({:.3} s), RSS {} kB before keeping, \

@@ -77,8 +77,13 @@ pub struct BenchArgs {
 
     /// Give each thread its own client and connections (no pipelining
     /// between threads) instead of one shared client
-    #[arg(long)]
+    #[arg(long, conflicts_with = "tasks")]
     client_per_thread: bool,
+
+    /// Instead of threads, C concurrent async callers (futures) on one
+    /// thread, sharing one client; resources default to one per caller
+    #[arg(long, value_name = "C", conflicts_with_all = ["threads", "batch"])]
+    tasks: Option<usize>,
 
     /// Resource names to draw from [default: one per thread, or one per
     /// batch slot]; at least --batch
@@ -198,9 +203,13 @@ pub fn bench(
     quarantine: Quarantine,
     args: &BenchArgs,
 ) -> Result<u8, Failure> {
-    if args.threads == 0 || args.resources == Some(0) || args.spawn == Some(0) {
+    if args.threads == 0
+        || args.resources == Some(0)
+        || args.spawn == Some(0)
+        || args.tasks == Some(0)
+    {
         return Err(Failure::usage(
-            "--threads, --resources and --spawn must be at least 1",
+            "--threads, --tasks, --resources and --spawn must be at least 1",
         ));
     }
     if args.duration.is_zero() {
@@ -259,7 +268,10 @@ pub fn bench(
         spawned: cluster.is_some(),
         quorum: urls.len() / 2 + 1,
     };
-    let (tally, elapsed, interrupted) = measure(&config, args, &signals)?;
+    let (tally, elapsed, interrupted) = match args.tasks {
+        Some(tasks) => measure_tasks(&config, args, tasks, &signals)?,
+        None => measure(&config, args, &signals)?,
+    };
     drop(cluster);
     let report = if args.json {
         json_report(&setup, args, &tally, elapsed, interrupted)
@@ -321,32 +333,7 @@ fn measure(
             .collect();
         start.wait();
         let began = Instant::now();
-        // No end an Instant can hold: measure until interrupted.
-        let deadline = began.checked_add(args.duration);
-        let mut interrupted = None;
-        loop {
-            let now = Instant::now();
-            let left = deadline.map_or(PROGRESS_EVERY, |d| d.saturating_duration_since(now));
-            if left.is_zero() {
-                break;
-            }
-            signals.wait(PROGRESS_EVERY.min(left));
-            let pending = signals.take();
-            if let Some(&signal) = [libc::SIGINT, libc::SIGTERM]
-                .iter()
-                .find(|&&s| pending.contains(s))
-            {
-                interrupted = Some(signal);
-                break;
-            }
-            if draw {
-                draw_progress(
-                    began.elapsed(),
-                    args.duration,
-                    progress.load(Ordering::Relaxed),
-                );
-            }
-        }
+        let interrupted = wait_for_the_end(args, signals, began, &progress, draw);
         stop.store(true, Ordering::Relaxed);
         let mut total = Tally::new();
         let mut failure = None;
@@ -366,6 +353,126 @@ fn measure(
             None => Ok((total, elapsed, interrupted)),
         }
     })
+}
+
+/// Runs `tasks` async callers on one executor thread sharing one client:
+/// each loops as a thread of [`measure`] does, awaiting the client's
+/// futures. The merged tally, the time measured, and the signal that cut
+/// it short, if one did.
+fn measure_tasks(
+    config: &Config,
+    args: &BenchArgs,
+    tasks: usize,
+    signals: &Signals,
+) -> Result<(Tally, Duration, Option<i32>), Failure> {
+    let shared = SharedRedlock::new(config.clone())
+        .map_err(|e| exit::lock_error("cannot make a client", &e, exit::SOFTWARE))?;
+    let names: Vec<Bytes> = match args.resources {
+        None => (0..tasks)
+            .map(|i| Bytes::from(format!("bench:{i}")))
+            .collect(),
+        Some(r) => (0..r).map(|i| Bytes::from(format!("bench:{i}"))).collect(),
+    };
+    // Warm-up: connect to every master (and load the scripts).
+    if let Ok(lock) = shared.try_acquire(names[0].clone(), args.ttl) {
+        let _ = shared.release(&lock);
+    }
+    let stop = AtomicBool::new(false);
+    let progress = AtomicU64::new(0);
+    let draw = io::stderr().is_terminal();
+    let began = Instant::now();
+    thread::scope(|scope| {
+        let executor = scope.spawn(|| {
+            let tally = std::cell::RefCell::new(Tally::new());
+            let futures: Vec<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + '_>>> = (0
+                ..tasks)
+                .map(|index| {
+                    let (shared, names, tally, stop, progress) =
+                        (&shared, &names, &tally, &stop, &progress);
+                    Box::pin(async move {
+                        let mut pick = Pick((index as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+                        while !stop.load(Ordering::Relaxed) {
+                            let resource = if args.resources.is_none() {
+                                names[index % names.len()].clone()
+                            } else {
+                                names[pick.below(names.len())].clone()
+                            };
+                            let t0 = Instant::now();
+                            let acquired = shared.try_acquire_async(resource, args.ttl).await;
+                            let t1 = Instant::now();
+                            tally.borrow_mut().attempts += 1;
+                            match acquired {
+                                Ok(lock) => {
+                                    let released = shared.release_async(&lock).await;
+                                    let t2 = Instant::now();
+                                    let mut tally = tally.borrow_mut();
+                                    tally.acquire.saturating_record(micros(t1 - t0));
+                                    match released {
+                                        Ok(()) => {
+                                            tally.release.saturating_record(micros(t2 - t1));
+                                            tally.cycles += 1;
+                                            progress.fetch_add(1, Ordering::Relaxed);
+                                        }
+                                        Err(e) => tally.error("release", &e),
+                                    }
+                                }
+                                Err(Error::Held(_)) => tally.borrow_mut().acquire_failed += 1,
+                                Err(e) => tally.borrow_mut().error("acquire", &e),
+                            }
+                        }
+                    })
+                        as std::pin::Pin<Box<dyn std::future::Future<Output = ()> + '_>>
+                })
+                .collect();
+            crate::tasks::run_all(futures);
+            tally.into_inner()
+        });
+        let interrupted = wait_for_the_end(args, signals, began, &progress, draw);
+        stop.store(true, Ordering::Relaxed);
+        let tally = executor
+            .join()
+            .map_err(|_| Failure::new(exit::SOFTWARE, "the bench executor panicked"))?;
+        let elapsed = began.elapsed();
+        if draw {
+            let _ = write!(io::stderr().lock(), "\r{:78}\r", "");
+        }
+        Ok((tally, elapsed, interrupted))
+    })
+}
+
+/// Waits until `--duration` has passed since `began` or SIGINT/SIGTERM
+/// came (returned), redrawing the progress line meanwhile when `draw`.
+fn wait_for_the_end(
+    args: &BenchArgs,
+    signals: &Signals,
+    began: Instant,
+    progress: &AtomicU64,
+    draw: bool,
+) -> Option<i32> {
+    // No end an Instant can hold: measure until interrupted.
+    let deadline = began.checked_add(args.duration);
+    loop {
+        let now = Instant::now();
+        let left = deadline.map_or(PROGRESS_EVERY, |d| d.saturating_duration_since(now));
+        if left.is_zero() {
+            return None;
+        }
+        signals.wait(PROGRESS_EVERY.min(left));
+        let pending = signals.take();
+        if let Some(&signal) = [libc::SIGINT, libc::SIGTERM]
+            .iter()
+            .find(|&&s| pending.contains(s))
+        {
+            return Some(signal);
+        }
+        if draw {
+            draw_progress(
+                began.elapsed(),
+                args.duration,
+                progress.load(Ordering::Relaxed),
+            );
+        }
+    }
 }
 
 fn draw_progress(elapsed: Duration, total: Duration, cycles: u64) {
@@ -619,7 +726,8 @@ fn rate(cycles: u64, elapsed: Duration) -> f64 {
 /// one per thread (one per batch slot with `--batch`), as `worker` names
 /// them.
 fn resource_count(args: &BenchArgs) -> usize {
-    args.resources.unwrap_or(args.threads * args.batch as usize)
+    let callers = args.tasks.unwrap_or(args.threads);
+    args.resources.unwrap_or(callers * args.batch as usize)
 }
 
 fn json_report(
@@ -647,6 +755,7 @@ fn json_report(
         "quorum": setup.quorum,
         "threads": args.threads,
         "client": if args.client_per_thread { "per-thread" } else { "shared" },
+        "tasks": args.tasks,
         "resources": resource_count(args),
         "ttl_ms": u64::try_from(args.ttl.as_millis()).unwrap_or(u64::MAX),
         "batch": args.batch,
@@ -694,7 +803,9 @@ fn text_report(
         resources,
         humantime::format_duration(args.ttl),
     );
-    let mut modes = vec![if args.client_per_thread {
+    let mut modes = vec![if let Some(tasks) = args.tasks {
+        format!("{tasks} async callers on one thread, one shared client")
+    } else if args.client_per_thread {
         "one client per thread".to_owned()
     } else {
         "one shared client (one event loop) for all threads".to_owned()

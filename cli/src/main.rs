@@ -13,6 +13,7 @@ mod exit;
 mod probe;
 mod run;
 mod signals;
+mod tasks;
 
 use std::io::{self, Write};
 use std::process::ExitCode;

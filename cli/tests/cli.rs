@@ -1205,3 +1205,36 @@ fn one_server_named_twice_is_a_usage_error_naming_both_urls() {
     );
     assert_free(&masters, "cli:twice");
 }
+
+/// `--tasks C`: C async callers on one thread share one client, driven by
+/// the bench's own minimal executor (no runtime).
+#[test]
+fn bench_runs_async_callers_on_one_thread() {
+    let mut bench = redlock(&[]);
+    bench.args([
+        "bench",
+        "--spawn",
+        "3",
+        "--duration",
+        "1s",
+        "--tasks",
+        "16",
+        "--json",
+        "--timeout",
+        "2s",
+    ]);
+    let out = finish(bench);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let text = stdout(&out);
+    let report: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+    assert_eq!(report["tasks"].as_u64(), Some(16), "{text}");
+    assert_eq!(report["client"].as_str(), Some("shared"), "{text}");
+    assert_eq!(
+        report["resources"].as_u64(),
+        Some(16),
+        "one per caller: {text}"
+    );
+    assert!(report["cycles"].as_u64().is_some_and(|c| c > 0), "{text}");
+    assert_eq!(report["errors"].as_u64(), Some(0), "{text}");
+    assert_eq!(report["acquire_failed"].as_u64(), Some(0), "{text}");
+}
