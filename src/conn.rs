@@ -558,6 +558,17 @@ impl Conn {
         Some(cause)
     }
 
+    /// Whether the connection is behind: still connecting or in its
+    /// handshake, or its oldest request in flight has waited longer than
+    /// `patience` for its reply.
+    pub(crate) fn is_lagging(&self, now: Instant, patience: Duration) -> bool {
+        self.is_connecting()
+            || self.handshake_left > 0
+            || self
+                .oldest_sent_at()
+                .is_some_and(|t| now.saturating_duration_since(t) > patience)
+    }
+
     fn oldest_sent_at(&self) -> Option<Instant> {
         self.in_flight.iter().find_map(|e| match e {
             Expect::Reply { sent_at, .. } => Some(*sent_at),
@@ -829,6 +840,105 @@ impl Conn {
                     }
                     return Ok(Some((tag, reply)));
                 }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::token::TokenSource;
+
+    fn timing() -> Timing {
+        Timing {
+            connect: Duration::from_secs(1),
+            stall: Duration::from_secs(1),
+            backoff_min: Duration::from_millis(10),
+            backoff_max: Duration::from_secs(1),
+            quarantine: None,
+            max_in_flight: 1024,
+        }
+    }
+
+    /// The commands in the write buffer, each as its key (the second
+    /// word; the fourth for EVALSHA), after the handshake's.
+    fn queued_keys(conn: &Conn) -> Vec<Bytes> {
+        let mut buf = BytesMut::from(&conn.out[conn.written..]);
+        let mut keys = Vec::new();
+        while let Some(Reply::Array(words)) = resp::decode(&mut buf, &Limits::default()).unwrap() {
+            let word = |i: usize| match words.get(i) {
+                Some(Reply::Bulk(b)) => b.clone(),
+                _ => Bytes::new(),
+            };
+            match &word(0)[..] {
+                b"SET" => keys.push(word(1)),
+                b"EVALSHA" => keys.push(word(3)),
+                _ => {}
+            }
+        }
+        assert!(buf.is_empty(), "a partial command is left: {buf:?}");
+        keys
+    }
+
+    fn expected_keys(conn: &Conn) -> Vec<Bytes> {
+        conn.in_flight
+            .iter()
+            .filter_map(|e| match e {
+                Expect::Reply { request, .. } => request.keys.as_slice().first().cloned(),
+                Expect::Handshake(_) => None,
+            })
+            .collect()
+    }
+
+    /// Issue 11: with many rounds in flight, ending rounds while the
+    /// connection is still connecting must drop exactly their unsent
+    /// requests: the bytes and the in-flight queue stay in step, request by
+    /// request, or a reply would be matched to another request.
+    #[test]
+    fn ending_rounds_while_connecting_keeps_the_bytes_and_the_queue_in_step() {
+        let now = Instant::now();
+        let scripts = Scripts::new();
+        let mut tokens = TokenSource::from_seed([3; 16]);
+        let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+        let mut next = move |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        for trial in 0..500 {
+            let addr: ServerAddr = "redis://127.0.0.1:7000".parse().unwrap();
+            let mut conn = Conn::new(addr, scripts, Limits::default(), timing(), now);
+            conn.handle_connect_started(now);
+            for step in 0..40 {
+                if next(4) == 0 {
+                    conn.handle_round_end(next(6));
+                } else {
+                    let op = if next(3) == 0 {
+                        Op::Release
+                    } else {
+                        Op::Acquire
+                    };
+                    let request = Request {
+                        op,
+                        keys: Keys::One(Bytes::from(format!("t{trial}:s{step}"))),
+                        token: tokens.next_token(),
+                        arg: 1000,
+                    };
+                    let mut wire = BytesMut::new();
+                    request.encode(&scripts, &mut wire);
+                    let tag = Tag {
+                        round: next(6),
+                        slot: 0,
+                    };
+                    conn.send(tag, &request, &wire, now).unwrap();
+                }
+                assert_eq!(
+                    queued_keys(&conn),
+                    expected_keys(&conn),
+                    "trial {trial}, step {step}"
+                );
             }
         }
     }

@@ -82,6 +82,9 @@ pub(crate) struct Engine {
     scripts: Scripts,
     /// Reused encoding buffer: each request is encoded once for all masters.
     wire: BytesMut,
+    /// Per master, set while [`Engine::start`] runs when a send dropped
+    /// the connection.
+    dropped: Vec<Option<Cause>>,
     n: usize,
 }
 
@@ -104,6 +107,7 @@ impl Engine {
             completed: VecDeque::new(),
             scripts,
             wire: BytesMut::with_capacity(512),
+            dropped: vec![None; servers.len()],
             n: servers.len(),
         }
     }
@@ -162,12 +166,23 @@ impl Engine {
                 slot: slot as u32,
             };
             for (i, conn) in self.conns.iter_mut().enumerate() {
+                let was_up = !conn.is_down();
                 if let Err(cause) = conn.send(tag, request, &self.wire, now) {
+                    if was_up {
+                        // The send dropped the connection (too far
+                        // behind): every round's requests on it are gone.
+                        self.dropped[i] = Some(cause.clone());
+                    }
                     entry.round.record(slot, i, Vote::Failed(cause), now);
                 }
             }
         }
         self.check_complete(index);
+        for i in 0..self.n {
+            if let Some(cause) = self.dropped[i].take() {
+                self.fail_pending(i, &cause, now);
+            }
+        }
         id
     }
 
@@ -340,17 +355,30 @@ impl Engine {
             .sum()
     }
 
-    /// Whether `k` more requests fit under `limit` in flight on at least a
-    /// quorum of masters (a master that is down counts as empty): the
-    /// shared client's admission rule, so that a burst all masters share
-    /// waits its turn instead of dropping them as too far behind, while a
-    /// single master that lags alone still is.
-    pub(crate) fn has_room(&self, k: usize, limit: usize) -> bool {
-        let fits = self
-            .conns
-            .iter()
-            .filter(|c| c.is_down() || c.in_flight() + k <= limit)
-            .count();
+    /// Whether `k` more requests fit under `limit` in flight: the shared
+    /// client's admission rule. Every master that keeps up must have room
+    /// (a master that is down counts as empty), so that a burst all masters
+    /// share waits its turn instead of pushing the slowest of them past
+    /// [`Timing::max_in_flight`]; a master that lags (still connecting or
+    /// in its handshake, or its oldest request unanswered for longer than
+    /// `patience`, the per-instance timeout) holds nobody back and is
+    /// dropped as too far behind, as with one caller. At least a quorum
+    /// must have room.
+    pub(crate) fn has_room(
+        &self,
+        k: usize,
+        limit: usize,
+        now: Instant,
+        patience: Duration,
+    ) -> bool {
+        let mut fits = 0;
+        for conn in &self.conns {
+            if conn.is_down() || conn.in_flight() + k <= limit {
+                fits += 1;
+            } else if !conn.is_lagging(now, patience) {
+                return self.in_flight() == 0;
+            }
+        }
         fits >= crate::quorum::quorum(self.n) || self.in_flight() == 0
     }
 

@@ -242,6 +242,53 @@ pub struct Redlock {
     same_server: Option<ConfigError>,
 }
 
+/// What every client is made of, from its settings: the masters' names
+/// for error reports, the engine, the driver, the token source and the
+/// retry jitter. [`Redlock`] and the shared client's event loop each own
+/// one.
+pub(crate) struct Parts {
+    pub(crate) names: Vec<Arc<str>>,
+    pub(crate) engine: Engine,
+    pub(crate) driver: Driver,
+    pub(crate) tokens: TokenSource,
+    pub(crate) jitter: SplitMix64,
+}
+
+impl Parts {
+    /// The parts for `config`, which [`Config::check`] accepted.
+    ///
+    /// # Errors
+    /// [`Error::Os`] when the OS refuses a poll instance or random bytes.
+    pub(crate) fn new(config: &Config, now: Instant) -> Result<Parts, Error> {
+        let timing = Timing {
+            connect: config.connect_timeout,
+            stall: config.connect_timeout.max(config.per_instance_timeout),
+            backoff_min: Duration::from_millis(10).min(config.reconnect_backoff_max),
+            backoff_max: config.reconnect_backoff_max,
+            quarantine: config.quarantine,
+            max_in_flight: config.max_in_flight,
+        };
+        let mut seed = [0u8; 8];
+        getrandom::fill(&mut seed).map_err(|_| Error::Os(io::ErrorKind::Other))?;
+        Ok(Parts {
+            names: config
+                .servers
+                .iter()
+                .map(|a| Arc::from(a.to_string()))
+                .collect(),
+            engine: Engine::new(&config.servers, Scripts::new(), config.limits, timing, now),
+            driver: Driver::new(
+                &config.servers,
+                config.resolver.clone(),
+                config.connect_timeout,
+            )
+            .map_err(|e| Error::Os(e.kind()))?,
+            tokens: TokenSource::new().map_err(|_| Error::Os(io::ErrorKind::Other))?,
+            jitter: SplitMix64(u64::from_le_bytes(seed)),
+        })
+    }
+}
+
 impl Redlock {
     /// A client for the masters at `urls`, with default settings. Nothing
     /// is connected yet: each master is connected on first use.
@@ -264,37 +311,21 @@ impl Redlock {
     pub fn new(config: Config) -> Result<Redlock, Error> {
         config.check()?;
         let now = Instant::now();
-        let scripts = Scripts::new();
-        let timing = Timing {
-            connect: config.connect_timeout,
-            stall: config.connect_timeout.max(config.per_instance_timeout),
-            backoff_min: Duration::from_millis(10).min(config.reconnect_backoff_max),
-            backoff_max: config.reconnect_backoff_max,
-            quarantine: config.quarantine,
-            max_in_flight: config.max_in_flight,
-        };
-        let engine = Engine::new(&config.servers, scripts, config.limits, timing, now);
-        let names = config
-            .servers
-            .iter()
-            .map(|a| Arc::from(a.to_string()))
-            .collect();
-        let n = config.servers.len();
-        let mut seed = [0u8; 8];
-        getrandom::fill(&mut seed).map_err(|_| Error::Os(io::ErrorKind::Other))?;
+        let Parts {
+            names,
+            engine,
+            driver,
+            tokens,
+            jitter,
+        } = Parts::new(&config, now)?;
         Ok(Redlock {
             names,
             engine,
             last: None,
-            idle: Round::new(n, now),
-            driver: Driver::new(
-                &config.servers,
-                config.resolver.clone(),
-                config.connect_timeout,
-            )
-            .map_err(|e| Error::Os(e.kind()))?,
-            tokens: TokenSource::new().map_err(|_| Error::Os(io::ErrorKind::Other))?,
-            jitter: SplitMix64(u64::from_le_bytes(seed)),
+            idle: Round::new(config.servers.len(), now),
+            driver,
+            tokens,
+            jitter,
             batch: Vec::new(),
             started: Stamp::now(),
             ended: Stamp::now(),

@@ -37,14 +37,13 @@ use bytes::Bytes;
 
 use crate::clock::Stamp;
 use crate::config::{Config, ConfigError, Retry};
-use crate::conn::{Keys, Op, Request, Timing};
+use crate::conn::{Keys, Op, Request};
 use crate::driver::Driver;
 use crate::engine::{Engine, Wait};
 use crate::error::Error;
 use crate::job::{Acquire, Batch, Ctx, Extend, Job, Output, Release, SplitMix64, Step, release_op};
-use crate::lock::Lock;
+use crate::lock::{Lock, Parts};
 use crate::quorum::quorum;
-use crate::script::Scripts;
 use crate::token::TokenSource;
 use crate::watchdog::{KeepStep, Keeper, Shared as KeepShared};
 
@@ -775,32 +774,19 @@ fn shutdown_grace(config: &Config) -> Duration {
 
 impl EventLoop {
     fn new(config: Config) -> Result<EventLoop, Error> {
-        let now = Instant::now();
-        let timing = Timing {
-            connect: config.connect_timeout,
-            stall: config.connect_timeout.max(config.per_instance_timeout),
-            backoff_min: Duration::from_millis(10).min(config.reconnect_backoff_max),
-            backoff_max: config.reconnect_backoff_max,
-            quarantine: config.quarantine,
-            max_in_flight: config.max_in_flight,
-        };
-        let mut seed = [0u8; 8];
-        getrandom::fill(&mut seed).map_err(|_| Error::Os(io::ErrorKind::Other))?;
+        let Parts {
+            names,
+            engine,
+            driver,
+            tokens,
+            jitter,
+        } = Parts::new(&config, Instant::now())?;
         Ok(EventLoop {
-            names: config
-                .servers
-                .iter()
-                .map(|a| Arc::from(a.to_string()))
-                .collect(),
-            engine: Engine::new(&config.servers, Scripts::new(), config.limits, timing, now),
-            driver: Driver::new(
-                &config.servers,
-                config.resolver.clone(),
-                config.connect_timeout,
-            )
-            .map_err(|e| Error::Os(e.kind()))?,
-            tokens: TokenSource::new().map_err(|_| Error::Os(io::ErrorKind::Other))?,
-            jitter: SplitMix64(u64::from_le_bytes(seed)),
+            names,
+            engine,
+            driver,
+            tokens,
+            jitter,
             jobs: Vec::new(),
             free_jobs: Vec::new(),
             owners: Vec::new(),
@@ -914,11 +900,11 @@ impl EventLoop {
         }
     }
 
-    /// Starts the orders waiting for room, oldest first, while at least a
-    /// quorum of connections can take their requests within half of
-    /// [`Config::max_in_flight`]: many callers at once are a burst every
-    /// master shares, to be queued here, not a master lagging alone, which
-    /// the connection drops as too far behind.
+    /// Starts the orders waiting for room, oldest first, while every
+    /// connection that keeps up can take their requests within half of
+    /// [`Config::max_in_flight`] (see [`Engine::has_room`]): many callers
+    /// at once are a burst every master shares, to be queued here, not a
+    /// master lagging alone, which the connection drops as too far behind.
     fn admit(&mut self, now: Instant) {
         let limit = self.config.max_in_flight / 2;
         while let Some(submission) = self.admitting.front() {
@@ -927,7 +913,10 @@ impl EventLoop {
                 Order::ReleaseBatch { locks } => locks.len(),
                 _ => 1,
             };
-            if !self.engine.has_room(k, limit) {
+            if !self
+                .engine
+                .has_room(k, limit, now, self.config.per_instance_timeout)
+            {
                 return;
             }
             if let Some(submission) = self.admitting.pop_front() {

@@ -470,3 +470,54 @@ fn a_lost_kept_lock_completes_its_future() {
     assert!(!kept.is_held());
     drop(kept);
 }
+
+/// A master that stops answering (SIGSTOP) lags alone: it holds no caller
+/// back (admission waits only for the masters that keep up), its votes
+/// fail, the other two decide every operation, and once it is dropped as
+/// too far behind and resumed, it is reconnected.
+#[test]
+fn a_stalled_master_holds_no_caller_back() {
+    let mut masters = cluster(3);
+    let mut config = config(&masters.urls());
+    config.per_instance_timeout = Duration::from_millis(200);
+    config.max_in_flight = 32;
+    let redlock = SharedRedlock::new(config).unwrap_or_else(|e| panic!("{e}"));
+    let warm = redlock
+        .try_acquire("stall:warm", TTL)
+        .unwrap_or_else(|e| panic!("{e}"));
+    redlock.release(&warm).unwrap_or_else(|e| panic!("{e}"));
+    masters[2].pause().unwrap_or_else(|e| panic!("{e}"));
+    let workers: Vec<_> = (0..8)
+        .map(|t| {
+            let redlock = redlock.clone();
+            thread::spawn(move || {
+                for c in 0..40 {
+                    let lock = redlock
+                        .try_acquire(format!("stall:{t}"), TTL)
+                        .unwrap_or_else(|e| panic!("thread {t}, cycle {c}: {e}"));
+                    redlock
+                        .release(&lock)
+                        .unwrap_or_else(|e| panic!("thread {t}, cycle {c}: {e}"));
+                }
+            })
+        })
+        .collect();
+    for worker in workers {
+        worker.join().expect("worker");
+    }
+    masters[2].resume().unwrap_or_else(|e| panic!("{e}"));
+    // Reconnected: a round in which all three grant.
+    assert!(eventually(Duration::from_secs(10), || {
+        match redlock.try_acquire("stall:after", TTL) {
+            Ok(lock) => {
+                let all = masters.iter().all(|m| {
+                    get(m, "stall:after")
+                        == Reply::Bulk(lock.token().as_str().as_bytes().to_vec().into())
+                });
+                let _ = redlock.release(&lock);
+                all
+            }
+            Err(_) => false,
+        }
+    }));
+}

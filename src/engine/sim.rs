@@ -63,6 +63,8 @@ struct Master {
     inbox: BytesMut,
     /// Every command received, first word upper-cased.
     log: Vec<String>,
+    /// The key of every SET received, in order.
+    set_keys: Vec<String>,
     /// Bytes to deliver to the client, at virtual instants.
     outbox: Vec<(Instant, Delivery)>,
     connect_at: Option<Instant>,
@@ -84,6 +86,7 @@ impl Master {
             script: script.into(),
             inbox: BytesMut::new(),
             log: Vec::new(),
+            set_keys: Vec::new(),
             outbox: Vec::new(),
             connect_at: None,
             connects: 0,
@@ -113,6 +116,10 @@ impl Master {
                 verb.clone()
             };
             self.log.push(name.clone());
+            if let ("SET", Some(Reply::Bulk(key))) = (name.as_str(), args.get(1)) {
+                self.set_keys
+                    .push(String::from_utf8_lossy(key).into_owned());
+            }
             let act = match name.as_str() {
                 "AUTH" | "SELECT" => reply(OK, 0),
                 "INFO" => {
@@ -1195,4 +1202,98 @@ fn ending_a_round_while_connecting_drops_only_its_own_requests() {
         .collect();
     assert_eq!(commands, ["EVALSHA", "SET"]);
     assert_eq!(sim.engine.round(c).unwrap().votes(0), [Vote::Granted]);
+}
+
+/// Issue 11: many rounds in flight while the masters fall behind: a master
+/// past the in-flight bound is dropped and reconnected, and rounds end
+/// while it connects. A vote that counts (granted or refused) must come
+/// from the master's reply to that round's own request: the master must
+/// have received that round's key.
+#[test]
+fn votes_come_only_from_replies_to_the_rounds_own_requests_when_masters_fall_behind() {
+    let small = Timing {
+        max_in_flight: 32,
+        ..timing()
+    };
+    let script = || (0..2000).map(|_| reply(OK, 3)).collect::<Vec<_>>();
+    let mut sim = Sim::with(vec![script(), script(), script()], small, &[]);
+    let mut live: Vec<(RoundId, String)> = Vec::new();
+    let mut done: Vec<(Vec<Vote>, String)> = Vec::new();
+    for k in 0..400 {
+        let key = format!("k{k}");
+        let request = Request {
+            op: Op::Acquire,
+            keys: Keys::One(Bytes::from(key.clone())),
+            token: sim.tokens.next_token(),
+            arg: 10_000,
+        };
+        let id = sim.start(std::slice::from_ref(&request), ROUND_TIMEOUT);
+        live.push((id, key));
+        // Now and then, let time pass and finish what completed, as the
+        // shared client's loop does.
+        if k % 7 == 6 {
+            sim.transmit();
+            sim.now += MS;
+            sim.deliver();
+            sim.engine.handle_timeout(sim.now);
+            while let Some(id) = sim.engine.poll_completed() {
+                if let Some(pos) = live.iter().position(|(l, _)| *l == id) {
+                    let (id, key) = live.remove(pos);
+                    done.push((sim.engine.round(id).unwrap().votes(0).to_vec(), key));
+                    sim.engine.finish(id);
+                }
+            }
+        }
+    }
+    for (id, key) in std::mem::take(&mut live) {
+        sim.drive(id);
+        done.push((sim.engine.round(id).unwrap().votes(0).to_vec(), key));
+        sim.engine.finish(id);
+    }
+    let mut counted = 0;
+    for (votes, key) in &done {
+        for (i, vote) in votes.iter().enumerate() {
+            if matches!(vote, Vote::Granted | Vote::Refused) {
+                counted += 1;
+                assert!(
+                    sim.masters[i].set_keys.contains(key),
+                    "master {i} voted {vote:?} on {key}, which it never received"
+                );
+            }
+        }
+    }
+    assert!(counted > 0);
+}
+
+/// Issue 11: a send that finds a master too far behind drops its
+/// connection, and with it the requests of every round in flight there:
+/// their votes fail at once, not at their deadlines.
+#[test]
+fn a_connection_dropped_as_too_far_behind_fails_every_rounds_pending_vote_at_once() {
+    let small = Timing {
+        max_in_flight: 32,
+        ..timing()
+    };
+    let ok = || (0..100).map(|_| reply(OK, 1)).collect::<Vec<_>>();
+    let mut sim = Sim::with(vec![ok(), ok(), vec![]], small, &[]);
+    let first = sim.request(Op::Acquire);
+    let first = sim.start(std::slice::from_ref(&first), ROUND_TIMEOUT);
+    sim.transmit();
+    let started = sim.now;
+    let mut ids = vec![first];
+    while !sim.conn(2).is_down() {
+        let request = sim.request(Op::Acquire);
+        ids.push(sim.start(std::slice::from_ref(&request), ROUND_TIMEOUT));
+    }
+    assert_eq!(sim.now, started, "no time passed");
+    for id in &ids {
+        assert!(
+            matches!(
+                sim.engine.round(*id).unwrap().votes(0)[2],
+                Vote::Failed(Cause::TooFarBehind | Cause::Backoff(_))
+            ),
+            "{:?}",
+            sim.engine.round(*id).unwrap().votes(0)
+        );
+    }
 }
