@@ -521,3 +521,44 @@ fn a_stalled_master_holds_no_caller_back() {
         }
     }));
 }
+
+/// Restart quarantine works through the shared client as through
+/// `Redlock`: masters started a moment ago do not count toward the quorum
+/// (they may have lost keys in a restart), whatever thread asks.
+#[test]
+fn freshly_started_masters_are_quarantined_for_every_caller() {
+    let masters = cluster(3);
+    let mut config = config(&masters.urls());
+    config.quarantine = Some(Duration::from_secs(60));
+    let redlock = SharedRedlock::new(config).unwrap_or_else(|e| panic!("{e}"));
+    let outcomes: Vec<_> = (0..4)
+        .map(|t| {
+            let redlock = redlock.clone();
+            thread::spawn(move || redlock.try_acquire(format!("fresh:{t}"), TTL))
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|w| w.join().expect("caller"))
+        .collect();
+    for outcome in outcomes {
+        match outcome {
+            Err(Error::NoQuorum(failure)) => {
+                // Two quarantined votes decide: the third may be pending.
+                let answered: Vec<_> = failure
+                    .votes
+                    .iter()
+                    .filter(|v| v.vote != Vote::Pending)
+                    .collect();
+                assert!(answered.len() >= 2, "{failure}");
+                assert!(
+                    answered.iter().all(|v| matches!(
+                        v.vote,
+                        Vote::Failed(redlock_mio::Cause::Quarantined(_))
+                    )),
+                    "{failure}"
+                );
+            }
+            other => panic!("a fresh master counted: {other:?}"),
+        }
+    }
+}
