@@ -90,6 +90,12 @@ pub struct SharedRedlock {
 #[derive(Debug)]
 struct Handle {
     queue: Arc<Queue>,
+    /// The loop's state. The loop thread holds it while it works or waits
+    /// in `epoll` with operations in flight; when it has nothing in
+    /// flight it lets go and waits on the queue, and a blocking caller
+    /// that finds it free runs its operation on its own thread, as
+    /// [`Redlock`](crate::Redlock) does, with no hand-off.
+    core: Arc<Mutex<EventLoop>>,
     thread: Mutex<Option<JoinHandle<()>>>,
     config: Config,
 }
@@ -103,6 +109,13 @@ struct Queue {
     /// takes the queue: one wake-up per batch of submissions.
     woken: AtomicBool,
     closed: AtomicBool,
+    /// Set (under `orders`' lock) while the loop, with nothing in flight,
+    /// waits on `ready` instead of in `epoll`: a submission then notifies
+    /// `ready` rather than the waker.
+    idle: AtomicBool,
+    /// Set by a caller that handed the loop a job directly.
+    nudged: AtomicBool,
+    ready: Condvar,
 }
 
 /// One operation submitted, and where its caller waits.
@@ -325,15 +338,20 @@ impl SharedRedlock {
             waker: event_loop.driver.waker().map_err(|e| Error::Os(e.kind()))?,
             woken: AtomicBool::new(false),
             closed: AtomicBool::new(false),
+            idle: AtomicBool::new(false),
+            nudged: AtomicBool::new(false),
+            ready: Condvar::new(),
         });
-        let loop_queue = Arc::clone(&queue);
+        let core = Arc::new(Mutex::new(event_loop));
+        let (loop_core, loop_queue) = (Arc::clone(&core), Arc::clone(&queue));
         let thread = thread::Builder::new()
             .name("redlock-loop".into())
-            .spawn(move || event_loop.run(&loop_queue))
+            .spawn(move || EventLoop::run(&loop_core, &loop_queue))
             .map_err(|e| Error::Os(e.kind()))?;
         Ok(SharedRedlock {
             handle: Arc::new(Handle {
                 queue,
+                core,
                 thread: Mutex::new(Some(thread)),
                 config,
             }),
@@ -564,6 +582,10 @@ impl SharedRedlock {
 
     /// Submits `order` and blocks until its output is in.
     fn wait<T>(&self, order: Order, extract: fn(Output) -> T) -> T {
+        let order = match self.try_inline(order) {
+            Inline::Done(output) => return extract(output),
+            Inline::Busy(order) => order,
+        };
         let completion = blocking_completion();
         let mut pending = self.submit(order, Arc::clone(&completion), extract);
         let output = completion.wait();
@@ -617,24 +639,115 @@ impl SharedRedlock {
     }
 }
 
+impl SharedRedlock {
+    /// Runs a blocking caller's operation on the caller's thread when the
+    /// loop has nothing in flight and lets go of its state: no hand-off
+    /// between threads, the latency of [`Redlock`](crate::Redlock). An
+    /// operation that would wait to retry is handed to the loop at that
+    /// point, and its output awaited. The order comes back
+    /// ([`Inline::Busy`]) when the loop is busy.
+    fn try_inline(&self, order: Order) -> Inline {
+        if matches!(order, Order::Keep { .. } | Order::Unkeep { .. }) {
+            return Inline::Busy(order);
+        }
+        let Ok(mut core) = self.handle.core.try_lock() else {
+            return Inline::Busy(order);
+        };
+        if !core.is_idle() {
+            return Inline::Busy(order);
+        }
+        let now = Instant::now();
+        let job = match core.make_job(order, now) {
+            Ok(job) => job,
+            Err(output) => return Inline::Done(output),
+        };
+        match core.run_inline(job) {
+            Ran::Done(output) => Inline::Done(output),
+            Ran::Sleeping(job, at) => {
+                let completion = blocking_completion();
+                core.spawn_sleeping(job, Waiter::Caller(Arc::clone(&completion)), at);
+                drop(core);
+                self.handle.queue.nudge();
+                let output = completion.wait();
+                keep_completion(completion);
+                Inline::Done(output)
+            }
+        }
+    }
+}
+
 impl Queue {
     /// Leaves `order` for the loop and wakes it, unless a wake-up is
     /// already on its way.
     fn submit(&self, order: Order, completion: Arc<Completion>) {
-        self.orders
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(Submission { order, completion });
-        if !self.woken.swap(true, Ordering::AcqRel) {
+        let mut orders = self.orders.lock().unwrap_or_else(PoisonError::into_inner);
+        orders.push(Submission { order, completion });
+        let idle = self.idle.load(Ordering::Acquire);
+        drop(orders);
+        self.wake(idle);
+    }
+
+    /// Wakes the loop to look at jobs a caller handed it directly.
+    fn nudge(&self) {
+        let orders = self.orders.lock().unwrap_or_else(PoisonError::into_inner);
+        self.nudged.store(true, Ordering::Release);
+        let idle = self.idle.load(Ordering::Acquire);
+        drop(orders);
+        self.wake(idle);
+    }
+
+    /// Wakes the loop where it waits: on `ready` when idle, else in epoll.
+    fn wake(&self, idle: bool) {
+        if idle {
+            self.ready.notify_one();
+        } else if !self.woken.swap(true, Ordering::AcqRel) {
             // A failed wake leaves the order to the loop's next turn.
             let _ = self.waker.wake();
         }
+    }
+
+    /// The loop, with nothing in flight, waits here (not in epoll) until
+    /// an order comes, a caller hands it a job, the last handle goes, or
+    /// `until`.
+    fn wait_idle(&self, until: Option<Instant>) {
+        let mut orders = self.orders.lock().unwrap_or_else(PoisonError::into_inner);
+        self.idle.store(true, Ordering::Release);
+        while orders.is_empty()
+            && !self.closed.load(Ordering::Acquire)
+            && !self.nudged.swap(false, Ordering::AcqRel)
+        {
+            match until.map(|t| t.checked_duration_since(Instant::now())) {
+                Some(None) => break,
+                Some(Some(left)) => {
+                    orders = self
+                        .ready
+                        .wait_timeout(orders, left)
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .0;
+                }
+                None => {
+                    orders = self
+                        .ready
+                        .wait(orders)
+                        .unwrap_or_else(PoisonError::into_inner);
+                }
+            }
+        }
+        self.idle.store(false, Ordering::Release);
     }
 }
 
 impl Drop for Handle {
     fn drop(&mut self) {
-        self.queue.closed.store(true, Ordering::Release);
+        {
+            let _orders = self
+                .queue
+                .orders
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            self.queue.closed.store(true, Ordering::Release);
+        }
+        self.queue.ready.notify_one();
         let _ = self.queue.waker.wake();
         let thread = self
             .thread
@@ -736,6 +849,38 @@ struct Kept {
     stopping: Option<Arc<Completion>>,
 }
 
+/// A blocking call's attempt to run on its own thread.
+#[derive(Debug)]
+enum Inline {
+    /// It ran (or was handed to the loop and awaited): its output.
+    Done(Output),
+    /// The loop is busy: the order goes to it.
+    Busy(Order),
+}
+
+/// How a job run on a caller's thread ended.
+// Held for a moment on the stack: boxing the job would allocate.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+enum Ran {
+    /// Done: its output.
+    Done(Output),
+    /// It waits to retry until then: the loop takes it over.
+    Sleeping(Job, Instant),
+}
+
+/// What the loop thread does after a turn.
+#[derive(Debug)]
+enum Turn {
+    /// Turn again.
+    Again,
+    /// Nothing in flight: wait on the queue until then (a kept lock's
+    /// timer), or until an order comes.
+    Idle(Option<Instant>),
+    /// The last handle is gone and everything is done.
+    Exit,
+}
+
 /// The loop thread's state: the engine, the driver, every job and every
 /// kept lock.
 #[derive(Debug)]
@@ -802,102 +947,203 @@ impl EventLoop {
         })
     }
 
-    fn run(mut self, queue: &Queue) {
+    /// The loop thread: turns until the last handle is gone and what was
+    /// in flight is done. With nothing in flight it lets go of its state
+    /// and waits on the queue, so that a blocking caller may run its
+    /// operation itself.
+    fn run(core: &Mutex<EventLoop>, queue: &Queue) {
         let mut closing_since: Option<Instant> = None;
         loop {
-            let now = Instant::now();
-            // Read before the queue is taken: once closed is seen, every
-            // order a handle submitted is in this turn's queue.
-            let closed = queue.closed.load(Ordering::Acquire);
-            queue.woken.store(false, Ordering::Release);
-            {
-                let mut orders = queue.orders.lock().unwrap_or_else(PoisonError::into_inner);
-                std::mem::swap(&mut *orders, &mut self.inbox);
-            }
-            if closed && closing_since.is_none() {
-                closing_since = Some(now);
-                // No retries once closing: each job ends with its current
-                // round.
-                for running in self.jobs.iter_mut().flatten() {
-                    running.job.abandon();
+            let mut this = core.lock().unwrap_or_else(PoisonError::into_inner);
+            match this.turn(queue, &mut closing_since) {
+                Turn::Again => {}
+                Turn::Idle(until) => {
+                    drop(this);
+                    queue.wait_idle(until);
                 }
+                Turn::Exit => return,
             }
-            self.driver.prepare(&mut self.engine, now);
-            // Taken and put back, so that both queues keep their storage.
-            let mut inbox = std::mem::take(&mut self.inbox);
-            for submission in inbox.drain(..) {
-                match submission.order {
-                    // Keeping and releasing kept locks is never held back:
-                    // a kept lock's extension must not wait behind a burst.
-                    Order::Keep { keeper } => self.keep(*keeper, now),
-                    Order::Unkeep { shared } => self.unkeep(&shared, submission.completion, now),
-                    order => self.admitting.push_back(Submission {
-                        order,
-                        completion: submission.completion,
-                    }),
-                }
+        }
+    }
+
+    /// Nothing in flight, nothing waiting: a caller may use the engine.
+    fn is_idle(&self) -> bool {
+        self.jobs.len() == self.free_jobs.len() && self.admitting.is_empty()
+    }
+
+    /// One turn: takes the queue's orders, starts what it can, writes,
+    /// then waits in epoll and handles what came, unless nothing is in
+    /// flight ([`Turn::Idle`]).
+    fn turn(&mut self, queue: &Queue, closing_since: &mut Option<Instant>) -> Turn {
+        let now = Instant::now();
+        // Read before the queue is taken: once closed is seen, every order
+        // a handle submitted is in this turn's queue.
+        let closed = queue.closed.load(Ordering::Acquire);
+        queue.woken.store(false, Ordering::Release);
+        {
+            let mut orders = queue.orders.lock().unwrap_or_else(PoisonError::into_inner);
+            std::mem::swap(&mut *orders, &mut self.inbox);
+        }
+        if closed && closing_since.is_none() {
+            *closing_since = Some(now);
+            // No retries once closing: each job ends with its current
+            // round.
+            for running in self.jobs.iter_mut().flatten() {
+                running.job.abandon();
             }
-            self.inbox = inbox;
-            self.admit(now);
-            self.wake_sleepers(now);
-            self.fire_keep_timers(now);
-            self.driver.send(&mut self.engine);
-            if let Some(since) = closing_since
-                && self.jobs.len() == self.free_jobs.len()
-                && self.admitting.is_empty()
-            {
+        }
+        self.driver.prepare(&mut self.engine, now);
+        // Taken and put back, so that both queues keep their storage.
+        let mut inbox = std::mem::take(&mut self.inbox);
+        for submission in inbox.drain(..) {
+            match submission.order {
+                // Keeping and releasing kept locks is never held back: a
+                // kept lock's extension must not wait behind a burst.
+                Order::Keep { keeper } => self.keep(*keeper, now),
+                Order::Unkeep { shared } => self.unkeep(&shared, submission.completion, now),
+                order => self.admitting.push_back(Submission {
+                    order,
+                    completion: submission.completion,
+                }),
+            }
+        }
+        self.inbox = inbox;
+        self.admit(now);
+        self.wake_sleepers(now);
+        self.fire_keep_timers(now);
+        self.driver.send(&mut self.engine);
+        if self.is_idle() {
+            if let Some(since) = *closing_since {
                 // Everything answered; late replies and cleanup within the
                 // grace period.
                 let deadline = since + shutdown_grace(&self.config);
                 self.driver.settle(&mut self.engine, deadline);
-                return;
+                return Turn::Exit;
             }
-            let wake = [
-                self.engine.poll_timeout(),
-                self.sleeping.peek().map(|Reverse((at, _))| *at),
-                self.keep_timers.peek().map(|Reverse((at, _, _))| *at),
-            ]
-            .into_iter()
-            .flatten()
-            .min();
-            let timeout = wake.map(|t| t.saturating_duration_since(Instant::now()));
-            if let Err(cause) = self.driver.turn(&mut self.engine, timeout) {
-                let now = Instant::now();
-                for i in 0..self.engine.masters() {
-                    self.engine.handle_failure(i, now, cause.clone());
+            return Turn::Idle(self.keep_timers.peek().map(|Reverse((at, _, _))| *at));
+        }
+        let wake = [
+            self.engine.poll_timeout(),
+            self.sleeping.peek().map(|Reverse((at, _))| *at),
+            self.keep_timers.peek().map(|Reverse((at, _, _))| *at),
+        ]
+        .into_iter()
+        .flatten()
+        .min();
+        let timeout = wake.map(|t| t.saturating_duration_since(Instant::now()));
+        if let Err(cause) = self.driver.turn(&mut self.engine, timeout) {
+            let now = Instant::now();
+            for i in 0..self.engine.masters() {
+                self.engine.handle_failure(i, now, cause.clone());
+            }
+        }
+        self.check_distinct();
+        while let Some(id) = self.engine.poll_completed() {
+            let Some(&(index, started)) = self.owners.get(id.index()) else {
+                continue;
+            };
+            let ended = Stamp::now();
+            let EventLoop {
+                engine,
+                jobs,
+                config,
+                names,
+                tokens,
+                jitter,
+                ..
+            } = self;
+            let (Some(round), Some(Some(running))) = (engine.round(id), jobs.get_mut(index)) else {
+                continue;
+            };
+            let mut ctx = Ctx {
+                config,
+                names,
+                tokens,
+                jitter,
+            };
+            running.job.handle_round(&mut ctx, round, started, ended);
+            self.engine.finish(id);
+            self.advance(index, ended.mono);
+        }
+        self.admit(Instant::now());
+        Turn::Again
+    }
+
+    /// Runs `job` on the calling thread, with the loop idle: its rounds,
+    /// sends and outcome, as [`Redlock`](crate::Redlock) runs a job.
+    /// [`Ran::Sleeping`] when the job would wait to retry: it goes to the
+    /// loop then, with the instant it waits for.
+    fn run_inline(&mut self, mut job: Job) -> Ran {
+        loop {
+            let now = Instant::now();
+            let EventLoop {
+                engine,
+                driver,
+                config,
+                names,
+                tokens,
+                jitter,
+                ..
+            } = self;
+            let mut ctx = Ctx {
+                config,
+                names,
+                tokens,
+                jitter,
+            };
+            match job.poll(&mut ctx, now) {
+                Step::Round {
+                    requests,
+                    timeout,
+                    wait,
+                } => {
+                    driver.prepare(engine, now);
+                    let started = Stamp::now();
+                    let id = engine.start(requests, started.mono, timeout, wait);
+                    driver.run(engine, id, false);
+                    let ended = Stamp::now();
+                    engine.end(id);
+                    if let Some(round) = engine.round(id) {
+                        job.handle_round(&mut ctx, round, started, ended);
+                    }
+                    engine.free(id);
+                    // Idle: the only rounds completed are this one and
+                    // releases nobody waits for.
+                    while engine.poll_completed().is_some() {}
+                    self.check_distinct();
+                }
+                Step::Send(requests) => {
+                    driver.prepare(engine, now);
+                    let id = engine.start(requests, now, Duration::ZERO, Wait::Decision);
+                    driver.send(engine);
+                    engine.finish(id);
+                    while engine.poll_completed().is_some() {}
+                }
+                Step::Sleep(at) => return Ran::Sleeping(job, at),
+                Step::Done => {
+                    return match job.take_output() {
+                        Some(output) => Ran::Done(output),
+                        None => Ran::Done(Output::Released(Err(lost()))),
+                    };
                 }
             }
-            self.check_distinct();
-            while let Some(id) = self.engine.poll_completed() {
-                let Some(&(index, started)) = self.owners.get(id.index()) else {
-                    continue;
-                };
-                let ended = Stamp::now();
-                let EventLoop {
-                    engine,
-                    jobs,
-                    config,
-                    names,
-                    tokens,
-                    jitter,
-                    ..
-                } = &mut self;
-                let (Some(round), Some(Some(running))) = (engine.round(id), jobs.get_mut(index))
-                else {
-                    continue;
-                };
-                let mut ctx = Ctx {
-                    config,
-                    names,
-                    tokens,
-                    jitter,
-                };
-                running.job.handle_round(&mut ctx, round, started, ended);
-                self.engine.finish(id);
-                self.advance(index, ended.mono);
-            }
-            self.admit(Instant::now());
         }
+    }
+
+    /// Takes a job a caller ran until it had to wait to retry.
+    fn spawn_sleeping(&mut self, job: Job, waiter: Waiter, at: Instant) {
+        let running = Some(Running { job, waiter });
+        let index = match self.free_jobs.pop() {
+            Some(index) => {
+                self.jobs[index] = running;
+                index
+            }
+            None => {
+                self.jobs.push(running);
+                self.jobs.len() - 1
+            }
+        };
+        self.sleeping.push(Reverse((at, index)));
     }
 
     /// Starts the orders waiting for room, oldest first, while every
@@ -928,6 +1174,26 @@ impl EventLoop {
     /// Makes `submission` a job and runs it to its first wait.
     fn start(&mut self, submission: Submission, now: Instant) {
         let Submission { order, completion } = submission;
+        let order = match order {
+            Order::Keep { keeper } => return self.keep(*keeper, now),
+            Order::Unkeep { shared } => return self.unkeep(&shared, completion, now),
+            order => order,
+        };
+        match self.make_job(order, now) {
+            Ok(job) => self.spawn(job, Waiter::Caller(completion), now),
+            Err(output) => {
+                if let Some(output) = completion.complete(output) {
+                    self.release_abandoned(output, now);
+                }
+            }
+        }
+    }
+
+    /// The job for `order` (not a keep or unkeep), or the output it ends
+    /// with before anything is sent (a setting or argument refused).
+    // Both sides are large and short-lived: boxing would allocate per call.
+    #[allow(clippy::result_large_err)]
+    fn make_job(&mut self, order: Order, now: Instant) -> Result<Job, Output> {
         let mut ctx = Ctx {
             config: &self.config,
             names: &self.names,
@@ -939,7 +1205,7 @@ impl EventLoop {
             (Some(error), true) => Some(Error::Config(error.clone())),
             _ => None,
         };
-        let job = match (order, refused) {
+        match (order, refused) {
             (Order::Acquire { .. } | Order::AcquireBatch { .. }, Some(error)) => {
                 Err(Output::Lock(Err(error)))
             }
@@ -973,22 +1239,8 @@ impl EventLoop {
                 &locks,
                 now,
             ))),
-            (Order::Keep { keeper }, _) => {
-                self.keep(*keeper, now);
-                return;
-            }
-            (Order::Unkeep { shared }, _) => {
-                self.unkeep(&shared, completion, now);
-                return;
-            }
-        };
-        match job {
-            Ok(job) => self.spawn(job, Waiter::Caller(completion), now),
-            Err(output) => {
-                if let Some(output) = completion.complete(output) {
-                    self.release_abandoned(output, now);
-                }
-            }
+            // Never made into jobs (see `start`): nothing to do.
+            (Order::Keep { .. } | Order::Unkeep { .. }, _) => Err(Output::Released(Ok(()))),
         }
     }
 

@@ -562,3 +562,55 @@ fn freshly_started_masters_are_quarantined_for_every_caller() {
         }
     }
 }
+
+/// How many EVALSHA commands `server` has run.
+fn evalsha_calls(server: &Server) -> u64 {
+    let Reply::Bulk(info) = connect(server).cmd(&["INFO".into(), "commandstats".into()]) else {
+        panic!("INFO commandstats");
+    };
+    String::from_utf8_lossy(&info)
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A blocking acquire runs on the caller's thread while the loop is idle;
+/// once it must wait to retry (the resource is held), the loop takes it
+/// over, retries it, and hands the lock to the waiting caller when the
+/// holder lets go.
+#[test]
+fn a_blocking_acquire_that_must_wait_is_handed_to_the_loop() {
+    let masters = cluster(3);
+    let redlock = shared(&masters.urls());
+    let held = redlock
+        .try_acquire("handover", TTL)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let before = evalsha_calls(&masters[0]);
+    let waiter = {
+        let redlock = redlock.clone();
+        thread::spawn(move || {
+            let retry = Retry {
+                attempts: u32::MAX,
+                delay: Duration::from_millis(20),
+                max_wait: Some(Duration::from_secs(20)),
+            };
+            redlock.acquire_with("handover", TTL, &retry)
+        })
+    };
+    // The waiter's first attempt was refused: its cleanup release ran.
+    assert!(eventually(Duration::from_secs(10), || evalsha_calls(
+        &masters[0]
+    ) > before));
+    redlock.release(&held).unwrap_or_else(|e| panic!("{e}"));
+    let lock = waiter
+        .join()
+        .expect("waiter")
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_ne!(lock.token(), held.token());
+    redlock.release(&lock).unwrap_or_else(|e| panic!("{e}"));
+    for server in &masters {
+        assert_eq!(get(server, "handover"), Reply::Nil);
+    }
+}
