@@ -27,7 +27,7 @@ use std::collections::{BinaryHeap, VecDeque};
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll, Waker};
 use std::thread::{self, JoinHandle};
@@ -115,6 +115,9 @@ struct Queue {
     idle: AtomicBool,
     /// Set by a caller that handed the loop a job directly.
     nudged: AtomicBool,
+    /// Blocking calls under way: only one alone runs on its own thread
+    /// (with company, the loop pipelines them all instead).
+    blocking: AtomicUsize,
     ready: Condvar,
 }
 
@@ -340,6 +343,7 @@ impl SharedRedlock {
             closed: AtomicBool::new(false),
             idle: AtomicBool::new(false),
             nudged: AtomicBool::new(false),
+            blocking: AtomicUsize::new(0),
             ready: Condvar::new(),
         });
         let core = Arc::new(Mutex::new(event_loop));
@@ -582,9 +586,21 @@ impl SharedRedlock {
 
     /// Submits `order` and blocks until its output is in.
     fn wait<T>(&self, order: Order, extract: fn(Output) -> T) -> T {
-        let order = match self.try_inline(order) {
-            Inline::Done(output) => return extract(output),
-            Inline::Busy(order) => order,
+        let blocking = &self.handle.queue.blocking;
+        let alone = blocking.fetch_add(1, Ordering::AcqRel) == 0;
+        let output = self.wait_counted(order, extract, alone);
+        blocking.fetch_sub(1, Ordering::AcqRel);
+        output
+    }
+
+    fn wait_counted<T>(&self, order: Order, extract: fn(Output) -> T, alone: bool) -> T {
+        let order = if alone {
+            match self.try_inline(order) {
+                Inline::Done(output) => return extract(output),
+                Inline::Busy(order) => order,
+            }
+        } else {
+            order
         };
         let completion = blocking_completion();
         let mut pending = self.submit(order, Arc::clone(&completion), extract);
@@ -640,8 +656,9 @@ impl SharedRedlock {
 }
 
 impl SharedRedlock {
-    /// Runs a blocking caller's operation on the caller's thread when the
-    /// loop has nothing in flight and lets go of its state: no hand-off
+    /// Runs a blocking caller's operation on the caller's thread when it is
+    /// the only blocking call under way and the loop has nothing in flight
+    /// and lets go of its state: no hand-off
     /// between threads, the latency of [`Redlock`](crate::Redlock). An
     /// operation that would wait to retry is handed to the loop at that
     /// point, and its output awaited. The order comes back
