@@ -558,15 +558,12 @@ impl Conn {
         Some(cause)
     }
 
-    /// Whether the connection is behind: still connecting or in its
-    /// handshake, or its oldest request in flight has waited longer than
+    /// Whether the connection is behind: its oldest request in flight
+    /// (queued while connecting, or sent) has waited longer than
     /// `patience` for its reply.
     pub(crate) fn is_lagging(&self, now: Instant, patience: Duration) -> bool {
-        self.is_connecting()
-            || self.handshake_left > 0
-            || self
-                .oldest_sent_at()
-                .is_some_and(|t| now.saturating_duration_since(t) > patience)
+        self.oldest_sent_at()
+            .is_some_and(|t| now.saturating_duration_since(t) > patience)
     }
 
     fn oldest_sent_at(&self) -> Option<Instant> {

@@ -359,11 +359,11 @@ impl Engine {
     /// client's admission rule. Every master that keeps up must have room
     /// (a master that is down counts as empty), so that a burst all masters
     /// share waits its turn instead of pushing the slowest of them past
-    /// [`Timing::max_in_flight`]; a master that lags (still connecting or
-    /// in its handshake, or its oldest request unanswered for longer than
-    /// `patience`, the per-instance timeout) holds nobody back and is
-    /// dropped as too far behind, as with one caller. At least a quorum
-    /// must have room.
+    /// [`Timing::max_in_flight`] (a master still connecting or in its
+    /// handshake included: at start-up every master is); a master that
+    /// lags (its oldest request unanswered for longer than `patience`, the
+    /// per-instance timeout) holds nobody back and is dropped as too far
+    /// behind, as with one caller. At least a quorum must have room.
     pub(crate) fn has_room(
         &self,
         k: usize,

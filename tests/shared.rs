@@ -491,7 +491,7 @@ fn a_stalled_master_holds_no_caller_back() {
         .map(|t| {
             let redlock = redlock.clone();
             thread::spawn(move || {
-                for c in 0..40 {
+                for c in 0..20 {
                     let lock = redlock
                         .try_acquire(format!("stall:{t}"), TTL)
                         .unwrap_or_else(|e| panic!("thread {t}, cycle {c}: {e}"));
