@@ -115,6 +115,10 @@ struct Queue {
     idle: AtomicBool,
     /// Set by a caller that handed the loop a job directly.
     nudged: AtomicBool,
+    /// Set (under `orders`' lock) while the loop waits idle with no time
+    /// limit: a caller that ran an operation itself and left late replies
+    /// in flight nudges it then, so that it comes back for them.
+    waiting_untimed: AtomicBool,
     /// Blocking calls under way: only one alone runs on its own thread
     /// (with company, the loop pipelines them all instead).
     blocking: AtomicUsize,
@@ -343,6 +347,7 @@ impl SharedRedlock {
             closed: AtomicBool::new(false),
             idle: AtomicBool::new(false),
             nudged: AtomicBool::new(false),
+            waiting_untimed: AtomicBool::new(false),
             blocking: AtomicUsize::new(0),
             ready: Condvar::new(),
         });
@@ -679,7 +684,18 @@ impl SharedRedlock {
             Err(output) => return Inline::Done(output),
         };
         match core.run_inline(job) {
-            Ran::Done(output) => Inline::Done(output),
+            Ran::Done(output) => {
+                // The slowest masters' replies are still to come: the loop
+                // must be awake to read them (a late -NOSCRIPT to a release
+                // is answered with EVAL) if no caller comes back first.
+                let late = core.engine.in_flight() > 0;
+                drop(core);
+                let queue = &self.handle.queue;
+                if late && queue.waiting_untimed.load(Ordering::Acquire) {
+                    queue.nudge();
+                }
+                Inline::Done(output)
+            }
             Ran::Sleeping(job, at) => {
                 let completion = blocking_completion();
                 core.spawn_sleeping(job, Waiter::Caller(Arc::clone(&completion)), at);
@@ -729,6 +745,8 @@ impl Queue {
     fn wait_idle(&self, until: Option<Instant>) {
         let mut orders = self.orders.lock().unwrap_or_else(PoisonError::into_inner);
         self.idle.store(true, Ordering::Release);
+        self.waiting_untimed
+            .store(until.is_none(), Ordering::Release);
         while orders.is_empty()
             && !self.closed.load(Ordering::Acquire)
             && !self.nudged.swap(false, Ordering::AcqRel)
@@ -751,6 +769,7 @@ impl Queue {
             }
         }
         self.idle.store(false, Ordering::Release);
+        self.waiting_untimed.store(false, Ordering::Release);
     }
 }
 
@@ -1029,7 +1048,9 @@ impl EventLoop {
         self.wake_sleepers(now);
         self.fire_keep_timers(now);
         self.driver.send(&mut self.engine);
-        if self.is_idle() {
+        let idle = self.is_idle();
+        let next_keep = self.keep_timers.peek().map(|Reverse((at, _, _))| *at);
+        if idle {
             if let Some(since) = *closing_since {
                 // Everything answered; late replies and cleanup within the
                 // grace period.
@@ -1037,7 +1058,9 @@ impl EventLoop {
                 self.driver.settle(&mut self.engine, deadline);
                 return Turn::Exit;
             }
-            return Turn::Idle(self.keep_timers.peek().map(|Reverse((at, _, _))| *at));
+            if self.engine.in_flight() == 0 {
+                return Turn::Idle(next_keep);
+            }
         }
         let wake = [
             self.engine.poll_timeout(),
@@ -1047,7 +1070,15 @@ impl EventLoop {
         .into_iter()
         .flatten()
         .min();
-        let timeout = wake.map(|t| t.saturating_duration_since(Instant::now()));
+        // Idle but for late replies (the slowest masters'): read what has
+        // come without waiting, and come back for the rest a per-instance
+        // timeout later, so that a late -NOSCRIPT to a release is still
+        // answered with EVAL while no caller is active.
+        let timeout = if idle {
+            Some(Duration::ZERO)
+        } else {
+            wake.map(|t| t.saturating_duration_since(Instant::now()))
+        };
         if let Err(cause) = self.driver.turn(&mut self.engine, timeout) {
             let now = Instant::now();
             for i in 0..self.engine.masters() {
@@ -1083,6 +1114,15 @@ impl EventLoop {
             self.advance(index, ended.mono);
         }
         self.admit(Instant::now());
+        if idle && self.is_idle() {
+            self.driver.send(&mut self.engine);
+            let soon = Instant::now().checked_add(self.config.per_instance_timeout);
+            let until = match (next_keep, soon) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            return Turn::Idle(until);
+        }
         Turn::Again
     }
 

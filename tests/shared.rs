@@ -614,3 +614,25 @@ fn a_blocking_acquire_that_must_wait_is_handed_to_the_loop() {
         assert_eq!(get(server, "handover"), Reply::Nil);
     }
 }
+
+/// A release whose reply from the slowest master comes after the quorum
+/// decided, as `-NOSCRIPT` (after SCRIPT FLUSH), is answered with EVAL by
+/// the event loop even while no caller is active: the key goes from that
+/// master too, without another operation.
+#[test]
+fn a_late_noscript_to_a_release_is_answered_while_the_client_is_idle() {
+    let mut masters = cluster(3);
+    let redlock = shared(&masters.urls());
+    let lock = redlock
+        .try_acquire("late:noscript", TTL)
+        .unwrap_or_else(|e| panic!("{e}"));
+    for server in &masters {
+        let reply = connect(server).cmd(&["SCRIPT".into(), "FLUSH".into()]);
+        assert!(reply.is_ok(), "{reply:?}");
+    }
+    masters[2].pause().unwrap_or_else(|e| panic!("{e}"));
+    redlock.release(&lock).unwrap_or_else(|e| panic!("{e}"));
+    masters[2].resume().unwrap_or_else(|e| panic!("{e}"));
+    // No further operation: the loop reads the late -NOSCRIPT itself.
+    assert_eq!(wait_empty(&masters[2], Duration::from_secs(10)), Ok(()));
+}
