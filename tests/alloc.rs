@@ -332,13 +332,20 @@ fn a_resource_built_at_run_time_and_kept_costs_the_engine_no_allocation() {
 /// several callers at once.
 #[test]
 fn the_shared_client_allocates_nothing_per_blocking_call_in_steady_state() {
+    // One caller runs its operations on its own thread (the loop idle);
+    // four share the loop's pipelined writes.
+    for callers in [1, 4] {
+        shared_client_allocations(callers);
+    }
+}
+
+fn shared_client_allocations(callers: usize) {
     let masters = common::cluster(3);
     let mut config = Config::new(masters.urls()).expect("config");
     config.quarantine = None;
     config.per_instance_timeout = Duration::from_millis(200);
     config.connect_timeout = Duration::from_secs(60);
     let shared = SharedRedlock::new(config).expect("client");
-    let callers = 4;
     let keys: Vec<Bytes> = (0..callers)
         .map(|i| Bytes::from(format!("alloc:shared:{i}")))
         .collect();
