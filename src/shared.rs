@@ -13,7 +13,11 @@
 //! the spec's rules.
 //!
 //! Blocking calls wait on a completion reused per thread, so that they
-//! allocate nothing in steady state. Async calls return futures that any
+//! allocate nothing in steady state. A blocking call that is the only one
+//! under way, while the loop has nothing in flight, runs on its caller's
+//! thread instead (the loop then waits on its queue, not in `epoll`, and
+//! lets go of its state): no hand-off between threads, the latency of the
+//! single-thread client. Async calls return futures that any
 //! executor can drive (they use only `std::task::Waker`); each allocates
 //! its completion once. A future dropped before it completes never leaks a
 //! lock: the loop releases what its acquire took, and stops its retries.
