@@ -794,8 +794,12 @@ impl Drop for Handle {
             .get_mut()
             .unwrap_or_else(PoisonError::into_inner)
             .take();
-        // The loop itself never holds a handle, so this is another thread.
-        if let Some(thread) = thread {
+        // The last handle can go on the loop thread itself (one captured
+        // by a kept lock's loss callback, say): the loop then ends on its
+        // own, after this turn, and must not wait for itself.
+        if let Some(thread) = thread
+            && thread.thread().id() != thread::current().id()
+        {
             let _ = thread.join();
         }
     }
