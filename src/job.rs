@@ -192,8 +192,9 @@ pub(crate) struct Acquire {
     /// A fenced acquire's write-back, once planned; then the cleanup
     /// release after a failure.
     second: Option<Request>,
-    /// When phase one started: a fenced lock's validity counts both phases.
-    started: Stamp,
+    /// When the last phase one started: a fenced lock's validity counts
+    /// both phases.
+    phase_one: Option<Stamp>,
     stage: Stage,
     /// Where to go after the cleanup: retry at an instant, or finish.
     after_cleanup: Option<Instant>,
@@ -248,7 +249,7 @@ impl Acquire {
             give_up: retry.max_wait.and_then(|w| now.checked_add(w)),
             attempt: 0,
             second: None,
-            started: Stamp::now(),
+            phase_one: None,
             stage: Stage::Round,
             after_cleanup: None,
             last_error: None,
@@ -317,7 +318,7 @@ impl Acquire {
     fn handle_round(&mut self, ctx: &mut Ctx<'_>, round: &Round, started: Stamp, ended: Stamp) {
         match self.stage {
             Stage::Waiting => {
-                self.started = started;
+                self.phase_one = Some(started);
                 let Some(expiry) = validity(ctx.config, round, 0, started, ended, self.ttl) else {
                     let error = verdict(ctx, round, self.op, 0, self.first, self.attempt, ended);
                     return self.fail(ctx, error, ended.mono);
@@ -330,7 +331,9 @@ impl Acquire {
             Stage::FenceWaiting => {
                 let fence = self.second.as_ref().map_or(0, |r| r.arg);
                 if round.decision(0) == Some(Decision::Won)
-                    && let Some(expiry) = expiry(ctx.config, self.started, ended, self.ttl)
+                    && let Some(expiry) = self
+                        .phase_one
+                        .and_then(|started| expiry(ctx.config, started, ended, self.ttl))
                 {
                     return self.succeed(expiry, Some(fence.unsigned_abs()));
                 }
