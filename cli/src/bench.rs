@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use clap::Args;
 use hdrhistogram::Histogram;
-use redlock_mio::{Config, Error, Lock, Redlock, SharedRedlock};
+use redlock_mio::{Config, Error, Lock, Redlock, Retry, SharedRedlock};
 use redlock_test::{Cluster, Options};
 
 use crate::exit::{self, Failure};
@@ -103,6 +103,18 @@ pub struct BenchArgs {
     #[arg(long, value_name = "K", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=4096))]
     batch: u32,
 
+    /// Hold each lock this long before releasing it, and wait for a held
+    /// lock (retrying as the client's retry policy says, until the run
+    /// ends) instead of counting it as contention: critical sections per
+    /// second, how long each waited, and each thread's share
+    #[arg(long, value_name = "D", value_parser = parse_duration, conflicts_with_all = ["batch", "tasks"])]
+    hold: Option<Duration>,
+
+    /// With --hold: the wait between attempts on a held lock (each wait
+    /// uniform in [D/2, D])
+    #[arg(long, value_name = "D", default_value = "200ms", value_parser = parse_duration)]
+    retry_delay: Duration,
+
     /// Busy-wait for replies instead of sleeping in epoll (lower latency,
     /// one core per thread; per-thread clients only)
     #[arg(long)]
@@ -123,6 +135,15 @@ struct Tally {
     /// Errors by kind ("acquire: quorum unreachable"): count and the
     /// first message.
     errors: BTreeMap<String, (u64, String)>,
+    /// With `--hold`: how long each acquire waited for the lock, from its
+    /// first attempt until it was taken, or until the end of the run for
+    /// a wait still open then.
+    wait: Histogram<u64>,
+    /// With `--hold`: waits still open when the run ended (counted in
+    /// `wait` up to the end).
+    open_waits: u64,
+    /// Locks taken and released by each thread, in thread order.
+    per_thread: Vec<u64>,
 }
 
 impl Tally {
@@ -138,6 +159,9 @@ impl Tally {
             cycles: 0,
             acquire_failed: 0,
             errors: BTreeMap::new(),
+            wait: histogram(),
+            open_waits: 0,
+            per_thread: Vec::new(),
         }
     }
 
@@ -171,9 +195,12 @@ impl Tally {
         // Same bounds on both sides: adding cannot fail.
         let _ = self.acquire.add(&other.acquire);
         let _ = self.release.add(&other.release);
+        let _ = self.wait.add(&other.wait);
         self.attempts += other.attempts;
         self.cycles += other.cycles;
         self.acquire_failed += other.acquire_failed;
+        self.open_waits += other.open_waits;
+        self.per_thread.extend(other.per_thread);
         for (kind, (n, message)) in other.errors {
             self.errors.entry(kind).or_insert((0, message)).0 += n;
         }
@@ -526,6 +553,18 @@ enum Client {
 }
 
 impl Client {
+    fn acquire_with(
+        &mut self,
+        resource: Bytes,
+        ttl: Duration,
+        retry: &Retry,
+    ) -> Result<Lock, Error> {
+        match self {
+            Client::Own(c) => c.acquire_with(resource, ttl, retry),
+            Client::Shared(c) => c.acquire_with(resource, ttl, retry),
+        }
+    }
+
     fn try_acquire(&mut self, resource: Bytes, ttl: Duration) -> Result<Lock, Error> {
         match self {
             Client::Own(c) => c.try_acquire(resource, ttl),
@@ -594,6 +633,20 @@ fn worker(
     let mut tally = Tally::new();
     // Odd, hence never the all-zero state xorshift cannot leave.
     let mut pick = Pick((index as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+    if let Some(hold) = args.hold {
+        hold_cycles(
+            &mut client,
+            &names,
+            &mut pick,
+            hold,
+            args,
+            &mut tally,
+            stop,
+            progress,
+        );
+        tally.per_thread.push(tally.cycles);
+        return Ok(tally);
+    }
     if batch > 1 {
         // A batch never names one resource twice: it would contend with
         // itself, and count as contention what no other client caused.
@@ -602,6 +655,7 @@ fn worker(
             let chosen = pick.distinct(&mut order, batch);
             batch_cycle(&mut client, chosen, args.ttl, &mut tally, progress);
         }
+        tally.per_thread.push(tally.cycles);
         return Ok(tally);
     }
     while !stop.load(Ordering::Relaxed) {
@@ -639,7 +693,77 @@ fn worker(
             }
         }
     }
+    tally.per_thread.push(tally.cycles);
     Ok(tally)
+}
+
+/// `--hold D`: acquire (waiting for a held lock, retrying as the client's
+/// policy says, until the run ends), hold D, release; each wait recorded
+/// from the first attempt. A wait the end of the run cuts short is
+/// recorded up to then and counted as open.
+#[allow(clippy::too_many_arguments)]
+fn hold_cycles(
+    client: &mut Client,
+    names: &[Bytes],
+    pick: &mut Pick,
+    hold: Duration,
+    args: &BenchArgs,
+    tally: &mut Tally,
+    stop: &AtomicBool,
+    progress: &AtomicU64,
+) {
+    // The run's end, as this thread sees it (it starts with the others).
+    let end = Instant::now().checked_add(args.duration);
+    let delay = args.retry_delay;
+    while !stop.load(Ordering::Relaxed) {
+        let resource = names[if names.len() == 1 {
+            0
+        } else {
+            pick.below(names.len())
+        }]
+        .clone();
+        tally.attempts += 1;
+        let t0 = Instant::now();
+        let retry = Retry {
+            attempts: u32::MAX,
+            delay,
+            max_wait: end.map(|end| end.saturating_duration_since(t0)),
+        };
+        let acquired = client.acquire_with(resource, args.ttl, &retry);
+        let t1 = Instant::now();
+        match acquired {
+            Ok(lock) => {
+                tally.wait.saturating_record(micros(t1 - t0));
+                tally.acquire.saturating_record(micros(t1 - t0));
+                thread::sleep(hold);
+                let t2 = Instant::now();
+                match client.release(&lock) {
+                    Ok(()) => {
+                        tally.release.saturating_record(micros(t2.elapsed()));
+                        tally.cycles += 1;
+                        progress.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(e) => tally.error("release", &e),
+                }
+            }
+            // Still waiting when the run ended, or when its next retry
+            // would come after the end: an open wait, and this thread's
+            // last.
+            Err(_)
+                if stop.load(Ordering::Relaxed)
+                    || end.is_some_and(|end| t1.checked_add(delay).is_none_or(|t| t >= end)) =>
+            {
+                tally.wait.saturating_record(micros(t1 - t0));
+                tally.open_waits += 1;
+                return;
+            }
+            Err(Error::Held(_)) => tally.acquire_failed += 1,
+            Err(e) => {
+                tally.error("acquire", &e);
+                thread::sleep(ERROR_PAUSE);
+            }
+        }
+    }
 }
 
 /// One batch: lock every resource in one pass, release those taken in one
@@ -771,8 +895,21 @@ fn json_report(
         "errors_by_kind": errors,
         "acquire_us": latency(&tally.acquire),
         "release_us": latency(&tally.release),
+        "hold_ms": args.hold.map(|h| h.as_secs_f64() * 1000.0),
+        "wait_us": args.hold.map(|_| {
+            let mut wait = latency(&tally.wait);
+            wait["open"] = serde_json::Value::from(tally.open_waits);
+            wait
+        }),
+        "shares": shares(tally),
     });
     format!("{value}\n")
+}
+
+/// Each thread's share of the locks taken and released, in thread order.
+fn shares(tally: &Tally) -> Vec<f64> {
+    let total = tally.per_thread.iter().sum::<u64>().max(1) as f64;
+    tally.per_thread.iter().map(|&n| n as f64 / total).collect()
 }
 
 fn text_report(
@@ -843,6 +980,22 @@ fn text_report(
     );
     for (kind, (n, message)) in &tally.errors {
         let _ = writeln!(out, "  {kind}: {n}, first: {message}");
+    }
+    if let Some(hold) = args.hold {
+        let [p50, p90, p99, _, max] = percentiles(&tally.wait);
+        let _ = writeln!(
+            out,
+            "each lock held {}; wait for the lock (µs): p50 {p50}, p90 {p90}, p99 {p99}, max {max} \
+             ({} waits still open at the end, counted until then)",
+            humantime::format_duration(hold),
+            tally.open_waits
+        );
+        let shares: Vec<String> = shares(tally)
+            .iter()
+            .enumerate()
+            .map(|(i, share)| format!("thread {i} {:.1}%", share * 100.0))
+            .collect();
+        let _ = writeln!(out, "shares of the locks taken: {}", shares.join(", "));
     }
     let _ = writeln!(out);
     let _ = writeln!(
