@@ -366,7 +366,10 @@ fn measure(
         let mut failure = None;
         for handle in workers {
             match handle.join() {
-                Ok(Ok(tally)) => total.merge(tally),
+                Ok(Ok(mut tally)) => {
+                    tally.per_thread.push(tally.cycles);
+                    total.merge(tally);
+                }
                 Ok(Err(e)) => failure = Some(e),
                 Err(_) => failure = Some(Failure::new(exit::SOFTWARE, "a bench thread panicked")),
             }
@@ -534,6 +537,16 @@ impl Pick {
         &order[..k]
     }
 
+    /// One of `names`, drawn uniformly (the only one, without a draw).
+    fn resource(&mut self, names: &[Bytes]) -> Bytes {
+        let index = if names.len() == 1 {
+            0
+        } else {
+            self.below(names.len())
+        };
+        names[index].clone()
+    }
+
     fn below(&mut self, n: usize) -> usize {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
@@ -644,7 +657,6 @@ fn worker(
             stop,
             progress,
         );
-        tally.per_thread.push(tally.cycles);
         return Ok(tally);
     }
     if batch > 1 {
@@ -655,16 +667,10 @@ fn worker(
             let chosen = pick.distinct(&mut order, batch);
             batch_cycle(&mut client, chosen, args.ttl, &mut tally, progress);
         }
-        tally.per_thread.push(tally.cycles);
         return Ok(tally);
     }
     while !stop.load(Ordering::Relaxed) {
-        let resource = names[if names.len() == 1 {
-            0
-        } else {
-            pick.below(names.len())
-        }]
-        .clone();
+        let resource = pick.resource(&names);
         tally.attempts += 1;
         let t0 = Instant::now();
         let acquired = client.try_acquire(resource, args.ttl);
@@ -693,7 +699,6 @@ fn worker(
             }
         }
     }
-    tally.per_thread.push(tally.cycles);
     Ok(tally)
 }
 
@@ -716,12 +721,7 @@ fn hold_cycles(
     let end = Instant::now().checked_add(args.duration);
     let delay = args.retry_delay;
     while !stop.load(Ordering::Relaxed) {
-        let resource = names[if names.len() == 1 {
-            0
-        } else {
-            pick.below(names.len())
-        }]
-        .clone();
+        let resource = pick.resource(names);
         tally.attempts += 1;
         let t0 = Instant::now();
         let retry = Retry {
