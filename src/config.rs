@@ -131,6 +131,27 @@ pub struct Config {
     /// connect. Default: the system's resolver. IP literals are never
     /// looked up.
     pub resolver: Resolver,
+    /// How a waiting acquire (one with retries left) waits for a lock that
+    /// another client holds. `true` (the default): it learns the key's
+    /// remaining time from the refusing masters and waits until then, and
+    /// a [`SharedRedlock`](crate::SharedRedlock) also subscribes to the
+    /// resource's release channel ([`script::release_channel`]) on every
+    /// master and tries again as soon as a release is published, or at
+    /// once when a lock is released through the same client: a released
+    /// lock is handed over within round trips. Waiting then lasts up to
+    /// [`Retry::max_wait`], or `attempts * delay` without one; attempts
+    /// refused because the lock is held do not use up [`Retry::attempts`].
+    /// `false`: every refused attempt waits [`Retry::delay`] (jittered),
+    /// as Redlock clients usually do.
+    ///
+    /// [`script::release_channel`]: crate::script::release_channel
+    pub wake_on_release: bool,
+    /// With [`Config::wake_on_release`]: each waiter tries again after a
+    /// random wait in `[0, wake_spread]` once woken, so that waiters in
+    /// several processes woken by one release do not all send their
+    /// `SET NX` at once and split the masters' votes. Default 0 (see
+    /// README, *Waiting for a held lock*, for the measurements).
+    pub wake_spread: Duration,
     /// Test knob, present only with the `test-knobs` feature (not in
     /// `default`; the crate's tests turn it on): added to every validity the
     /// client computes, so that a lock claims to outlive its keys.
@@ -177,6 +198,8 @@ impl Config {
             spin: false,
             max_in_flight: 1024,
             resolver: Resolver::system(),
+            wake_on_release: true,
+            wake_spread: Duration::ZERO,
             #[cfg(feature = "test-knobs")]
             overstate_validity: Duration::ZERO,
         })

@@ -41,6 +41,9 @@ pub(crate) enum Op {
     ReleaseMany,
     /// Extend every key of a multi-resource lock, or none.
     ExtendMany,
+    /// A waiting acquire's attempt: SET NX PX, or the key's remaining time
+    /// when it is held.
+    AcquireWait,
 }
 
 impl Op {
@@ -54,13 +57,17 @@ impl Op {
             Op::AcquireMany => Some(ScriptId::AcquireMany),
             Op::ReleaseMany => Some(ScriptId::ReleaseMany),
             Op::ExtendMany => Some(ScriptId::ExtendMany),
+            Op::AcquireWait => Some(ScriptId::AcquireWait),
         }
     }
 
     /// Whether the operation takes a lock (sets keys), as opposed to
     /// releasing, extending or fencing one.
     pub(crate) fn sets_keys(self) -> bool {
-        matches!(self, Op::Acquire | Op::AcquireFenced | Op::AcquireMany)
+        matches!(
+            self,
+            Op::Acquire | Op::AcquireFenced | Op::AcquireMany | Op::AcquireWait
+        )
     }
 
     /// Whether the operation only removes keys: the one kind that is still

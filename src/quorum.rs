@@ -602,6 +602,8 @@ fn classify(op: Op, reply: Reply) -> Vote {
         // but its value vouches for nothing (no fence read is kept).
         (Op::AcquireFenced, Reply::Integer(n)) if n >= 0 => Vote::Granted,
         (Op::AcquireFenced, Reply::Integer(-1)) => Vote::Refused,
+        // Minus the holder's remaining time, kept in the round's values.
+        (Op::AcquireWait, Reply::Integer(n)) if n < 0 => Vote::Refused,
         // Every script but the fenced acquire answers 1 or 0.
         (op, Reply::Integer(1)) if !matches!(op, Op::Acquire | Op::AcquireFenced) => Vote::Granted,
         (op, Reply::Integer(0)) if !matches!(op, Op::Acquire | Op::AcquireFenced) => Vote::Refused,

@@ -44,7 +44,33 @@ impl Script {
 
 /// Compare-and-delete, from the spec: `KEYS[1]` resource, `ARGV[1]` token.
 /// Returns 1 when this token held the key and it was deleted, else 0.
-pub const RELEASE_SOURCE: &str = "if redis.call(\"get\",KEYS[1]) == ARGV[1] then return redis.call(\"del\",KEYS[1]) else return 0 end";
+/// A deletion is also published, the token as the message, on the
+/// resource's [`release_channel`], so that waiters subscribed there try
+/// again at once. The compare-and-delete is the spec's: other Redlock
+/// clients' releases (which do not publish) and ours exclude each other as
+/// before.
+pub const RELEASE_SOURCE: &str = "if redis.call(\"get\",KEYS[1]) == ARGV[1] then redis.call(\"del\",KEYS[1]) redis.call(\"publish\",\"redlock:released:\"..KEYS[1],ARGV[1]) return 1 else return 0 end";
+
+/// The prefix of a resource's release channel: see [`release_channel`].
+pub const RELEASE_CHANNEL_PREFIX: &[u8] = b"redlock:released:";
+
+/// The channel a release of `resource` is published on by
+/// [`RELEASE_SOURCE`] and [`RELEASE_MANY_SOURCE`]: `redlock:released:`
+/// followed by the resource, byte for byte. Derived from the key alone, so
+/// that every client of the same masters agrees on it.
+pub fn release_channel(resource: &[u8]) -> Vec<u8> {
+    let mut channel = Vec::with_capacity(RELEASE_CHANNEL_PREFIX.len() + resource.len());
+    channel.extend_from_slice(RELEASE_CHANNEL_PREFIX);
+    channel.extend_from_slice(resource);
+    channel
+}
+
+/// A waiting acquire's attempt: `SET KEYS[1] ARGV[1] NX PX ARGV[2]`, and,
+/// when the key is held, the key's remaining time, atomically with the
+/// refusal, so that the waiter knows when it can expire. Returns 1 when
+/// set; else minus the key's `PTTL` in milliseconds (0 when the key has no
+/// expiry, or expires within the millisecond).
+pub const ACQUIRE_WAIT_SOURCE: &str = "if redis.call(\"set\",KEYS[1],ARGV[1],\"NX\",\"PX\",ARGV[2]) then return 1 end local t = redis.call(\"pttl\",KEYS[1]) if t < 0 then t = 0 end return -t";
 
 /// Compare-and-pexpire, from the spec: `KEYS[1]` resource, `ARGV[1]` token,
 /// `ARGV[2]` the new TTL in milliseconds. Returns 1 when extended, else 0.
@@ -124,8 +150,9 @@ return 1"#;
 pub const ACQUIRE_MANY_SOURCE: &str = "for i = 1, #KEYS do if redis.call(\"exists\",KEYS[i]) == 1 then return 0 end end for i = 1, #KEYS do redis.call(\"set\",KEYS[i],ARGV[1],\"PX\",ARGV[2]) end return 1";
 
 /// Multi-resource release: deletes each of `KEYS` that holds the token
-/// `ARGV[1]`; returns 1 when all of them did, else 0.
-pub const RELEASE_MANY_SOURCE: &str = "local all = 1 for i = 1, #KEYS do if redis.call(\"get\",KEYS[i]) == ARGV[1] then redis.call(\"del\",KEYS[i]) else all = 0 end end return all";
+/// `ARGV[1]`, publishing each deletion on that key's [`release_channel`];
+/// returns 1 when all of them did, else 0.
+pub const RELEASE_MANY_SOURCE: &str = "local all = 1 for i = 1, #KEYS do if redis.call(\"get\",KEYS[i]) == ARGV[1] then redis.call(\"del\",KEYS[i]) redis.call(\"publish\",\"redlock:released:\"..KEYS[i],ARGV[1]) else all = 0 end end return all";
 
 /// Multi-resource extend: when every one of `KEYS` holds the token
 /// `ARGV[1]`, sets their TTL to `ARGV[2]` ms and returns 1; else changes
@@ -149,12 +176,14 @@ pub(crate) enum ScriptId {
     ReleaseMany,
     /// [`EXTEND_MANY_SOURCE`].
     ExtendMany,
+    /// [`ACQUIRE_WAIT_SOURCE`].
+    AcquireWait,
 }
 
 /// Every script the client uses, hashed once per client.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Scripts {
-    all: [Script; 7],
+    all: [Script; 8],
 }
 
 impl Scripts {
@@ -169,6 +198,7 @@ impl Scripts {
                 Script::new(ACQUIRE_MANY_SOURCE),
                 Script::new(RELEASE_MANY_SOURCE),
                 Script::new(EXTEND_MANY_SOURCE),
+                Script::new(ACQUIRE_WAIT_SOURCE),
             ],
         }
     }
@@ -204,9 +234,17 @@ mod tests {
     #[test]
     fn scripts_are_the_spec_text() {
         let scripts = Scripts::new();
+        // The spec's compare-and-delete, and the publish on the channel
+        // `release_channel` names.
         assert_eq!(
             scripts.get(ScriptId::Release).source(),
-            r#"if redis.call("get",KEYS[1]) == ARGV[1] then return redis.call("del",KEYS[1]) else return 0 end"#
+            r#"if redis.call("get",KEYS[1]) == ARGV[1] then redis.call("del",KEYS[1]) redis.call("publish","redlock:released:"..KEYS[1],ARGV[1]) return 1 else return 0 end"#
+        );
+        assert_eq!(release_channel(b"orders:42"), b"redlock:released:orders:42");
+        assert!(
+            RELEASE_SOURCE.contains(std::str::from_utf8(RELEASE_CHANNEL_PREFIX).unwrap())
+                && RELEASE_MANY_SOURCE
+                    .contains(std::str::from_utf8(RELEASE_CHANNEL_PREFIX).unwrap())
         );
         assert_ne!(
             scripts.get(ScriptId::Release).sha(),
