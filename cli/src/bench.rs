@@ -110,15 +110,47 @@ pub struct BenchArgs {
     #[arg(long, value_name = "D", value_parser = parse_duration, conflicts_with_all = ["batch", "tasks"])]
     hold: Option<Duration>,
 
-    /// With --hold: the wait between attempts on a held lock (each wait
+    /// With --hold: the wait between attempts on a held lock with
+    /// --wait-mode poll, and after an error in either mode (each wait
     /// uniform in [D/2, D])
     #[arg(long, value_name = "D", default_value = "200ms", value_parser = parse_duration)]
     retry_delay: Duration,
+
+    /// How a waiting acquire (--hold) waits for a held lock: notify tries
+    /// again when the holder's release is published or its key expires
+    /// (the shared client subscribes to the release channel; a per-thread
+    /// client only learns the expiry), poll every --retry-delay
+    #[arg(long, value_enum, value_name = "MODE", default_value_t = WaitMode::Notify)]
+    wait_mode: WaitMode,
+
+    /// With --wait-mode notify: once woken, wait a random time in [0, D]
+    /// before trying, so that waiters in several processes do not all try
+    /// at once
+    #[arg(long, value_name = "D", default_value = "0s", value_parser = parse_duration)]
+    wake_spread: Duration,
 
     /// Busy-wait for replies instead of sleeping in epoll (lower latency,
     /// one core per thread; per-thread clients only)
     #[arg(long)]
     spin: bool,
+}
+
+/// How a waiting acquire waits for a held lock: `Config::wake_on_release`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum WaitMode {
+    /// Woken by the holder's release or at its key's expiry.
+    Notify,
+    /// An attempt every retry delay.
+    Poll,
+}
+
+impl WaitMode {
+    fn name(self) -> &'static str {
+        match self {
+            WaitMode::Notify => "notify",
+            WaitMode::Poll => "poll",
+        }
+    }
 }
 
 /// What one thread measured; merged into one at the end.
@@ -253,6 +285,11 @@ pub fn bench(
             args.batch, args.batch
         )));
     }
+    if args.wait_mode == WaitMode::Poll && !args.wake_spread.is_zero() {
+        return Err(Failure::usage(
+            "--wake-spread applies to --wait-mode notify: a polling waiter is never woken",
+        ));
+    }
     let given: Vec<String> = servers
         .iter()
         .map(|s| s.trim().to_owned())
@@ -284,6 +321,8 @@ pub fn bench(
         config.per_instance_timeout = timeout;
     }
     config.spin = args.spin;
+    config.wake_on_release = args.wait_mode == WaitMode::Notify;
+    config.wake_spread = args.wake_spread;
     quarantine.apply(&mut config);
     if cluster.is_some() {
         // Masters this run started empty hold no lock from before their
@@ -896,6 +935,8 @@ fn json_report(
         "acquire_us": latency(&tally.acquire),
         "release_us": latency(&tally.release),
         "hold_ms": args.hold.map(|h| h.as_secs_f64() * 1000.0),
+        "wait_mode": args.wait_mode.name(),
+        "wake_spread_us": micros(args.wake_spread),
         "wait_us": args.hold.map(|_| {
             let mut wait = latency(&tally.wait);
             wait["open"] = serde_json::Value::from(tally.open_waits);
@@ -983,6 +1024,21 @@ fn text_report(
     }
     if let Some(hold) = args.hold {
         let [p50, p90, p99, _, max] = percentiles(&tally.wait);
+        let waiting = match args.wait_mode {
+            WaitMode::Notify if args.wake_spread.is_zero() => {
+                "notify (woken by the holder's release or its key's expiry)".to_owned()
+            }
+            WaitMode::Notify => format!(
+                "notify (woken by the holder's release or its key's expiry, then a random \
+                 wait of up to {})",
+                humantime::format_duration(args.wake_spread)
+            ),
+            WaitMode::Poll => format!(
+                "poll (an attempt every {} or so)",
+                humantime::format_duration(args.retry_delay)
+            ),
+        };
+        let _ = writeln!(out, "waiting for a held lock: {waiting}");
         let _ = writeln!(
             out,
             "each lock held {}; wait for the lock (µs): p50 {p50}, p90 {p90}, p99 {p99}, max {max} \

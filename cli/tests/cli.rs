@@ -614,6 +614,8 @@ fn usage_errors_exit_2_with_one_line_on_stderr() {
         &["acquire", "r", "--ttl", "0s"],
         &["release", "r"],
         &["bench", "--threads", "0"],
+        &["bench", "--wait-mode", "sometimes"],
+        &["bench", "--wait-mode", "poll", "--wake-spread", "1ms"],
     ];
     for args in cases {
         let mut command = redlock(&urls);
@@ -1241,47 +1243,56 @@ fn bench_runs_async_callers_on_one_thread() {
 
 /// `--hold D` (issue 12's contention bench): threads wait for one held
 /// resource instead of counting it as contention; the JSON gives the hold,
-/// the waits (open ones counted until the end) and each thread's share.
+/// how waiters wait (notified, with a wake spread, or polling), the waits
+/// (open ones counted until the end) and each thread's share.
 #[test]
 fn bench_holds_locks_and_reports_waits_and_shares() {
-    let mut bench = redlock(&[]);
-    bench.args([
-        "bench",
-        "--spawn",
-        "3",
-        "--duration",
-        "2s",
-        "--threads",
-        "3",
-        "--resources",
-        "1",
-        "--hold",
-        "1ms",
-        "--retry-delay",
-        "20ms",
-        "--json",
-        "--timeout",
-        "2s",
-    ]);
-    let out = finish(bench);
-    assert_eq!(code(&out), 0, "{}", stderr(&out));
-    let text = stdout(&out);
-    let report: serde_json::Value = serde_json::from_str(&text).expect("JSON");
-    assert_eq!(report["hold_ms"].as_f64(), Some(1.0), "{text}");
-    assert!(report["cycles"].as_u64().is_some_and(|c| c > 0), "{text}");
-    assert_eq!(report["errors"].as_u64(), Some(0), "{text}");
-    let wait = &report["wait_us"];
-    for p in ["p50", "p90", "p99", "max"] {
-        assert!(wait[p].as_u64().is_some(), "wait_us.{p}: {text}");
+    for (mode, spread, spread_us) in [("notify", "200us", 200), ("poll", "0s", 0)] {
+        let mut bench = redlock(&[]);
+        bench.args([
+            "bench",
+            "--spawn",
+            "3",
+            "--duration",
+            "2s",
+            "--threads",
+            "3",
+            "--resources",
+            "1",
+            "--hold",
+            "1ms",
+            "--retry-delay",
+            "20ms",
+            "--wait-mode",
+            mode,
+            "--wake-spread",
+            spread,
+            "--json",
+            "--timeout",
+            "2s",
+        ]);
+        let out = finish(bench);
+        assert_eq!(code(&out), 0, "{mode}: {}", stderr(&out));
+        let text = stdout(&out);
+        let report: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+        assert_eq!(report["hold_ms"].as_f64(), Some(1.0), "{text}");
+        assert_eq!(report["wait_mode"].as_str(), Some(mode), "{text}");
+        assert_eq!(report["wake_spread_us"].as_u64(), Some(spread_us), "{text}");
+        assert!(report["cycles"].as_u64().is_some_and(|c| c > 0), "{text}");
+        assert_eq!(report["errors"].as_u64(), Some(0), "{text}");
+        let wait = &report["wait_us"];
+        for p in ["p50", "p90", "p99", "max"] {
+            assert!(wait[p].as_u64().is_some(), "wait_us.{p}: {text}");
+        }
+        assert!(wait["p50"].as_u64() <= wait["max"].as_u64(), "{text}");
+        assert!(wait["open"].as_u64().is_some_and(|n| n <= 3), "{text}");
+        let shares: Vec<f64> = report["shares"]
+            .as_array()
+            .expect("shares")
+            .iter()
+            .map(|s| s.as_f64().expect("share"))
+            .collect();
+        assert_eq!(shares.len(), 3, "{text}");
+        assert!((shares.iter().sum::<f64>() - 1.0).abs() < 1e-9, "{text}");
     }
-    assert!(wait["p50"].as_u64() <= wait["max"].as_u64(), "{text}");
-    assert!(wait["open"].as_u64().is_some_and(|n| n <= 3), "{text}");
-    let shares: Vec<f64> = report["shares"]
-        .as_array()
-        .expect("shares")
-        .iter()
-        .map(|s| s.as_f64().expect("share"))
-        .collect();
-    assert_eq!(shares.len(), 3, "{text}");
-    assert!((shares.iter().sum::<f64>() - 1.0).abs() < 1e-9, "{text}");
 }
