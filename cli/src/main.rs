@@ -8,6 +8,7 @@
 //! ends as one `redlock: ...` line on stderr and an exit code from
 //! [`exit`]; nothing here panics on bad input or a broken pipe.
 
+mod acquire;
 mod bench;
 mod exit;
 mod probe;
@@ -20,17 +21,13 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use redlock_mio::{Config, Lock, Redlock, Retry, Token};
+use redlock_mio::{Config, Lock, Redlock, Token};
 
+use crate::acquire::acquire_lock;
 use crate::exit::Failure;
 
 /// The environment variable read when no `--servers` is given.
 pub const SERVERS_ENV: &str = "REDLOCK_SERVERS";
-
-/// How long one call of the library keeps retrying when `run` or `acquire`
-/// waits forever; between calls the wait is reported once, so that an
-/// unreachable quorum does not look like a silent hang.
-const FOREVER_SLICE: Duration = Duration::from_secs(10);
 
 /// Bounds of the default per-master timeout of the lock commands.
 const ROUND_TIMEOUT_MIN: Duration = Duration::from_millis(50);
@@ -337,55 +334,15 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         .map_err(|e| format!("{e} (write durations as 30s, 500ms, 1m30s or plain seconds)"))
 }
 
-/// Acquires as `options` say: once, until `--wait` ends, or forever.
-/// Waiting forever goes through the library in slices so that a quorum
-/// that stays unreachable is reported on stderr instead of hanging
-/// silently; contention is waited out without a word, as flock does.
-///
-/// # Errors
-/// The failure of the last attempt, with its exit code.
-pub fn acquire_lock(
-    redlock: &mut Redlock,
-    resource: &str,
-    options: &AcquireOptions,
-) -> Result<Lock, Failure> {
-    let context = format!("cannot acquire {resource:?}");
-    let conflict = options.conflict_exit_code;
-    let attempt = |redlock: &mut Redlock, retry: &Retry| {
-        if options.fence {
-            redlock.acquire_fenced_with(resource.to_owned(), options.ttl, retry)
-        } else {
-            redlock.acquire_with(resource.to_owned(), options.ttl, retry)
-        }
-    };
-    let retry = if options.nonblock {
-        Retry::once()
-    } else if let Some(wait) = options.wait {
-        Retry::until(wait)
-    } else {
-        loop {
-            match attempt(redlock, &Retry::until(FOREVER_SLICE)) {
-                Ok(lock) => return Ok(lock),
-                Err(e) if exit::is_unreachable(&e) => {
-                    say(&format!("{context} yet, still trying: {e}"));
-                }
-                Err(e) if exit::is_conflict(&e) => {}
-                Err(e) => return Err(exit::lock_error(&context, &e, conflict)),
-            }
-        }
-    };
-    attempt(redlock, &retry).map_err(|e| exit::lock_error(&context, &e, conflict))
-}
-
-fn acquire(mut redlock: Redlock, args: &AcquireArgs) -> Result<u8, Failure> {
-    let lock = acquire_lock(&mut redlock, &args.resource, &args.acquire)?;
+fn acquire(redlock: Redlock, args: &AcquireArgs) -> Result<u8, Failure> {
+    let (lock, mut holder) = acquire_lock(redlock, &args.resource, &args.acquire)?;
     let printed = match lock.fence() {
         Some(fence) => writeln!(io::stdout().lock(), "{} {fence}", lock.token()),
         None => writeln!(io::stdout().lock(), "{}", lock.token()),
     };
     if let Err(e) = printed {
         // Nobody learnt the token, so nobody could release the lock: do it.
-        let _ = redlock.release(&lock);
+        let _ = holder.release(&lock);
         return Err(Failure::new(
             exit::OSERR,
             format!("cannot print the token ({e}); the lock has been released"),

@@ -1,8 +1,10 @@
 //! `redlock run`: a command under a lock.
 //!
-//! This module owns the child's life under the lock: it acquires, hands
-//! the lock to a [`Watchdog`] (which extends it every third of the TTL on
-//! a thread and connections of its own), starts the command with
+//! This module owns the child's life under the lock: it acquires (waiting
+//! for a held lock through a [`SharedRedlock`], see [`crate::acquire`]),
+//! hands the lock to a [`Watchdog`] on that shared client's event loop
+//! (which extends it every third of the TTL on a thread and connections
+//! of its own, apart from the command), starts the command with
 //! `REDLOCK_RESOURCE`, `REDLOCK_TOKEN` and, with `--fence`,
 //! `REDLOCK_FENCE`, forwards SIGINT, SIGTERM and SIGHUP, and releases when
 //! the command has exited. Its loop is single-threaded: signals, the
@@ -28,11 +30,12 @@ use std::process::{Child, Command, ExitStatus};
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use redlock_mio::{KeepOptions, Lock, Redlock, Watchdog};
+use redlock_mio::{KeepOptions, Lock, Redlock, SharedRedlock, Watchdog};
 
+use crate::acquire::{Holder, acquire_lock};
 use crate::exit::{self, Failure};
 use crate::signals::Signals;
-use crate::{AcquireOptions, acquire_lock, parse_duration, say};
+use crate::{AcquireOptions, parse_duration, say};
 
 /// Signals forwarded to the command.
 const FORWARDED: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
@@ -79,13 +82,13 @@ pub struct RunArgs {
 /// # Errors
 /// A failure to acquire, to install the signal handlers, to start the
 /// watchdog, or to start the command (126/127), with its exit code.
-pub fn run(mut redlock: Redlock, args: &RunArgs) -> Result<u8, Failure> {
-    let lock = acquire_lock(&mut redlock, &args.resource, &args.acquire)?;
+pub fn run(redlock: Redlock, args: &RunArgs) -> Result<u8, Failure> {
+    let (lock, mut holder) = acquire_lock(redlock, &args.resource, &args.acquire)?;
     let signals =
         match Signals::install(&[libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGCHLD]) {
             Ok(signals) => signals,
             Err(e) => {
-                let _ = redlock.release(&lock);
+                let _ = holder.release(&lock);
                 return Err(Failure::new(
                     exit::OSERR,
                     format!("cannot install signal handlers: {e}"),
@@ -102,10 +105,28 @@ pub fn run(mut redlock: Redlock, args: &RunArgs) -> Result<u8, Failure> {
         // SAFETY: raise(3) with a signal whose handler is installed.
         unsafe { libc::raise(libc::SIGCHLD) };
     });
-    let kept = match Watchdog::keep(redlock.config().clone(), lock.clone(), options) {
+    // The lock is kept alive by the event loop of a shared client: the one
+    // that waited for it, or, when the first attempt won, a new one with
+    // the same settings (the one-shot client has no loop to keep it on,
+    // and goes here).
+    let shared = match holder {
+        Holder::Shared(shared) => shared,
+        Holder::Single(mut redlock) => match SharedRedlock::new(redlock.config().clone()) {
+            Ok(shared) => shared,
+            Err(e) => {
+                let _ = redlock.release(&lock);
+                return Err(exit::lock_error(
+                    "cannot keep the lock alive",
+                    &e,
+                    exit::SOFTWARE,
+                ));
+            }
+        },
+    };
+    let kept = match shared.keep(lock.clone(), options) {
         Ok(kept) => kept,
         Err(e) => {
-            let _ = redlock.release(&lock);
+            let _ = shared.release(&lock);
             return Err(exit::lock_error(
                 "cannot keep the lock alive",
                 &e,
@@ -113,8 +134,8 @@ pub fn run(mut redlock: Redlock, args: &RunArgs) -> Result<u8, Failure> {
             ));
         }
     };
-    // The watchdog has its own client, and releases through it.
-    drop(redlock);
+    // The watchdog holds a handle to the client, and releases through it.
+    drop(shared);
     let child = match spawn(args, &lock) {
         Ok(child) => child,
         Err(e) => {

@@ -1,0 +1,142 @@
+//! How `redlock acquire` and `redlock run` take their lock: one attempt on
+//! the warmed-up one-shot [`Redlock`], and, when the lock is held and the
+//! command may wait, the wait through a [`SharedRedlock`] made from the
+//! same settings.
+//!
+//! The wait goes through the shared client because only it subscribes to
+//! the resource's release channel (`Config::wake_on_release`): it tries
+//! again as soon as the holder releases, instead of at the next retry or
+//! at the holder's expiry. The first attempt stays on the one-shot client,
+//! which connected every master before it (so that its round's timeout is
+//! spent on the lock alone, and one server named twice is refused before
+//! it can vote), so that an uncontended lock costs what it always did and
+//! `-n` never starts a second client. This module decides nothing about
+//! exit codes beyond mapping the library's errors through [`exit`].
+
+use std::time::{Duration, Instant};
+
+use redlock_mio::{Error, Lock, Redlock, Retry, SharedRedlock};
+
+use crate::exit::{self, Failure};
+use crate::{AcquireOptions, say};
+
+/// How long one call of the library keeps retrying when `run` or `acquire`
+/// waits forever; between calls the wait is reported once, so that an
+/// unreachable quorum does not look like a silent hang.
+const FOREVER_SLICE: Duration = Duration::from_secs(10);
+
+/// The client a lock was acquired through: the caller releases it there,
+/// or keeps it alive through it.
+pub enum Holder {
+    /// The first attempt won (or `-n` allowed no other): the one-shot
+    /// client.
+    Single(Box<Redlock>),
+    /// The lock was waited for: the shared client that waited.
+    Shared(SharedRedlock),
+}
+
+impl Holder {
+    /// Releases `lock` through the client that took it.
+    ///
+    /// # Errors
+    /// As [`Redlock::release`].
+    pub fn release(&mut self, lock: &Lock) -> Result<(), Error> {
+        match self {
+            Holder::Single(redlock) => redlock.release(lock),
+            Holder::Shared(shared) => shared.release(lock),
+        }
+    }
+}
+
+/// One attempt on `redlock`, fenced or not as `options` say.
+fn attempt_single(
+    redlock: &mut Redlock,
+    resource: &str,
+    options: &AcquireOptions,
+) -> Result<Lock, Error> {
+    let once = Retry::once();
+    if options.fence {
+        redlock.acquire_fenced_with(resource.to_owned(), options.ttl, &once)
+    } else {
+        redlock.acquire_with(resource.to_owned(), options.ttl, &once)
+    }
+}
+
+/// Attempts on `shared` as `retry` says, fenced or not as `options` say.
+fn attempt_shared(
+    shared: &SharedRedlock,
+    resource: &str,
+    options: &AcquireOptions,
+    retry: &Retry,
+) -> Result<Lock, Error> {
+    if options.fence {
+        shared.acquire_fenced_with(resource.to_owned(), options.ttl, retry)
+    } else {
+        shared.acquire_with(resource.to_owned(), options.ttl, retry)
+    }
+}
+
+/// True for a failed first attempt that waiting may turn into a lock: the
+/// lock is held, or too few masters answered. A setting the masters or
+/// the OS refuse stays refused however long one waits.
+fn worth_waiting(error: &Error) -> bool {
+    !matches!(error, Error::Config(_) | Error::Os(_))
+}
+
+/// Acquires as `options` say: once, until `--wait` ends, or forever.
+/// Waiting forever goes through the library in slices so that a quorum
+/// that stays unreachable is reported on stderr instead of hanging
+/// silently; contention is waited out without a word, as flock does.
+/// Returns the lock and the client that took it.
+///
+/// # Errors
+/// The failure of the last attempt, with its exit code.
+pub fn acquire_lock(
+    mut redlock: Redlock,
+    resource: &str,
+    options: &AcquireOptions,
+) -> Result<(Lock, Holder), Failure> {
+    let context = format!("cannot acquire {resource:?}");
+    let conflict = options.conflict_exit_code;
+    let started = Instant::now();
+    let first = match attempt_single(&mut redlock, resource, options) {
+        Ok(lock) => return Ok((lock, Holder::Single(Box::new(redlock)))),
+        Err(e) if options.nonblock || !worth_waiting(&e) => {
+            return Err(exit::lock_error(&context, &e, conflict));
+        }
+        Err(e) => e,
+    };
+    // With --wait, what is left of it; nothing left ends where one call
+    // with that --wait would have: after its first attempt.
+    let left = match options.wait {
+        Some(wait) => match wait.checked_sub(started.elapsed()) {
+            Some(left) if !left.is_zero() => Some(left),
+            _ => return Err(exit::lock_error(&context, &first, conflict)),
+        },
+        None => None,
+    };
+    // The failed attempt's cleanup (a release to every master) is on its
+    // way; read its replies before the one-shot client goes, and start the
+    // waiting client from the same settings.
+    let round = redlock.config().per_instance_timeout;
+    redlock.settle(round);
+    let config = redlock.config().clone();
+    drop(redlock);
+    let shared = SharedRedlock::new(config)
+        .map_err(|e| exit::lock_error("cannot start the client", &e, conflict))?;
+    let lock = match left {
+        Some(left) => attempt_shared(&shared, resource, options, &Retry::until(left))
+            .map_err(|e| exit::lock_error(&context, &e, conflict))?,
+        None => loop {
+            match attempt_shared(&shared, resource, options, &Retry::until(FOREVER_SLICE)) {
+                Ok(lock) => break lock,
+                Err(e) if exit::is_unreachable(&e) => {
+                    say(&format!("{context} yet, still trying: {e}"));
+                }
+                Err(e) if exit::is_conflict(&e) => {}
+                Err(e) => return Err(exit::lock_error(&context, &e, conflict)),
+            }
+        },
+    };
+    Ok((lock, Holder::Shared(shared)))
+}
