@@ -1296,3 +1296,78 @@ fn bench_holds_locks_and_reports_waits_and_shares() {
         assert!((shares.iter().sum::<f64>() - 1.0).abs() < 1e-9, "{text}");
     }
 }
+
+/// The number of subscribers of `channel` on `master` (`PUBSUB NUMSUB`).
+fn subscribers(master: &common::Server, channel: &[u8]) -> i64 {
+    match connect(master).cmd(&["PUBSUB".into(), "NUMSUB".into(), channel.into()]) {
+        Reply::Array(pair) => match pair.as_slice() {
+            [_, Reply::Integer(n)] => *n,
+            other => panic!("PUBSUB NUMSUB: {other:?}"),
+        },
+        other => panic!("PUBSUB NUMSUB: {other:?}"),
+    }
+}
+
+/// Issue 12: `redlock acquire` waits for a held lock by notification. The
+/// test holds `r` for 30 s; `redlock acquire --wait 20s` must subscribe to
+/// `r`'s release channel on every master (a polling waiter never does) and
+/// take the lock as soon as the test releases it. A waiter that only knew
+/// the holder's expiry (the one-shot client, which never subscribes) could
+/// try again only at 30 s, after its 20 s wait: it would exit 1.
+///
+/// No durations are compared: the subscription is polled for with a
+/// deadline well inside the child's 20 s wait, and the child's own
+/// `--wait` bounds its exit.
+#[test]
+fn acquire_waits_for_a_held_lock_by_release_notification() {
+    let masters = cluster(3);
+    let urls = masters.urls();
+    // Masters started empty by this test: no lock predates them, so
+    // restart quarantine is off, here and in `redlock` (see `redlock`).
+    let mut holder = common::client(&urls, None);
+    let held = holder
+        .try_acquire("r", Duration::from_secs(30))
+        .expect("the test takes r");
+
+    let mut acquire = redlock(&urls);
+    acquire
+        .args(["acquire", "--wait", "20s", "--ttl", "5s", "r"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut waiter = Running {
+        child: acquire.spawn().expect("starting redlock"),
+    };
+
+    let channel = redlock_mio::script::release_channel(b"r");
+    assert_eq!(channel, b"redlock:released:r");
+    let mut counts = Vec::new();
+    let subscribed = common::eventually(Duration::from_secs(15), || {
+        if let Ok(Some(status)) = waiter.child.try_wait() {
+            panic!("redlock acquire exited ({status}) before subscribing");
+        }
+        counts = masters.iter().map(|m| subscribers(m, &channel)).collect();
+        counts.iter().all(|&n| n == 1)
+    });
+    assert!(
+        subscribed,
+        "redlock acquire should subscribe to {} on every master: {counts:?}",
+        String::from_utf8_lossy(&channel)
+    );
+
+    holder.release(&held).expect("the test releases r");
+    let (status, err) = waiter.wait(EXIT_DEADLINE);
+    assert_eq!(status.code(), Some(0), "{err}");
+    let mut out = String::new();
+    waiter
+        .child
+        .stdout
+        .take()
+        .expect("stdout")
+        .read_to_string(&mut out)
+        .expect("reading stdout");
+    let token = out.trim();
+    assert_eq!(out.lines().count(), 1, "{out:?}");
+    assert!(!token.is_empty(), "no token printed: {out:?} {err}");
+    assert_ne!(token, held.token().as_str(), "{out:?}");
+    assert_held(&masters, "r", token);
+}
