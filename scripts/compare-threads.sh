@@ -27,15 +27,9 @@ cd "$(dirname "$0")/.."
 # shellcheck source=scripts/common.sh
 source scripts/common.sh
 
-peers=../shared/peers/node
-command -v node >/dev/null || die "node not found"
-command -v redis-server >/dev/null || die "redis-server not found (apt-get install -y redis-server)"
-command -v redis-cli >/dev/null || die "redis-cli not found (apt-get install -y redis-tools)"
+need_redis
+peers=$(node_peers)
 [[ -f $peers/bench_conc.mjs ]] || die "no $peers/bench_conc.mjs"
-if [[ ! -d $peers/node_modules ]]; then
-    echo "installing the node peers (npm ci)" >&2
-    (cd "$peers" && npm ci --silent >/dev/null) || die "npm ci failed in $peers"
-fi
 
 echo "building redlock (release)" >&2
 cargo build --release -q -p redlock-cli
@@ -43,32 +37,7 @@ bin=target/release/redlock
 
 masters_init redlock-compare
 # Three masters on consecutive ports P, P+1, P+2.
-base=""
-for _ in $(seq 20); do
-    p=$((20000 + RANDOM % 30000))
-    busy=0
-    for i in 0 1 2; do
-        if (exec 3<>"/dev/tcp/127.0.0.1/$((p + i))") 2>/dev/null; then busy=1; fi
-    done
-    ((busy)) && continue
-    for i in 0 1 2; do
-        mkdir -p "$work/m$i"
-        redis-server --port $((p + i)) --bind 127.0.0.1 --save "" --appendonly no \
-            --daemonize no --dir "$work/m$i" --logfile "$work/m$i/redis.log" \
-            </dev/null >/dev/null 2>&1 &
-        pids+=("$!")
-        urls+=("redis://127.0.0.1:$((p + i))")
-    done
-    for i in 0 1 2; do
-        for _ in $(seq 100); do
-            [[ $(redis-cli -p $((p + i)) ping 2>/dev/null) == PONG ]] && break
-            sleep 0.05
-        done
-    done
-    base=$p
-    break
-done
-[[ -n $base ]] || die "no three consecutive free ports found"
+start_consecutive_masters 3
 servers=$(
     IFS=,
     echo "${urls[*]}"
