@@ -140,9 +140,10 @@ for path in sorted(glob.glob(os.path.join(run, "*.out")), key=lambda p: int(os.p
                       "p50": w.get("p50", 0) / 1000, "p99": w.get("p99", 0) / 1000,
                       "max": w.get("max", 0) / 1000, "errors": d["errors"], "open": w.get("open", 0)})
     else:  # npm redlock peer: waits in ms, open ones not counted
+        # (a process that finished no wait prints no wait_max_ms)
         procs.append({"sections": d["sections"], "rate": d["sections_per_s"],
-                      "p50": d["wait_p50_ms"] or 0, "p99": d["wait_p99_ms"] or 0,
-                      "max": d["wait_max_ms"] or 0, "errors": 0, "open": None})
+                      "p50": d.get("wait_p50_ms") or 0, "p99": d.get("wait_p99_ms") or 0,
+                      "max": d.get("wait_max_ms") or 0, "errors": 0, "open": None})
 ok = [p for p in procs if p is not None]
 failed = len(procs) - len(ok)
 total = sum(p["sections"] for p in ok)
