@@ -136,6 +136,10 @@ impl Channels {
 
     /// The waiter that races for `resource`.
     pub(crate) fn head(&self, resource: &[u8]) -> Option<usize> {
+        // The common case, nobody waiting, costs no hashing.
+        if self.table.is_empty() {
+            return None;
+        }
         self.table.get(resource)?.waiters.front().copied()
     }
 
@@ -179,6 +183,9 @@ impl Channels {
     /// client: its local waiters are woken without waiting for the
     /// masters' messages (which then count for nothing).
     pub(crate) fn handle_released(&mut self, resource: &[u8], token: Token) {
+        if self.table.is_empty() {
+            return;
+        }
         if let Some(channel) = self.table.get_mut(resource) {
             release(&mut self.notified, resource, channel, Some(token));
         }
@@ -307,4 +314,242 @@ fn send(name: &mut Vec<u8>, conn: &mut Conn, verb: &[u8], resource: &[u8]) -> bo
     name.extend_from_slice(RELEASE_CHANNEL_PREFIX);
     name.extend_from_slice(resource);
     conn.queue_command(&[Arg::Bytes(verb), Arg::Bytes(name)])
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use bytes::BytesMut;
+
+    use super::*;
+    use crate::conn::Timing;
+    use crate::resp::{self, Limits};
+    use crate::script::Scripts;
+    use crate::token::TokenSource;
+
+    const R: &[u8] = b"orders:42";
+
+    fn subs(n: usize, now: Instant) -> Vec<Conn> {
+        let timing = Timing {
+            connect: Duration::from_secs(1),
+            stall: Duration::from_secs(1),
+            backoff_min: Duration::from_millis(10),
+            backoff_max: Duration::from_secs(1),
+            quarantine: None,
+            max_in_flight: 1024,
+        };
+        (0..n)
+            .map(|i| {
+                let addr = format!("redis://127.0.0.1:{}", 7000 + i).parse().unwrap();
+                let mut conn = Conn::with_role(
+                    Role::Subscriber,
+                    addr,
+                    Scripts::new(),
+                    Limits::default(),
+                    timing,
+                    now,
+                );
+                conn.handle_connect_started(now);
+                conn.handle_connected();
+                conn
+            })
+            .collect()
+    }
+
+    /// The commands queued on `conn`, each as its words, and the buffer
+    /// emptied as if written.
+    fn sent(conn: &mut Conn) -> Vec<String> {
+        let mut buf = BytesMut::from(conn.poll_transmit());
+        conn.handle_written(buf.len());
+        let mut commands = Vec::new();
+        while let Some(Reply::Array(words)) = resp::decode(&mut buf, &Limits::default()).unwrap() {
+            let words: Vec<String> = words
+                .iter()
+                .map(|w| match w {
+                    Reply::Bulk(b) => String::from_utf8_lossy(b).into_owned(),
+                    other => format!("{other:?}"),
+                })
+                .collect();
+            commands.push(words.join(" "));
+        }
+        commands
+    }
+
+    fn push(kind: &str, resource: &[u8], last: Reply) -> Reply {
+        Reply::Array(vec![
+            Reply::Bulk(Bytes::copy_from_slice(kind.as_bytes())),
+            Reply::Bulk(Bytes::from(crate::script::release_channel(resource))),
+            last,
+        ])
+    }
+
+    fn message(resource: &[u8], token: &Token) -> Reply {
+        push(
+            "message",
+            resource,
+            Reply::Bulk(Bytes::copy_from_slice(token.as_bytes())),
+        )
+    }
+
+    fn confirm(channels: &mut Channels, n: usize, kind: &str) {
+        for link in 0..n {
+            channels
+                .handle_push(link, push(kind, R, Reply::Integer(1)))
+                .unwrap();
+        }
+    }
+
+    #[test]
+    fn the_first_waiter_subscribes_everywhere_the_last_unsubscribes_and_the_queue_is_fifo() {
+        let now = Instant::now();
+        let mut subs = subs(3, now);
+        let mut channels = Channels::default();
+        let resource = Bytes::from_static(R);
+        channels.join(&mut subs, &resource, 7);
+        channels.join(&mut subs, &resource, 9);
+        for conn in &mut subs {
+            assert_eq!(sent(conn), ["SUBSCRIBE redlock:released:orders:42"]);
+        }
+        assert_eq!(channels.head(R), Some(7));
+        assert!(channels.is_wanted());
+        confirm(&mut channels, 3, "subscribe");
+        // The head leaves: the next one races.
+        assert_eq!(channels.leave(&mut subs, &resource, 7), Some(9));
+        assert_eq!(channels.head(R), Some(9));
+        for conn in &mut subs {
+            assert!(sent(conn).is_empty());
+        }
+        assert_eq!(channels.leave(&mut subs, &resource, 9), None);
+        for conn in &mut subs {
+            assert_eq!(sent(conn), ["UNSUBSCRIBE redlock:released:orders:42"]);
+        }
+        assert!(!channels.is_wanted());
+        assert_eq!(
+            channels.len(),
+            1,
+            "kept until the UNSUBSCRIBEs are confirmed"
+        );
+        confirm(&mut channels, 3, "unsubscribe");
+        assert_eq!(channels.len(), 0);
+    }
+
+    #[test]
+    fn a_waiter_listens_once_enough_masters_confirmed_that_every_release_reaches_it() {
+        let now = Instant::now();
+        let mut subs = subs(3, now);
+        let mut channels = Channels::default();
+        channels.join(&mut subs, &Bytes::from_static(R), 1);
+        assert!(!channels.is_listening(&subs, R, 2, now));
+        channels
+            .handle_push(0, push("subscribe", R, Reply::Integer(1)))
+            .unwrap();
+        // A release deletes on 2 of 3 masters: one confirmation could be
+        // the master it skipped.
+        assert!(!channels.is_listening(&subs, R, 2, now));
+        channels
+            .handle_push(2, push("subscribe", R, Reply::Integer(1)))
+            .unwrap();
+        assert!(channels.is_listening(&subs, R, 2, now));
+        // A master whose subscriber connection is down and backing off
+        // holds nobody back.
+        let mut channels = Channels::default();
+        let mut subs = self::subs(3, now);
+        channels.join(&mut subs, &Bytes::from_static(R), 1);
+        subs[1].handle_failure(now, Cause::Closed);
+        subs[1].handle_failure(now, Cause::Closed);
+        channels.handle_link_down(1);
+        channels
+            .handle_push(0, push("subscribe", R, Reply::Integer(1)))
+            .unwrap();
+        assert!(!channels.is_listening(&subs, R, 2, now));
+        channels
+            .handle_push(2, push("subscribe", R, Reply::Integer(1)))
+            .unwrap();
+        assert!(channels.is_listening(&subs, R, 2, now));
+    }
+
+    #[test]
+    fn a_release_counts_once_however_many_masters_publish_it_and_a_local_one_first() {
+        let now = Instant::now();
+        let mut subs = subs(3, now);
+        let mut channels = Channels::default();
+        channels.join(&mut subs, &Bytes::from_static(R), 1);
+        confirm(&mut channels, 3, "subscribe");
+        let mut tokens = TokenSource::from_seed([1; 16]);
+        let (local, remote) = (tokens.next_token(), tokens.next_token());
+        channels.handle_released(R, local);
+        for link in 0..3 {
+            channels.handle_push(link, message(R, &local)).unwrap();
+        }
+        assert_eq!(channels.epoch(R), 1);
+        for link in 0..3 {
+            channels.handle_push(link, message(R, &remote)).unwrap();
+        }
+        assert_eq!(channels.epoch(R), 2);
+        assert_eq!(channels.poll_notified().as_deref(), Some(R));
+        assert_eq!(channels.poll_notified(), None);
+    }
+
+    #[test]
+    fn messages_nobody_waits_for_are_dropped_and_a_flood_is_bounded() {
+        let now = Instant::now();
+        let mut subs = subs(1, now);
+        let mut channels = Channels::default();
+        channels.join(&mut subs, &Bytes::from_static(R), 1);
+        confirm(&mut channels, 1, "subscribe");
+        let mut tokens = TokenSource::from_seed([2; 16]);
+        for i in 0..100_000u32 {
+            let token = tokens.next_token();
+            let other = format!("other:{i}");
+            channels
+                .handle_push(0, message(other.as_bytes(), &token))
+                .unwrap();
+            channels.handle_push(0, message(R, &token)).unwrap();
+            // Garbage in the payload still wakes: the key may be free.
+            channels
+                .handle_push(0, push("message", R, Reply::Integer(i64::from(i))))
+                .unwrap();
+            // Frames of other shapes change nothing.
+            channels.handle_push(0, Reply::Nil).unwrap();
+            channels
+                .handle_push(0, push("pmessage", R, Reply::Nil))
+                .unwrap();
+        }
+        assert_eq!(channels.len(), 1, "only the resource waited for is kept");
+        assert_eq!(channels.epoch(R), 200_000);
+        assert_eq!(channels.notified.len(), 1, "queued once however many");
+        assert_eq!(channels.epoch(b"other:1"), 0);
+        assert!(matches!(
+            channels.handle_push(0, Reply::Error(Bytes::from_static(b"NOPERM no"))),
+            Err(Cause::Server(_))
+        ));
+    }
+
+    #[test]
+    fn a_subscription_renewed_after_its_connection_dropped_counts_as_a_release() {
+        let now = Instant::now();
+        let mut subs = subs(2, now);
+        let mut channels = Channels::default();
+        channels.join(&mut subs, &Bytes::from_static(R), 1);
+        confirm(&mut channels, 2, "subscribe");
+        for conn in &mut subs {
+            sent(conn);
+        }
+        assert_eq!(channels.epoch(R), 0);
+        subs[0].handle_failure(now, Cause::Closed);
+        channels.handle_link_down(0);
+        subs[0].handle_connect_started(now);
+        channels.handle_link_up(0, &mut subs[0]);
+        subs[0].handle_connected();
+        assert_eq!(sent(&mut subs[0]), ["SUBSCRIBE redlock:released:orders:42"]);
+        assert!(
+            channels.is_listening(&subs, R, 2, now),
+            "one of two suffices"
+        );
+        channels
+            .handle_push(0, push("subscribe", R, Reply::Integer(1)))
+            .unwrap();
+        assert_eq!(channels.epoch(R), 1, "a release may have been missed");
+    }
 }

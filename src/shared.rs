@@ -1432,6 +1432,9 @@ impl EventLoop {
                     if running.waits_for.is_none() {
                         engine.join(&resource, index);
                         running.waits_for = Some(resource.clone());
+                        // Subscriber connections open now, so that the
+                        // SUBSCRIBEs leave in this turn's write.
+                        driver.prepare(engine, now);
                     }
                     if engine.head(&resource) == Some(index) {
                         let until = now.checked_add(config.connect_timeout).unwrap_or(now);
