@@ -198,6 +198,14 @@ impl Job {
         }
     }
 
+    /// When an acquire made its first attempt.
+    pub(crate) fn waiting_since(&self) -> Option<Instant> {
+        match self {
+            Job::Acquire(job) => Some(job.first),
+            _ => None,
+        }
+    }
+
     /// When a waiting acquire gives up waiting.
     pub(crate) fn give_up_at(&self) -> Option<Instant> {
         match self {

@@ -985,6 +985,20 @@ struct EventLoop {
     generations: u64,
 }
 
+/// How long a waiter woken by a release waits before it tries: random
+/// within [`Config::wake_spread`], so that the waiters of several
+/// processes woken together do not split the masters' votes, and shorter
+/// the longer it has waited (`age`), down to nothing at 20 ms, so that
+/// the waiter that has waited longest tends to send its attempt first.
+fn wake_delay(jitter: &mut SplitMix64, spread: Duration, age: Option<Duration>) -> Duration {
+    let age = age.unwrap_or_default().min(AGE_PRIORITY);
+    let share = 1.0 - age.as_secs_f64() / AGE_PRIORITY.as_secs_f64();
+    jitter.between(Duration::ZERO, spread.mul_f64(share))
+}
+
+/// Past this wait, a woken waiter tries at once (see [`wake_delay`]).
+const AGE_PRIORITY: Duration = Duration::from_millis(20);
+
 /// How long the loop, once its last handle is gone, waits for late
 /// replies and cleanup releases.
 fn shutdown_grace(config: &Config) -> Duration {
@@ -1456,7 +1470,11 @@ impl EventLoop {
                         until
                     } else {
                         // Released while the attempt was under way.
-                        now + jitter.between(Duration::ZERO, config.wake_spread)
+                        let age = running
+                            .job
+                            .waiting_since()
+                            .map(|t| now.saturating_duration_since(t));
+                        now + wake_delay(jitter, config.wake_spread, age)
                     };
                     sleeping.push(Reverse((at, index, *timers)));
                     return;
@@ -1567,9 +1585,13 @@ impl EventLoop {
                 running.awaiting = false;
                 self.timers += 1;
                 running.timer = self.timers;
-                let spread = self.jitter.between(Duration::ZERO, self.config.wake_spread);
+                let age = running
+                    .job
+                    .waiting_since()
+                    .map(|t| now.saturating_duration_since(t));
+                let delay = wake_delay(&mut self.jitter, self.config.wake_spread, age);
                 self.sleeping
-                    .push(Reverse((now + spread, head, self.timers)));
+                    .push(Reverse((now + delay, head, self.timers)));
             }
         }
     }
