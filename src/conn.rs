@@ -354,10 +354,22 @@ enum Expect {
     },
 }
 
+/// What a connection carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Role {
+    /// Lock requests, each answered in order.
+    Commands,
+    /// Release notifications: after AUTH, only SUBSCRIBE and UNSUBSCRIBE
+    /// go out, and what comes back is pushed, not answered
+    /// ([`Conn::poll_push`]).
+    Subscriber,
+}
+
 /// One master's connection state (sans-IO).
 #[derive(Debug)]
 pub(crate) struct Conn {
     addr: ServerAddr,
+    role: Role,
     limits: Limits,
     scripts: Scripts,
     timing: Timing,
@@ -385,7 +397,8 @@ pub(crate) struct Conn {
 }
 
 impl Conn {
-    /// A connection, not yet connected, that may connect at once.
+    /// A connection for lock requests, not yet connected, that may connect
+    /// at once.
     pub(crate) fn new(
         addr: ServerAddr,
         scripts: Scripts,
@@ -393,8 +406,27 @@ impl Conn {
         timing: Timing,
         now: Instant,
     ) -> Conn {
+        Conn::with_role(Role::Commands, addr, scripts, limits, timing, now)
+    }
+
+    /// A connection carrying `role`'s traffic, not yet connected. A
+    /// subscriber's queue and write buffer stay small: it sends one
+    /// command per channel.
+    pub(crate) fn with_role(
+        role: Role,
+        addr: ServerAddr,
+        scripts: Scripts,
+        limits: Limits,
+        timing: Timing,
+        now: Instant,
+    ) -> Conn {
+        let (out, queue) = match role {
+            Role::Commands => (OUT_CAPACITY, timing.max_in_flight),
+            Role::Subscriber => (512, 2),
+        };
         Conn {
             addr,
+            role,
             limits,
             scripts,
             timing,
@@ -402,11 +434,11 @@ impl Conn {
                 retry_at: now,
                 cause: Cause::Closed,
             },
-            out: BytesMut::with_capacity(OUT_CAPACITY),
+            out: BytesMut::with_capacity(out),
             written: 0,
             inbuf: BytesMut::with_capacity(IN_CAPACITY),
             scan: FrameScan::new(),
-            in_flight: VecDeque::with_capacity(timing.max_in_flight),
+            in_flight: VecDeque::with_capacity(queue),
             handshake_left: 0,
             backoff: timing.backoff_min,
             run_id: None,
@@ -414,6 +446,11 @@ impl Conn {
             last_grant: None,
             new_run_id: false,
         }
+    }
+
+    /// What the connection carries.
+    pub(crate) fn role(&self) -> Role {
+        self.role
     }
 
     /// The master's address.
@@ -484,6 +521,11 @@ impl Conn {
             }
             self.in_flight
                 .push_back(Expect::Handshake(HandshakeStep::Auth));
+        }
+        // Channels are not per database, and a subscriber runs no script.
+        if self.role == Role::Subscriber {
+            self.handshake_left = self.in_flight.len();
+            return;
         }
         if self.addr.db != 0 {
             resp::encode_command(
@@ -739,6 +781,52 @@ impl Conn {
     /// The master granted a lock: a restart from now on may lose it.
     pub(crate) fn handle_grant(&mut self, now: Instant) {
         self.last_grant = Some(now);
+    }
+
+    /// Queues a command that expects no reply matched to a request: a
+    /// subscriber's SUBSCRIBE or UNSUBSCRIBE, whose confirmation is pushed.
+    /// Returns false when the connection is down (nothing queued).
+    pub(crate) fn queue_command(&mut self, args: &[Arg<'_>]) -> bool {
+        if self.is_down() {
+            return false;
+        }
+        let len: usize = args
+            .iter()
+            .map(|a| match a {
+                Arg::Bytes(b) => b.len() + 16,
+                Arg::Int(_) => 24,
+            })
+            .sum::<usize>()
+            + 16;
+        self.make_room(len);
+        resp::encode_command(&mut self.out, args);
+        true
+    }
+
+    /// The next frame a subscriber connection received after its
+    /// handshake: a subscription's confirmation, a message, or an error
+    /// reply. The handshake's replies are checked and consumed here.
+    ///
+    /// # Errors
+    /// A [`Cause`] when the connection must be dropped: malformed bytes or
+    /// a failed handshake step.
+    pub(crate) fn poll_push(&mut self) -> Result<Option<Reply>, Cause> {
+        loop {
+            let Some(reply) = resp::decode_resumed(&mut self.inbuf, &mut self.scan, &self.limits)
+                .map_err(Cause::Protocol)?
+            else {
+                return Ok(None);
+            };
+            if self.handshake_left == 0 {
+                return Ok(Some(reply));
+            }
+            if let Some(Expect::Handshake(step)) = self.in_flight.pop_front()
+                && let Reply::Error(msg) = reply
+            {
+                return Err(Cause::Handshake(step, msg));
+            }
+            self.handshake_left -= 1;
+        }
     }
 
     /// Bytes waiting to be written; empty while connecting.

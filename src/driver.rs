@@ -101,18 +101,25 @@ impl Driver {
     ///
     /// # Errors
     /// When the OS refuses a new poll instance.
+    ///
+    /// `links` is the engine's [`Engine::links`]: link `i` connects to
+    /// `servers[i % servers.len()]` (a master's subscriber connection goes
+    /// where its commands go).
     pub(crate) fn new(
         servers: &[ServerAddr],
+        links: usize,
         resolver: Resolver,
         lookup_limit: Duration,
     ) -> io::Result<Driver> {
-        let n = servers.len();
+        let n = links;
         Ok(Driver {
             poll: Poll::new()?,
             events: Events::with_capacity(n.max(4) * 2),
             sockets: (0..n).map(|_| None).collect(),
             routes: servers
                 .iter()
+                .cycle()
+                .take(n)
                 .map(|server| match &server.endpoint {
                     Endpoint::Tcp { host, port } => Some(Route::new(host, *port)),
                     Endpoint::Unix(_) => None,
@@ -131,8 +138,8 @@ impl Driver {
     /// already waiting in a socket are read before a connection is judged
     /// stalled.
     pub(crate) fn prepare(&mut self, engine: &mut Engine, now: Instant) {
-        for i in 0..engine.masters() {
-            if engine.conn(i).is_some_and(Conn::is_down) {
+        for i in 0..engine.links() {
+            if engine.link(i).is_some_and(Conn::is_down) {
                 self.close(i);
             }
             if engine.poll_connect(i, now) {
@@ -198,7 +205,7 @@ impl Driver {
                     // A broken poll instance cannot wait for anything: fail
                     // every master rather than spin.
                     let now = Instant::now();
-                    for i in 0..engine.masters() {
+                    for i in 0..engine.links() {
                         engine.handle_failure(i, now, cause.clone());
                     }
                     self.close_failed(engine);
@@ -243,7 +250,7 @@ impl Driver {
     fn handle_events(&mut self, engine: &mut Engine, now: Instant) {
         for event in self.events.iter() {
             let i = event.token().0;
-            let (Some(Some(stream)), Some(conn)) = (self.sockets.get_mut(i), engine.conn(i)) else {
+            let (Some(Some(stream)), Some(conn)) = (self.sockets.get_mut(i), engine.link(i)) else {
                 continue;
             };
             if conn.is_connecting() {
@@ -275,7 +282,7 @@ impl Driver {
                             // at most one partial reply, which the parser's
                             // limits bound, whatever the master sends.
                             engine.handle_input(i, &self.read_buf[..n], now);
-                            let down = engine.conn(i).is_none_or(Conn::is_down);
+                            let down = engine.link(i).is_none_or(Conn::is_down);
                             if down || (n < self.read_buf.len() && !to_end) {
                                 break None;
                             }
@@ -286,7 +293,7 @@ impl Driver {
                     }
                 };
                 if let Some(cause) = failure
-                    && !engine.conn(i).is_none_or(Conn::is_down)
+                    && !engine.link(i).is_none_or(Conn::is_down)
                 {
                     engine.handle_failure(i, now, cause);
                 }
@@ -296,7 +303,7 @@ impl Driver {
     }
 
     fn flush(&mut self, engine: &mut Engine, now: Instant) {
-        for i in 0..engine.masters() {
+        for i in 0..engine.links() {
             let Some(stream) = self.sockets.get_mut(i).and_then(Option::as_mut) else {
                 continue;
             };
@@ -322,7 +329,7 @@ impl Driver {
 
     fn open(&mut self, i: usize, engine: &mut Engine, now: Instant) {
         self.connected[i] = false;
-        let Some(conn) = engine.conn(i) else {
+        let Some(conn) = engine.link(i) else {
             return;
         };
         let opened = match (&conn.addr().endpoint, self.routes.get_mut(i)) {
@@ -365,8 +372,8 @@ impl Driver {
     }
 
     fn close_failed(&mut self, engine: &Engine) {
-        for (i, conn) in engine.conns().iter().enumerate() {
-            if conn.is_down() {
+        for i in 0..engine.links() {
+            if engine.link(i).is_some_and(Conn::is_down) {
                 self.close(i);
             }
         }

@@ -17,7 +17,10 @@ use std::time::{Duration, Instant};
 use bytes::BytesMut;
 
 use crate::addr::ServerAddr;
-use crate::conn::{Cause, Conn, Op, Request, Tag, Timing};
+use bytes::Bytes;
+
+use crate::conn::{Cause, Conn, Op, Request, Role, Tag, Timing};
+use crate::notify::Channels;
 use crate::quorum::{FencePlan, Round, Vote, plan_fence, same_server};
 use crate::resp::Limits;
 use crate::script::Scripts;
@@ -86,18 +89,38 @@ pub(crate) struct Engine {
     /// the connection.
     dropped: Vec<Option<Cause>>,
     n: usize,
+    /// One subscriber connection per master (none when the client does not
+    /// subscribe): links `n..2n` to the driver.
+    subs: Vec<Conn>,
+    /// What local waiters wait for.
+    channels: Channels,
 }
 
 impl Engine {
-    /// An engine for `servers`, nothing connected yet.
+    /// An engine for `servers`, nothing connected yet; with `subscribe`,
+    /// a subscriber connection per master too, connected once a waiter
+    /// waits.
     pub(crate) fn new(
         servers: &[ServerAddr],
         scripts: Scripts,
         limits: Limits,
         timing: Timing,
         now: Instant,
+        subscribe: bool,
     ) -> Engine {
+        let subs = if subscribe {
+            servers
+                .iter()
+                .map(|addr| {
+                    Conn::with_role(Role::Subscriber, addr.clone(), scripts, limits, timing, now)
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
         Engine {
+            subs,
+            channels: Channels::default(),
             conns: servers
                 .iter()
                 .map(|addr| Conn::new(addr.clone(), scripts, limits, timing, now))
@@ -117,14 +140,69 @@ impl Engine {
         self.n
     }
 
-    /// The connection to master `i`.
-    pub(crate) fn conn(&self, i: usize) -> Option<&Conn> {
-        self.conns.get(i)
-    }
-
-    /// Every connection, in master order.
+    /// Every master's connection, in master order.
     pub(crate) fn conns(&self) -> &[Conn] {
         &self.conns
+    }
+
+    /// How many connections the driver drives: the masters' (`0..n`),
+    /// then their subscriber connections (`n..2n`), if any.
+    pub(crate) fn links(&self) -> usize {
+        self.n + self.subs.len()
+    }
+
+    /// Connection `i` of [`Engine::links`].
+    pub(crate) fn link(&self, i: usize) -> Option<&Conn> {
+        match i.checked_sub(self.n) {
+            None => self.conns.get(i),
+            Some(s) => self.subs.get(s),
+        }
+    }
+
+    fn link_mut(&mut self, i: usize) -> Option<&mut Conn> {
+        match i.checked_sub(self.n) {
+            None => self.conns.get_mut(i),
+            Some(s) => self.subs.get_mut(s),
+        }
+    }
+
+    // --- Waiting for releases (see `notify`). ---
+
+    /// Waiter `waiter` waits for `resource` (see [`Channels::join`]).
+    pub(crate) fn join(&mut self, resource: &Bytes, waiter: usize) {
+        self.channels.join(&mut self.subs, resource, waiter);
+    }
+
+    /// Waiter `waiter` stops waiting; the new head, if the head left.
+    pub(crate) fn leave(&mut self, resource: &Bytes, waiter: usize) -> Option<usize> {
+        self.channels.leave(&mut self.subs, resource, waiter)
+    }
+
+    /// The waiter that races for `resource`.
+    pub(crate) fn head(&self, resource: &[u8]) -> Option<usize> {
+        self.channels.head(resource)
+    }
+
+    /// Releases of `resource` seen while someone waited.
+    pub(crate) fn epoch(&self, resource: &[u8]) -> u64 {
+        self.channels.epoch(resource)
+    }
+
+    /// Whether a waiter for `resource` may try: its subscriptions are in
+    /// place (see [`Channels::is_listening`]).
+    pub(crate) fn is_listening(&self, resource: &[u8], now: Instant) -> bool {
+        self.channels
+            .is_listening(&self.subs, resource, crate::quorum::quorum(self.n), now)
+    }
+
+    /// A lock was released through this client.
+    pub(crate) fn handle_released(&mut self, resource: &[u8], token: crate::token::Token) {
+        self.channels.handle_released(resource, token);
+    }
+
+    /// The next resource released since the last call.
+    pub(crate) fn poll_notified(&mut self) -> Option<Bytes> {
+        self.channels.poll_notified()
     }
 
     /// Encodes `requests` once and queues all of them on every connection,
@@ -239,41 +317,54 @@ impl Engine {
 
     // --- The doors: inputs keyed by master index, and outputs. ---
 
-    /// Whether the driver should open a socket to master `i` now.
+    /// Whether the driver should open a socket for link `i` now (a
+    /// subscriber connection only while someone waits).
     #[must_use]
     pub(crate) fn poll_connect(&self, i: usize, now: Instant) -> bool {
-        self.conns.get(i).is_some_and(|c| c.poll_connect(now))
+        if i >= self.n && !self.channels.is_wanted() {
+            return false;
+        }
+        self.link(i).is_some_and(|c| c.poll_connect(now))
     }
 
-    /// The driver opened a socket to master `i`.
+    /// The driver opened a socket for link `i`.
     pub(crate) fn handle_connect_started(&mut self, i: usize, now: Instant) {
-        if let Some(conn) = self.conns.get_mut(i) {
+        if let Some(conn) = self.link_mut(i) {
             conn.handle_connect_started(now);
+        }
+        if let Some(s) = i.checked_sub(self.n)
+            && let Some(conn) = self.subs.get_mut(s)
+        {
+            self.channels.handle_link_up(s, conn);
         }
     }
 
-    /// Master `i`'s connect finished.
+    /// Link `i`'s connect finished.
     pub(crate) fn handle_connected(&mut self, i: usize) {
-        if let Some(conn) = self.conns.get_mut(i) {
+        if let Some(conn) = self.link_mut(i) {
             conn.handle_connected();
         }
     }
 
-    /// Bytes waiting to be written to master `i`.
+    /// Bytes waiting to be written on link `i`.
     pub(crate) fn poll_transmit(&self, i: usize) -> &[u8] {
-        self.conns.get(i).map_or(&[], Conn::poll_transmit)
+        self.link(i).map_or(&[], Conn::poll_transmit)
     }
 
     /// The first `n` bytes of [`Engine::poll_transmit`] were written.
     pub(crate) fn handle_written(&mut self, i: usize, n: usize) {
-        if let Some(conn) = self.conns.get_mut(i) {
+        if let Some(conn) = self.link_mut(i) {
             conn.handle_written(n);
         }
     }
 
-    /// Bytes read from master `i`: every complete reply is routed to its
-    /// round. A malformed stream fails the connection.
+    /// Bytes read on link `i`: every complete reply is routed to its
+    /// round, or for a subscriber connection to the waiters' channels. A
+    /// malformed stream fails the connection.
     pub(crate) fn handle_input(&mut self, i: usize, bytes: &[u8], now: Instant) {
+        if let Some(s) = i.checked_sub(self.n) {
+            return self.handle_pushes(s, bytes, now);
+        }
         let Some(conn) = self.conns.get_mut(i) else {
             return;
         };
@@ -305,13 +396,35 @@ impl Engine {
         }
     }
 
-    /// Master `i` failed: its connection is dropped (to be reconnected)
-    /// and its pending votes in every round fail with `cause`.
+    fn handle_pushes(&mut self, s: usize, bytes: &[u8], now: Instant) {
+        let Some(conn) = self.subs.get_mut(s) else {
+            return;
+        };
+        conn.handle_input(bytes);
+        loop {
+            let pushed = conn.poll_push().and_then(|frame| match frame {
+                Some(reply) => self.channels.handle_push(s, reply).map(|()| true),
+                None => Ok(false),
+            });
+            match pushed {
+                Ok(true) => {}
+                Ok(false) => return,
+                Err(cause) => return self.handle_failure(self.n + s, now, cause),
+            }
+        }
+    }
+
+    /// Link `i` failed: its connection is dropped (to be reconnected);
+    /// a master's pending votes in every round fail with `cause`, a
+    /// subscriber's subscriptions are gone.
     pub(crate) fn handle_failure(&mut self, i: usize, now: Instant, cause: Cause) {
-        if let Some(conn) = self.conns.get_mut(i) {
+        if let Some(conn) = self.link_mut(i) {
             conn.handle_failure(now, cause.clone());
         }
-        self.fail_pending(i, &cause, now);
+        match i.checked_sub(self.n) {
+            None => self.fail_pending(i, &cause, now),
+            Some(s) => self.channels.handle_link_down(s),
+        }
     }
 
     /// Applies the connections' connect and stall limits and the rounds'
@@ -320,6 +433,11 @@ impl Engine {
         for i in 0..self.n {
             if let Some(cause) = self.conns[i].handle_timeout(now) {
                 self.fail_pending(i, &cause, now);
+            }
+        }
+        for s in 0..self.subs.len() {
+            if self.subs[s].handle_timeout(now).is_some() {
+                self.channels.handle_link_down(s);
             }
         }
         for index in 0..self.entries.len() {
@@ -341,6 +459,7 @@ impl Engine {
             .map(|e| e.round.deadline());
         self.conns
             .iter()
+            .chain(&self.subs)
             .filter_map(Conn::poll_timeout)
             .chain(rounds)
             .min()

@@ -54,6 +54,16 @@ pub(crate) enum Step<'a> {
     Send(&'a [Request]),
     /// Nothing until this instant (a retry's wait); then [`Job::poll`].
     Sleep(Instant),
+    /// Wait for `resource` to be released: join its queue of local
+    /// waiters and subscribe to its releases; once subscribed and at the
+    /// head of the queue, [`Job::handle_subscribed`], then [`Job::poll`].
+    /// A client that cannot subscribe calls both at once.
+    Subscribe(&'a Bytes),
+    /// Nothing until `until` (when the holder's key expires) or until
+    /// `resource` is released, whichever comes first; then [`Job::wake`]
+    /// and [`Job::poll`]. A client that cannot be told of releases sleeps
+    /// until `until`.
+    Await { resource: &'a Bytes, until: Instant },
     /// Finished: [`Job::take_output`] has the result.
     Done,
 }
@@ -102,6 +112,11 @@ enum Stage {
     Cleanup,
     /// Retrying at this instant.
     Sleep(Instant),
+    /// To join the resource's waiters and subscribe to its releases.
+    Subscribe,
+    /// Waiting for a release, or for the holder's key to expire at this
+    /// instant.
+    Await(Instant),
     /// Finished.
     Done,
 }
@@ -140,6 +155,73 @@ impl Job {
     pub(crate) fn abandon(&mut self) {
         if let Job::Acquire(job) = self {
             job.abandoned = true;
+        }
+    }
+
+    /// The subscription [`Step::Subscribe`] asked for is in place and the
+    /// job is at the head of its queue: it may try.
+    pub(crate) fn handle_subscribed(&mut self) {
+        if let Job::Acquire(job) = self
+            && job.stage == Stage::Subscribe
+        {
+            job.stage = Stage::Round;
+        }
+    }
+
+    /// The resource a [`Step::Await`] waits for was released: try now.
+    pub(crate) fn wake(&mut self) {
+        if let Job::Acquire(job) = self
+            && matches!(job.stage, Stage::Await(_))
+        {
+            job.stage = Stage::Round;
+        }
+    }
+
+    /// A new acquire of a resource other local waiters already wait for
+    /// queues behind them instead of racing them. Returns the resource
+    /// when the job joined the wait.
+    pub(crate) fn queue_first(&mut self) -> Option<&Bytes> {
+        match self {
+            Job::Acquire(job) if job.notify && job.attempt == 0 => {
+                job.start_waiting();
+                job.keys.as_slice().first()
+            }
+            _ => None,
+        }
+    }
+
+    /// The resource a waiting acquire would wait for, before it started.
+    pub(crate) fn resource(&self) -> Option<&Bytes> {
+        match self {
+            Job::Acquire(job) if job.notify => job.keys.as_slice().first(),
+            _ => None,
+        }
+    }
+
+    /// When an acquire made its first attempt.
+    pub(crate) fn waiting_since(&self) -> Option<Instant> {
+        match self {
+            Job::Acquire(job) => Some(job.first),
+            _ => None,
+        }
+    }
+
+    /// When a waiting acquire gives up waiting.
+    pub(crate) fn give_up_at(&self) -> Option<Instant> {
+        match self {
+            Job::Acquire(job) => job.wait_until,
+            _ => None,
+        }
+    }
+
+    /// What a finished release freed: its keys and token, when a quorum
+    /// confirmed it.
+    pub(crate) fn released(&self) -> Option<(&[Bytes], crate::token::Token)> {
+        match self {
+            Job::Release(job) if matches!(job.result, Some(Ok(()))) => {
+                Some((job.request.keys.as_slice(), job.request.token))
+            }
+            _ => None,
         }
     }
 
@@ -196,12 +278,39 @@ pub(crate) struct Acquire {
     /// both phases.
     phase_one: Option<Stamp>,
     stage: Stage,
-    /// Where to go after the cleanup: retry at an instant, or finish.
-    after_cleanup: Option<Instant>,
+    /// Where to go after the cleanup.
+    after_cleanup: After,
     /// The error to return if no attempt is left.
     last_error: Option<Error>,
     result: Option<Result<Lock, Error>>,
     abandoned: bool,
+    /// Waits for a held lock by release notification and key expiry
+    /// ([`Config::wake_on_release`]); only a single resource's plain
+    /// acquire with retries does.
+    notify: bool,
+    /// Has asked to be subscribed ([`Step::Subscribe`]).
+    subscribed: bool,
+    /// Until when a notified wait lasts: `max_wait`, else `attempts *
+    /// delay` from the first attempt.
+    wait_until: Option<Instant>,
+    /// Attempts made after a wait for a held lock: they do not use up
+    /// [`Retry::attempts`].
+    waited: u32,
+    /// The next attempt follows a wait for a held lock.
+    after_wait: bool,
+}
+
+/// Where an acquire goes after the cleanup release of a failed attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum After {
+    /// Finish with the last error.
+    Finish,
+    /// Try again at this instant, whatever happens meanwhile.
+    Sleep(Instant),
+    /// Subscribe to the resource's releases, then try again.
+    Subscribe,
+    /// Wait for a release, or until this instant.
+    Await(Instant),
 }
 
 impl Acquire {
@@ -233,6 +342,15 @@ impl Acquire {
             ])),
             _ => keys.clone(),
         };
+        let notify = ctx.config.wake_on_release
+            && op == Op::Acquire
+            && matches!(keys, Keys::One(_))
+            && retry.attempts > 1;
+        let span = retry
+            .delay
+            .checked_mul(retry.attempts)
+            .and_then(|span| now.checked_add(span));
+        let give_up = retry.max_wait.and_then(|w| now.checked_add(w));
         Ok(Acquire {
             request: Request {
                 op,
@@ -240,38 +358,75 @@ impl Acquire {
                 token: ctx.tokens.next_token(),
                 arg: millis(ttl),
             },
+            notify,
+            subscribed: false,
+            wait_until: if retry.max_wait.is_some() {
+                give_up
+            } else {
+                span
+            },
+            waited: 0,
+            after_wait: false,
             keys,
             op,
             ttl,
             retry: *retry,
             timeout: ctx.config.per_instance_timeout.min(ttl),
             first: now,
-            give_up: retry.max_wait.and_then(|w| now.checked_add(w)),
+            give_up,
             attempt: 0,
             second: None,
             phase_one: None,
             stage: Stage::Round,
-            after_cleanup: None,
+            after_cleanup: After::Finish,
             last_error: None,
             result: None,
             abandoned: false,
         })
     }
 
+    /// From now on the acquire waits for releases: its attempts run the
+    /// script that reports the holder's remaining time.
+    fn start_waiting(&mut self) {
+        self.subscribed = true;
+        self.request.op = Op::AcquireWait;
+        self.after_wait = true;
+        self.stage = Stage::Subscribe;
+    }
+
     fn poll(&mut self, ctx: &mut Ctx<'_>, now: Instant) -> Step<'_> {
-        match self.stage {
-            Stage::Sleep(at) if self.abandoned => {
-                let _ = at;
+        let waiting = matches!(
+            self.stage,
+            Stage::Sleep(_) | Stage::Await(_) | Stage::Subscribe
+        ) || (self.stage == Stage::Round && self.attempt > 0);
+        let out_of_time = self.wait_until.is_some_and(|w| now >= w);
+        if waiting && (self.abandoned || (out_of_time && self.stage == Stage::Subscribe)) {
+            if self.last_error.is_some() {
                 self.result = self.last_error.take().map(Err);
                 self.stage = Stage::Done;
-                Step::Done
+                return Step::Done;
             }
+            // Queued before any attempt: one attempt says why it ends.
+            self.stage = Stage::Round;
+        }
+        match self.stage {
             Stage::Sleep(at) if now < at => Step::Sleep(at),
-            Stage::Sleep(_) | Stage::Round => {
+            Stage::Subscribe => match self.keys.as_slice().first() {
+                Some(resource) => Step::Subscribe(resource),
+                None => Step::Done,
+            },
+            Stage::Await(until) if now < until => match self.keys.as_slice().first() {
+                Some(resource) => Step::Await { resource, until },
+                None => Step::Done,
+            },
+            Stage::Sleep(_) | Stage::Await(_) | Stage::Round => {
                 if self.attempt > 0 {
                     self.request.token = ctx.tokens.next_token();
                 }
                 self.attempt += 1;
+                if std::mem::take(&mut self.after_wait) {
+                    self.waited += 1;
+                }
                 self.stage = Stage::Waiting;
                 // Phase one of a fenced acquire waits past its decision for
                 // the reports the fence needs, within the round's time.
@@ -300,8 +455,13 @@ impl Acquire {
             }
             Stage::Cleanup => {
                 self.stage = match self.after_cleanup {
-                    Some(at) => Stage::Sleep(at),
-                    None => {
+                    After::Sleep(at) => Stage::Sleep(at),
+                    After::Await(at) => Stage::Await(at),
+                    After::Subscribe => {
+                        self.start_waiting();
+                        Stage::Subscribe
+                    }
+                    After::Finish => {
                         self.result = self.last_error.take().map(Err);
                         Stage::Done
                     }
@@ -321,7 +481,8 @@ impl Acquire {
                 self.phase_one = Some(started);
                 let Some(expiry) = validity(ctx.config, round, 0, started, ended, self.ttl) else {
                     let error = verdict(ctx, round, self.op, 0, self.first, self.attempt, ended);
-                    return self.fail(ctx, error, ended.mono);
+                    let next = self.next_wait(ctx, &error, round, started, ended);
+                    return self.fail_then(ctx, error, ended.mono, next);
                 };
                 if self.op != Op::AcquireFenced {
                     return self.succeed(expiry, None);
@@ -409,23 +570,113 @@ impl Acquire {
     /// back, so a release goes to every master (nobody waits for it); then
     /// a retry after a jittered wait, or the error.
     fn fail(&mut self, ctx: &mut Ctx<'_>, error: Error, now: Instant) {
+        self.fail_then(ctx, error, now, None);
+    }
+
+    /// [`Acquire::fail`], going on as `next` says when it is given (a
+    /// notified wait for a held lock), else after the retry delay.
+    fn fail_then(&mut self, ctx: &mut Ctx<'_>, error: Error, now: Instant, next: Option<After>) {
         self.second = Some(Request {
             op: release_op(&self.keys),
             keys: self.keys.clone(),
             token: self.request.token,
             arg: 0,
         });
-        let wait = ctx.jitter.between(self.retry.delay / 2, self.retry.delay);
-        let at = now.checked_add(wait);
-        let out_of_time = self.give_up.is_some_and(|g| at.is_none_or(|t| t >= g));
-        self.after_cleanup = if self.attempt >= self.retry.attempts || out_of_time || self.abandoned
-        {
-            None
-        } else {
-            at
+        self.after_cleanup = match next {
+            _ if self.abandoned => After::Finish,
+            Some(next) => next,
+            None => {
+                let wait = ctx.jitter.between(self.retry.delay / 2, self.retry.delay);
+                let at = now.checked_add(wait);
+                let out_of_time = self.give_up.is_some_and(|g| at.is_none_or(|t| t >= g));
+                match at {
+                    Some(at)
+                        if self.attempt - self.waited < self.retry.attempts && !out_of_time =>
+                    {
+                        After::Sleep(at)
+                    }
+                    _ => After::Finish,
+                }
+            }
         };
         self.last_error = Some(error);
         self.stage = Stage::Cleanup;
+    }
+
+    /// How a notified acquire goes on after an attempt refused because
+    /// the lock is held: `None` for the retry delay (not waiting by
+    /// notification, or another kind of failure).
+    ///
+    /// - Not yet subscribed: subscribe, then try at once (the first attempt
+    ///   was a plain `SET NX`, which says nothing of the holder).
+    /// - Refused by a quorum: wait for a release, or until enough keys
+    ///   have expired for a quorum to be free, as the refusing masters'
+    ///   remaining times say (the retry delay where they did not say).
+    /// - Refused by fewer (votes split between racing waiters, whose
+    ///   cleanups free the keys at once): a random back-off of up to two
+    ///   round trips, notifications ignored, so that the racers fall out
+    ///   of step.
+    /// - Out of waiting time: finish.
+    fn next_wait(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        error: &Error,
+        round: &Round,
+        started: Stamp,
+        ended: Stamp,
+    ) -> Option<After> {
+        if !self.notify || !matches!(error, Error::Held(_)) {
+            return None;
+        }
+        let now = ended.mono;
+        if self.wait_until.is_some_and(|w| now >= w) {
+            return Some(After::Finish);
+        }
+        self.after_wait = true;
+        if !self.subscribed {
+            return Some(After::Subscribe);
+        }
+        let cap = |at: Instant| self.wait_until.map_or(at, |w| at.min(w));
+        let votes = round.votes(0);
+        let n = votes.len();
+        let q = round.quorum();
+        let refused = round.refused(0);
+        if refused < q {
+            let round_trip = now.saturating_duration_since(started.mono);
+            let backoff = ctx.jitter.between(Duration::ZERO, round_trip * 2);
+            return Some(After::Sleep(cap(now + backoff)));
+        }
+        // The lock is free once `needed` of the refusing masters' keys
+        // have expired, beside the masters that did not refuse.
+        let needed = q - (n - refused);
+        let mut left = [0i64; 16];
+        let mut count = 0;
+        for (vote, value) in votes.iter().zip(round.values(0)) {
+            if *vote != Vote::Refused {
+                continue;
+            }
+            match value {
+                Some(v) if *v < 0 => {
+                    if let Some(slot) = left.get_mut(count) {
+                        *slot = -*v;
+                        count += 1;
+                    }
+                }
+                // No expiry, or none known: the retry delay decides.
+                _ => {}
+            }
+        }
+        let left = &mut left[..count];
+        left.sort_unstable();
+        let expiry = match left.get(needed.wrapping_sub(1)) {
+            Some(ms) => {
+                // Redis expires a key within a millisecond of its PTTL.
+                Duration::from_millis(ms.unsigned_abs() + 1)
+            }
+            _ => ctx.jitter.between(self.retry.delay / 2, self.retry.delay),
+        };
+        let spread = ctx.jitter.between(Duration::ZERO, ctx.config.wake_spread);
+        Some(After::Await(cap(now + expiry + spread)))
     }
 }
 

@@ -20,8 +20,8 @@
 //! The modules are listed in data-flow order: one acquire goes from the
 //! bytes on the wire up to the API:
 //!
-//! `resp -> script -> token -> clock -> addr -> conn -> quorum -> engine ->
-//! resolve -> driver -> config -> error -> job -> lock -> shared -> watchdog`
+//! `resp -> script -> token -> clock -> addr -> conn -> quorum -> notify ->
+//! engine -> resolve -> driver -> config -> error -> job -> lock -> shared -> watchdog`
 //!
 //! `resp` encodes commands and parses replies; `conn` is one master's
 //! connection state; `quorum` one round's votes and validity arithmetic;
@@ -66,6 +66,8 @@ mod addr;
 mod conn;
 
 mod quorum;
+
+mod notify;
 
 mod engine;
 

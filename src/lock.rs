@@ -259,7 +259,11 @@ impl Parts {
     ///
     /// # Errors
     /// [`Error::Os`] when the OS refuses a poll instance or random bytes.
-    pub(crate) fn new(config: &Config, now: Instant) -> Result<Parts, Error> {
+    ///
+    /// With `subscribe`, the engine has a subscriber connection per master
+    /// for release notifications (the shared client's, when
+    /// [`Config::wake_on_release`] is on).
+    pub(crate) fn new(config: &Config, now: Instant, subscribe: bool) -> Result<Parts, Error> {
         let timing = Timing {
             connect: config.connect_timeout,
             stall: config.connect_timeout.max(config.per_instance_timeout),
@@ -276,9 +280,17 @@ impl Parts {
                 .iter()
                 .map(|a| Arc::from(a.to_string()))
                 .collect(),
-            engine: Engine::new(&config.servers, Scripts::new(), config.limits, timing, now),
+            engine: Engine::new(
+                &config.servers,
+                Scripts::new(),
+                config.limits,
+                timing,
+                now,
+                subscribe,
+            ),
             driver: Driver::new(
                 &config.servers,
+                config.servers.len() * if subscribe { 2 } else { 1 },
                 config.resolver.clone(),
                 config.connect_timeout,
             )
@@ -317,7 +329,7 @@ impl Redlock {
             driver,
             tokens,
             jitter,
-        } = Parts::new(&config, now)?;
+        } = Parts::new(&config, now, false)?;
         Ok(Redlock {
             names,
             engine,
@@ -642,6 +654,13 @@ impl Redlock {
                 }
                 Step::Send(requests) => self.send_only(requests),
                 Step::Sleep(at) => std::thread::sleep(at.saturating_duration_since(now)),
+                // No subscriber connections here: a wait for a held lock
+                // lasts until the holder's key expires.
+                Step::Subscribe(_) => job.handle_subscribed(),
+                Step::Await { until, .. } => {
+                    std::thread::sleep(until.saturating_duration_since(now));
+                    job.wake();
+                }
                 Step::Done => return job.take_output(),
             }
         }

@@ -243,6 +243,15 @@ impl Round {
             .max()
     }
 
+    /// The integer each master replied to `slot`, in master order, where
+    /// it replied one (a waiting acquire's refusal carries minus the
+    /// holder's remaining time).
+    pub(crate) fn values(&self, slot: usize) -> &[Option<i64>] {
+        self.values
+            .get(slot * self.n..(slot + 1) * self.n)
+            .unwrap_or_default()
+    }
+
     /// What each master reported in phase one of a fenced acquire on
     /// `slot`, in master order: `None` where it sent no such report (it
     /// refused, failed, has not answered, or ran another script).

@@ -700,9 +700,9 @@ impl SharedRedlock {
                 }
                 Inline::Done(output)
             }
-            Ran::Sleeping(job, at) => {
+            Ran::Waiting(job) => {
                 let completion = blocking_completion();
-                core.spawn_sleeping(job, Waiter::Caller(Arc::clone(&completion)), at);
+                core.spawn(job, Waiter::Caller(Arc::clone(&completion)), Instant::now());
                 drop(core);
                 self.handle.queue.nudge();
                 let output = completion.wait();
@@ -860,6 +860,31 @@ fn releases_of(output: Output) -> Vec<Result<(), Error>> {
 struct Running {
     job: Job,
     waiter: Waiter,
+    /// The resource whose queue of waiters the job joined.
+    waits_for: Option<Bytes>,
+    /// The resource's epoch when the job's last attempt started: a
+    /// release seen since then means try again.
+    tried_at: u64,
+    /// Waiting for a release (or its timer): a notification wakes it.
+    awaiting: bool,
+    /// Its timer in [`EventLoop::sleeping`]: older entries are stale.
+    timer: u64,
+    /// Waiting for a round's outcome: nothing else may move it on.
+    in_round: bool,
+}
+
+impl Running {
+    fn new(job: Job, waiter: Waiter) -> Option<Running> {
+        Some(Running {
+            job,
+            waiter,
+            waits_for: None,
+            tried_at: 0,
+            awaiting: false,
+            timer: 0,
+            in_round: false,
+        })
+    }
 }
 
 /// Who waits for a job.
@@ -909,8 +934,8 @@ enum Inline {
 enum Ran {
     /// Done: its output.
     Done(Output),
-    /// It waits to retry until then: the loop takes it over.
-    Sleeping(Job, Instant),
+    /// It waits (to retry, or for a release): the loop takes it over.
+    Waiting(Job),
 }
 
 /// What the loop thread does after a turn.
@@ -939,8 +964,13 @@ struct EventLoop {
     free_jobs: Vec<usize>,
     /// Per engine round index: the job it belongs to and when it started.
     owners: Vec<(usize, Stamp)>,
-    /// Jobs waiting to retry, soonest first.
-    sleeping: BinaryHeap<Reverse<(Instant, usize)>>,
+    /// Jobs waiting to retry or for a release, soonest first: (when,
+    /// job, timer); an entry whose timer is not the job's is stale.
+    sleeping: BinaryHeap<Reverse<(Instant, usize, u64)>>,
+    timers: u64,
+    /// Jobs at the head of a resource's queue waiting for their
+    /// subscriptions, each with the instant it stops waiting for them.
+    subscribing: Vec<(usize, Instant)>,
     /// The queue's orders, swapped out each turn (both keep their storage).
     inbox: Vec<Submission>,
     /// Orders waiting for room in the connections' in-flight queues.
@@ -954,6 +984,20 @@ struct EventLoop {
     keep_timers: BinaryHeap<Reverse<(Instant, usize, u64)>>,
     generations: u64,
 }
+
+/// How long a waiter woken by a release waits before it tries: random
+/// within [`Config::wake_spread`], so that the waiters of several
+/// processes woken together do not split the masters' votes, and shorter
+/// the longer it has waited (`age`), down to nothing at 20 ms, so that
+/// the waiter that has waited longest tends to send its attempt first.
+fn wake_delay(jitter: &mut SplitMix64, spread: Duration, age: Option<Duration>) -> Duration {
+    let age = age.unwrap_or_default().min(AGE_PRIORITY);
+    let share = 1.0 - age.as_secs_f64() / AGE_PRIORITY.as_secs_f64();
+    jitter.between(Duration::ZERO, spread.mul_f64(share))
+}
+
+/// Past this wait, a woken waiter tries at once (see [`wake_delay`]).
+const AGE_PRIORITY: Duration = Duration::from_millis(20);
 
 /// How long the loop, once its last handle is gone, waits for late
 /// replies and cleanup releases.
@@ -969,7 +1013,7 @@ impl EventLoop {
             driver,
             tokens,
             jitter,
-        } = Parts::new(&config, Instant::now())?;
+        } = Parts::new(&config, Instant::now(), config.wake_on_release)?;
         Ok(EventLoop {
             names,
             engine,
@@ -980,6 +1024,8 @@ impl EventLoop {
             free_jobs: Vec::new(),
             owners: Vec::new(),
             sleeping: BinaryHeap::new(),
+            timers: 0,
+            subscribing: Vec::new(),
             inbox: Vec::with_capacity(256),
             admitting: VecDeque::with_capacity(256),
             same_server: None,
@@ -1032,8 +1078,15 @@ impl EventLoop {
             *closing_since = Some(now);
             // No retries once closing: each job ends with its current
             // round.
-            for running in self.jobs.iter_mut().flatten() {
+            for (index, running) in self.jobs.iter_mut().enumerate() {
+                let Some(running) = running else { continue };
                 running.job.abandon();
+                // Waiters end at once, not at their key's expiry.
+                if running.waits_for.is_some() {
+                    self.timers += 1;
+                    running.timer = self.timers;
+                    self.sleeping.push(Reverse((now, index, self.timers)));
+                }
             }
         }
         self.driver.prepare(&mut self.engine, now);
@@ -1054,6 +1107,8 @@ impl EventLoop {
         self.inbox = inbox;
         self.admit(now);
         self.wake_sleepers(now);
+        self.check_subscribing(now, closing_since.is_some());
+        self.wake_waiters(now);
         self.fire_keep_timers(now);
         self.driver.send(&mut self.engine);
         let idle = self.is_idle();
@@ -1072,7 +1127,8 @@ impl EventLoop {
         }
         let wake = [
             self.engine.poll_timeout(),
-            self.sleeping.peek().map(|Reverse((at, _))| *at),
+            self.sleeping.peek().map(|Reverse((at, _, _))| *at),
+            self.subscribing.iter().map(|(_, at)| *at).min(),
             self.keep_timers.peek().map(|Reverse((at, _, _))| *at),
         ]
         .into_iter()
@@ -1089,7 +1145,7 @@ impl EventLoop {
         };
         if let Err(cause) = self.driver.turn(&mut self.engine, timeout) {
             let now = Instant::now();
-            for i in 0..self.engine.masters() {
+            for i in 0..self.engine.links() {
                 self.engine.handle_failure(i, now, cause.clone());
             }
         }
@@ -1117,6 +1173,7 @@ impl EventLoop {
                 tokens,
                 jitter,
             };
+            running.in_round = false;
             running.job.handle_round(&mut ctx, round, started, ended);
             self.engine.finish(id);
             self.advance(index, ended.mono);
@@ -1136,7 +1193,7 @@ impl EventLoop {
 
     /// Runs `job` on the calling thread, with the loop idle: its rounds,
     /// sends and outcome, as [`Redlock`](crate::Redlock) runs a job.
-    /// [`Ran::Sleeping`] when the job would wait to retry: it goes to the
+    /// [`Ran::Waiting`] when the job would wait to retry: it goes to the
     /// loop then, with the instant it waits for.
     fn run_inline(&mut self, mut job: Job) -> Ran {
         loop {
@@ -1184,7 +1241,9 @@ impl EventLoop {
                     engine.finish(id);
                     while engine.poll_completed().is_some() {}
                 }
-                Step::Sleep(at) => return Ran::Sleeping(job, at),
+                Step::Sleep(_) | Step::Subscribe(_) | Step::Await { .. } => {
+                    return Ran::Waiting(job);
+                }
                 Step::Done => {
                     return match job.take_output() {
                         Some(output) => Ran::Done(output),
@@ -1193,22 +1252,6 @@ impl EventLoop {
                 }
             }
         }
-    }
-
-    /// Takes a job a caller ran until it had to wait to retry.
-    fn spawn_sleeping(&mut self, job: Job, waiter: Waiter, at: Instant) {
-        let running = Some(Running { job, waiter });
-        let index = match self.free_jobs.pop() {
-            Some(index) => {
-                self.jobs[index] = running;
-                index
-            }
-            None => {
-                self.jobs.push(running);
-                self.jobs.len() - 1
-            }
-        };
-        self.sleeping.push(Reverse((at, index)));
     }
 
     /// Starts the orders waiting for room, oldest first, while every
@@ -1245,7 +1288,16 @@ impl EventLoop {
             order => order,
         };
         match self.make_job(order, now) {
-            Ok(job) => self.spawn(job, Waiter::Caller(completion), now),
+            Ok(mut job) => {
+                // Behind the local waiters already there, not racing them.
+                if job
+                    .resource()
+                    .is_some_and(|r| self.engine.head(r).is_some())
+                {
+                    let _ = job.queue_first();
+                }
+                self.spawn(job, Waiter::Caller(completion), now);
+            }
             Err(output) => {
                 if let Some(output) = completion.complete(output) {
                     self.release_abandoned(output, now);
@@ -1311,7 +1363,7 @@ impl EventLoop {
 
     /// Puts `job` in the table and runs it to its first wait.
     fn spawn(&mut self, job: Job, waiter: Waiter, now: Instant) {
-        let running = Some(Running { job, waiter });
+        let running = Running::new(job, waiter);
         let index = match self.free_jobs.pop() {
             Some(index) => {
                 self.jobs[index] = running;
@@ -1338,11 +1390,18 @@ impl EventLoop {
                 jitter,
                 owners,
                 sleeping,
+                timers,
+                subscribing,
                 ..
             } = self;
             let Some(Some(running)) = jobs.get_mut(index) else {
                 return;
             };
+            // A timer or a promotion that comes while the job's round is
+            // out waits for the round's outcome.
+            if running.in_round {
+                return;
+            }
             if running.waiter.is_abandoned() {
                 running.job.abandon();
             }
@@ -1359,12 +1418,16 @@ impl EventLoop {
                     wait,
                 } => {
                     driver.prepare(engine, now);
+                    if let Some(resource) = &running.waits_for {
+                        running.tried_at = engine.epoch(resource);
+                    }
                     let started = Stamp::now();
                     let id = engine.start(requests, started.mono, timeout, wait);
                     if owners.len() <= id.index() {
                         owners.resize(id.index() + 1, (usize::MAX, started));
                     }
                     owners[id.index()] = (index, started);
+                    running.in_round = true;
                     return;
                 }
                 Step::Send(requests) => {
@@ -1373,12 +1436,70 @@ impl EventLoop {
                     engine.finish(id);
                 }
                 Step::Sleep(at) => {
-                    sleeping.push(Reverse((at, index)));
+                    *timers += 1;
+                    running.timer = *timers;
+                    sleeping.push(Reverse((at, index, *timers)));
+                    return;
+                }
+                Step::Subscribe(resource) => {
+                    let resource = resource.clone();
+                    if running.waits_for.is_none() {
+                        engine.join(&resource, index);
+                        running.waits_for = Some(resource.clone());
+                        // Subscriber connections open now, so that the
+                        // SUBSCRIBEs leave in this turn's write.
+                        driver.prepare(engine, now);
+                    }
+                    if engine.head(&resource) == Some(index) {
+                        let until = now.checked_add(config.connect_timeout).unwrap_or(now);
+                        subscribing.push((index, until));
+                    } else if let Some(at) = running.job.give_up_at() {
+                        // Behind others: promoted when the head leaves,
+                        // or done waiting at this instant.
+                        *timers += 1;
+                        running.timer = *timers;
+                        sleeping.push(Reverse((at, index, *timers)));
+                    }
+                    return;
+                }
+                Step::Await { resource, until } => {
+                    *timers += 1;
+                    running.timer = *timers;
+                    let at = if engine.epoch(resource) == running.tried_at {
+                        running.awaiting = true;
+                        until
+                    } else {
+                        // Released while the attempt was under way.
+                        let age = running
+                            .job
+                            .waiting_since()
+                            .map(|t| now.saturating_duration_since(t));
+                        now + wake_delay(jitter, config.wake_spread, age)
+                    };
+                    sleeping.push(Reverse((at, index, *timers)));
                     return;
                 }
                 Step::Done => {
+                    if let Some((keys, token)) = running.job.released() {
+                        for key in keys {
+                            engine.handle_released(key, token);
+                        }
+                    }
+                    let promoted = match running.waits_for.take() {
+                        Some(resource) => engine.leave(&resource, index),
+                        None => None,
+                    };
                     let output = running.job.take_output();
                     let finished = jobs[index].take();
+                    if let Some(head) = promoted {
+                        let until = now.checked_add(config.connect_timeout).unwrap_or(now);
+                        subscribing.push((head, until));
+                        // Its give-up timer is the subscription's now.
+                        if let Some(Some(head)) = jobs.get_mut(head) {
+                            *timers += 1;
+                            head.timer = *timers;
+                        }
+                    }
                     self.free_jobs.push(index);
                     let (Some(output), Some(finished)) = (output, finished) else {
                         return;
@@ -1399,7 +1520,7 @@ impl EventLoop {
 
     /// Jobs whose retry wait is over (all of them once closing) go on.
     fn wake_sleepers(&mut self, now: Instant) {
-        while let Some(Reverse((at, index))) = self.sleeping.peek().copied() {
+        while let Some(Reverse((at, index, timer))) = self.sleeping.peek().copied() {
             let abandoned = self
                 .jobs
                 .get(index)
@@ -1409,7 +1530,69 @@ impl EventLoop {
                 break;
             }
             self.sleeping.pop();
+            let Some(Some(running)) = self.jobs.get_mut(index) else {
+                continue;
+            };
+            if running.timer != timer {
+                continue;
+            }
+            running.awaiting = false;
+            running.job.wake();
             self.advance(index, now);
+        }
+    }
+
+    /// Heads of queues whose subscriptions are in place (or past waiting
+    /// for) make their attempt.
+    fn check_subscribing(&mut self, now: Instant, closing: bool) {
+        let mut i = 0;
+        while let Some(&(index, until)) = self.subscribing.get(i) {
+            let ready = match self.jobs.get(index) {
+                Some(Some(running)) => {
+                    closing
+                        || now >= until
+                        || running.waiter.is_abandoned()
+                        || running
+                            .waits_for
+                            .as_ref()
+                            .is_none_or(|r| self.engine.is_listening(r, now))
+                }
+                _ => true,
+            };
+            if !ready {
+                i += 1;
+                continue;
+            }
+            self.subscribing.swap_remove(i);
+            if let Some(Some(running)) = self.jobs.get_mut(index) {
+                running.job.handle_subscribed();
+                self.advance(index, now);
+            }
+        }
+    }
+
+    /// Releases seen since the last call wake the head of each resource's
+    /// queue, if it waits for one (one waiting in an attempt compares
+    /// epochs when the attempt ends).
+    fn wake_waiters(&mut self, now: Instant) {
+        while let Some(resource) = self.engine.poll_notified() {
+            let Some(head) = self.engine.head(&resource) else {
+                continue;
+            };
+            if let Some(Some(running)) = self.jobs.get_mut(head)
+                && running.awaiting
+            {
+                running.awaiting = false;
+                self.timers += 1;
+                running.timer = self.timers;
+                let age = running
+                    .job
+                    .waiting_since()
+                    .map(|t| now.saturating_duration_since(t));
+                let delay = wake_delay(&mut self.jitter, self.config.wake_spread, age);
+                self.sleeping
+                    .push(Reverse((now + delay, head, self.timers)));
+            }
         }
     }
 

@@ -217,7 +217,14 @@ impl Sim {
             .collect();
         Sim {
             now,
-            engine: Engine::new(&servers, Scripts::new(), Limits::default(), timing, now),
+            engine: Engine::new(
+                &servers,
+                Scripts::new(),
+                Limits::default(),
+                timing,
+                now,
+                false,
+            ),
             last: None,
             idle: Round::new(masters.len(), now),
             masters,

@@ -1,0 +1,555 @@
+//! Release notifications: which resources this client waits for, the
+//! subscriptions that tell it when they are released, and the local queue
+//! of waiters per resource.
+//!
+//! [`Channels`] is sans-IO state beside the [`Engine`](crate::engine::Engine)'s
+//! subscriber connections (one per master, [`Role::Subscriber`]). A
+//! resource is subscribed on every master while at least one local waiter
+//! waits for it ([`Channels::join`]), and unsubscribed when the last one
+//! leaves. Waiters queue in arrival order: only the head races for the
+//! lock, so that one release sets off one `SET NX` per process, not one
+//! per waiter. A release, published by a master or done through this
+//! client ([`Channels::handle_released`]), moves the resource's epoch on
+//! and queues the resource once for [`Channels::poll_notified`]; a waiter
+//! that compares epochs before and after its attempt cannot miss a release
+//! that came in between. A subscription made again after its connection
+//! dropped counts as a release too, since one may have been missed.
+//!
+//! Memory is bounded by the resources waited for: a message for a
+//! resource nobody here waits for is read and dropped, and a flood of
+//! messages moves an epoch on, queueing nothing more. Nothing here touches
+//! a socket or reads a clock.
+
+use std::collections::{HashMap, VecDeque};
+
+use bytes::Bytes;
+
+use crate::conn::{Cause, Conn, Role};
+use crate::resp::{Arg, Reply};
+use crate::script::RELEASE_CHANNEL_PREFIX;
+use crate::token::Token;
+
+/// One subscriber connection's view of one resource's channel.
+#[derive(Debug, Clone, Copy, Default)]
+struct Link {
+    /// SUBSCRIBE and UNSUBSCRIBE commands sent and not yet confirmed.
+    pending: u32,
+    /// The last SUBSCRIBE was sent on a new connection: a release may
+    /// have been missed while there was none.
+    renewed: bool,
+}
+
+/// A resource that local waiters wait for.
+#[derive(Debug)]
+struct Channel {
+    /// Waiters in arrival order; the head races.
+    waiters: VecDeque<usize>,
+    /// Moved on by each release seen.
+    epoch: u64,
+    /// The token of the last release seen: each master publishes it, and
+    /// a local release is also seen from the masters; it counts once.
+    last: Option<Token>,
+    /// In [`Channels::notified`].
+    queued: bool,
+    /// Per subscriber connection.
+    links: Vec<Link>,
+}
+
+impl Channel {
+    fn is_settled(&self) -> bool {
+        self.links.iter().all(|l| l.pending == 0)
+    }
+}
+
+/// The resources local waiters wait for, and their subscriptions.
+#[derive(Debug, Default)]
+pub(crate) struct Channels {
+    table: HashMap<Bytes, Channel>,
+    /// Resources released since the last [`Channels::poll_notified`],
+    /// each at most once.
+    notified: VecDeque<Bytes>,
+    /// A channel name under construction, reused.
+    name: Vec<u8>,
+}
+
+impl Channels {
+    /// Whether any resource is waited for: subscriber connections are
+    /// opened only then.
+    pub(crate) fn is_wanted(&self) -> bool {
+        self.table.values().any(|c| !c.waiters.is_empty())
+    }
+
+    /// Waiter `waiter` waits for `resource`: it joins the queue, and the
+    /// first waiter subscribes on every subscriber connection that is up
+    /// (the others subscribe when they connect).
+    pub(crate) fn join(&mut self, subs: &mut [Conn], resource: &Bytes, waiter: usize) {
+        let channel = self
+            .table
+            .entry(resource.clone())
+            .or_insert_with(|| Channel {
+                waiters: VecDeque::new(),
+                epoch: 0,
+                last: None,
+                queued: false,
+                links: vec![Link::default(); subs.len()],
+            });
+        let first = channel.waiters.is_empty();
+        channel.waiters.push_back(waiter);
+        if first {
+            for (link, conn) in channel.links.iter_mut().zip(subs.iter_mut()) {
+                if send(&mut self.name, conn, b"SUBSCRIBE", resource) {
+                    link.pending += 1;
+                    link.renewed = false;
+                }
+            }
+        }
+    }
+
+    /// Waiter `waiter` stops waiting for `resource`. The last one
+    /// unsubscribes. Returns the new head of the queue when the head left.
+    pub(crate) fn leave(
+        &mut self,
+        subs: &mut [Conn],
+        resource: &Bytes,
+        waiter: usize,
+    ) -> Option<usize> {
+        let channel = self.table.get_mut(resource)?;
+        let position = channel.waiters.iter().position(|&w| w == waiter)?;
+        channel.waiters.remove(position);
+        if channel.waiters.is_empty() {
+            for (link, conn) in channel.links.iter_mut().zip(subs.iter_mut()) {
+                if send(&mut self.name, conn, b"UNSUBSCRIBE", resource) {
+                    link.pending += 1;
+                }
+            }
+            if channel.is_settled() {
+                self.table.remove(resource);
+            }
+            return None;
+        }
+        if position == 0 {
+            channel.waiters.front().copied()
+        } else {
+            None
+        }
+    }
+
+    /// The waiter that races for `resource`.
+    pub(crate) fn head(&self, resource: &[u8]) -> Option<usize> {
+        // The common case, nobody waiting, costs no hashing.
+        if self.table.is_empty() {
+            return None;
+        }
+        self.table.get(resource)?.waiters.front().copied()
+    }
+
+    /// How many releases of `resource` were seen while someone waited.
+    pub(crate) fn epoch(&self, resource: &[u8]) -> u64 {
+        self.table.get(resource).map_or(0, |c| c.epoch)
+    }
+
+    /// Whether the subscriptions for `resource` are in place as far as
+    /// they can be: confirmed by enough masters that every release, which
+    /// deletes the key on a quorum, is published on one of them
+    /// (`n - quorum + 1`), or no SUBSCRIBE is still unconfirmed and no
+    /// subscriber connection is about to connect (the rest are down,
+    /// backing off). Until then a waiter must not try: a release between
+    /// its attempt and its subscription would go unseen.
+    pub(crate) fn is_listening(
+        &self,
+        subs: &[Conn],
+        resource: &[u8],
+        quorum: usize,
+        now: std::time::Instant,
+    ) -> bool {
+        let Some(channel) = self.table.get(resource) else {
+            return true;
+        };
+        let mut confirmed = 0;
+        let mut settled = true;
+        for (link, conn) in channel.links.iter().zip(subs) {
+            if conn.is_down() {
+                settled &= !conn.poll_connect(now) || conn.is_resolving();
+            } else if link.pending == 0 {
+                confirmed += 1;
+            } else {
+                settled = false;
+            }
+        }
+        settled || confirmed + quorum > subs.len()
+    }
+
+    /// A lock on `resource` holding `token` was released through this
+    /// client: its local waiters are woken without waiting for the
+    /// masters' messages (which then count for nothing).
+    pub(crate) fn handle_released(&mut self, resource: &[u8], token: Token) {
+        if self.table.is_empty() {
+            return;
+        }
+        if let Some(channel) = self.table.get_mut(resource) {
+            release(&mut self.notified, resource, channel, Some(token));
+        }
+    }
+
+    /// The next resource released since the last call.
+    pub(crate) fn poll_notified(&mut self) -> Option<Bytes> {
+        let resource = self.notified.pop_front()?;
+        if let Some(channel) = self.table.get_mut(&resource) {
+            channel.queued = false;
+        }
+        Some(resource)
+    }
+
+    /// Subscriber connection `link` started connecting: every resource
+    /// waited for is subscribed on it (after its AUTH, in the same write).
+    pub(crate) fn handle_link_up(&mut self, link: usize, conn: &mut Conn) {
+        for (resource, channel) in &mut self.table {
+            if channel.waiters.is_empty() {
+                continue;
+            }
+            if let Some(state) = channel.links.get_mut(link)
+                && send(&mut self.name, conn, b"SUBSCRIBE", resource)
+            {
+                state.pending = 1;
+                state.renewed = true;
+            }
+        }
+    }
+
+    /// Subscriber connection `link` dropped: its subscriptions are gone
+    /// with it.
+    pub(crate) fn handle_link_down(&mut self, link: usize) {
+        for channel in self.table.values_mut() {
+            if let Some(state) = channel.links.get_mut(link) {
+                *state = Link::default();
+            }
+        }
+        self.table
+            .retain(|_, c| !c.waiters.is_empty() || !c.is_settled());
+    }
+
+    /// A frame pushed on subscriber connection `link`.
+    ///
+    /// # Errors
+    /// [`Cause::Server`] for an error reply (SUBSCRIBE refused, by an ACL
+    /// say): the connection is then dropped and made again later.
+    pub(crate) fn handle_push(&mut self, link: usize, reply: Reply) -> Result<(), Cause> {
+        let items = match reply {
+            Reply::Array(items) => items,
+            Reply::Error(msg) => return Err(Cause::Server(msg)),
+            // Nothing else is sent in subscribed mode; a stray frame
+            // changes nothing.
+            _ => return Ok(()),
+        };
+        let (Some(Reply::Bulk(kind)), Some(Reply::Bulk(name))) = (items.first(), items.get(1))
+        else {
+            return Ok(());
+        };
+        let Some(resource) = name.strip_prefix(RELEASE_CHANNEL_PREFIX) else {
+            return Ok(());
+        };
+        let Some(channel) = self.table.get_mut(resource) else {
+            return Ok(());
+        };
+        match &kind[..] {
+            b"message" => {
+                let token = match items.get(2) {
+                    Some(Reply::Bulk(payload)) => std::str::from_utf8(payload)
+                        .ok()
+                        .and_then(|text| Token::parse(text).ok()),
+                    _ => None,
+                };
+                if token.is_none() || token != channel.last {
+                    release(&mut self.notified, resource, channel, token);
+                }
+            }
+            b"subscribe" | b"unsubscribe" => {
+                let Some(state) = channel.links.get_mut(link) else {
+                    return Ok(());
+                };
+                state.pending = state.pending.saturating_sub(1);
+                if kind[..] == b"subscribe"[..] && std::mem::take(&mut state.renewed) {
+                    release(&mut self.notified, resource, channel, None);
+                }
+                if channel.waiters.is_empty() && channel.is_settled() {
+                    self.table.remove(resource);
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// How many resources are tracked (waited for, or with commands
+    /// unconfirmed).
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.table.len()
+    }
+}
+
+/// Moves `channel`'s epoch on for a release (of `token`, when known) and
+/// queues `resource` for [`Channels::poll_notified`], once.
+fn release(
+    notified: &mut VecDeque<Bytes>,
+    resource: &[u8],
+    channel: &mut Channel,
+    token: Option<Token>,
+) {
+    channel.epoch += 1;
+    if token.is_some() {
+        channel.last = token;
+    }
+    if !channel.queued {
+        channel.queued = true;
+        notified.push_back(Bytes::copy_from_slice(resource));
+    }
+}
+
+/// Queues `verb` (SUBSCRIBE or UNSUBSCRIBE) for `resource`'s channel on a
+/// subscriber connection; false when it is down.
+fn send(name: &mut Vec<u8>, conn: &mut Conn, verb: &[u8], resource: &[u8]) -> bool {
+    debug_assert_eq!(conn.role(), Role::Subscriber);
+    name.clear();
+    name.extend_from_slice(RELEASE_CHANNEL_PREFIX);
+    name.extend_from_slice(resource);
+    conn.queue_command(&[Arg::Bytes(verb), Arg::Bytes(name)])
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use bytes::BytesMut;
+
+    use super::*;
+    use crate::conn::Timing;
+    use crate::resp::{self, Limits};
+    use crate::script::Scripts;
+    use crate::token::TokenSource;
+
+    const R: &[u8] = b"orders:42";
+
+    fn subs(n: usize, now: Instant) -> Vec<Conn> {
+        let timing = Timing {
+            connect: Duration::from_secs(1),
+            stall: Duration::from_secs(1),
+            backoff_min: Duration::from_millis(10),
+            backoff_max: Duration::from_secs(1),
+            quarantine: None,
+            max_in_flight: 1024,
+        };
+        (0..n)
+            .map(|i| {
+                let addr = format!("redis://127.0.0.1:{}", 7000 + i).parse().unwrap();
+                let mut conn = Conn::with_role(
+                    Role::Subscriber,
+                    addr,
+                    Scripts::new(),
+                    Limits::default(),
+                    timing,
+                    now,
+                );
+                conn.handle_connect_started(now);
+                conn.handle_connected();
+                conn
+            })
+            .collect()
+    }
+
+    /// The commands queued on `conn`, each as its words, and the buffer
+    /// emptied as if written.
+    fn sent(conn: &mut Conn) -> Vec<String> {
+        let mut buf = BytesMut::from(conn.poll_transmit());
+        conn.handle_written(buf.len());
+        let mut commands = Vec::new();
+        while let Some(Reply::Array(words)) = resp::decode(&mut buf, &Limits::default()).unwrap() {
+            let words: Vec<String> = words
+                .iter()
+                .map(|w| match w {
+                    Reply::Bulk(b) => String::from_utf8_lossy(b).into_owned(),
+                    other => format!("{other:?}"),
+                })
+                .collect();
+            commands.push(words.join(" "));
+        }
+        commands
+    }
+
+    fn push(kind: &str, resource: &[u8], last: Reply) -> Reply {
+        Reply::Array(vec![
+            Reply::Bulk(Bytes::copy_from_slice(kind.as_bytes())),
+            Reply::Bulk(Bytes::from(crate::script::release_channel(resource))),
+            last,
+        ])
+    }
+
+    fn message(resource: &[u8], token: &Token) -> Reply {
+        push(
+            "message",
+            resource,
+            Reply::Bulk(Bytes::copy_from_slice(token.as_bytes())),
+        )
+    }
+
+    fn confirm(channels: &mut Channels, n: usize, kind: &str) {
+        for link in 0..n {
+            channels
+                .handle_push(link, push(kind, R, Reply::Integer(1)))
+                .unwrap();
+        }
+    }
+
+    #[test]
+    fn the_first_waiter_subscribes_everywhere_the_last_unsubscribes_and_the_queue_is_fifo() {
+        let now = Instant::now();
+        let mut subs = subs(3, now);
+        let mut channels = Channels::default();
+        let resource = Bytes::from_static(R);
+        channels.join(&mut subs, &resource, 7);
+        channels.join(&mut subs, &resource, 9);
+        for conn in &mut subs {
+            assert_eq!(sent(conn), ["SUBSCRIBE redlock:released:orders:42"]);
+        }
+        assert_eq!(channels.head(R), Some(7));
+        assert!(channels.is_wanted());
+        confirm(&mut channels, 3, "subscribe");
+        // The head leaves: the next one races.
+        assert_eq!(channels.leave(&mut subs, &resource, 7), Some(9));
+        assert_eq!(channels.head(R), Some(9));
+        for conn in &mut subs {
+            assert!(sent(conn).is_empty());
+        }
+        assert_eq!(channels.leave(&mut subs, &resource, 9), None);
+        for conn in &mut subs {
+            assert_eq!(sent(conn), ["UNSUBSCRIBE redlock:released:orders:42"]);
+        }
+        assert!(!channels.is_wanted());
+        assert_eq!(
+            channels.len(),
+            1,
+            "kept until the UNSUBSCRIBEs are confirmed"
+        );
+        confirm(&mut channels, 3, "unsubscribe");
+        assert_eq!(channels.len(), 0);
+    }
+
+    #[test]
+    fn a_waiter_listens_once_enough_masters_confirmed_that_every_release_reaches_it() {
+        let now = Instant::now();
+        let mut subs = subs(3, now);
+        let mut channels = Channels::default();
+        channels.join(&mut subs, &Bytes::from_static(R), 1);
+        assert!(!channels.is_listening(&subs, R, 2, now));
+        channels
+            .handle_push(0, push("subscribe", R, Reply::Integer(1)))
+            .unwrap();
+        // A release deletes on 2 of 3 masters: one confirmation could be
+        // the master it skipped.
+        assert!(!channels.is_listening(&subs, R, 2, now));
+        channels
+            .handle_push(2, push("subscribe", R, Reply::Integer(1)))
+            .unwrap();
+        assert!(channels.is_listening(&subs, R, 2, now));
+        // A master whose subscriber connection is down and backing off
+        // holds nobody back.
+        let mut channels = Channels::default();
+        let mut subs = self::subs(3, now);
+        channels.join(&mut subs, &Bytes::from_static(R), 1);
+        subs[1].handle_failure(now, Cause::Closed);
+        subs[1].handle_failure(now, Cause::Closed);
+        channels.handle_link_down(1);
+        channels
+            .handle_push(0, push("subscribe", R, Reply::Integer(1)))
+            .unwrap();
+        assert!(!channels.is_listening(&subs, R, 2, now));
+        channels
+            .handle_push(2, push("subscribe", R, Reply::Integer(1)))
+            .unwrap();
+        assert!(channels.is_listening(&subs, R, 2, now));
+    }
+
+    #[test]
+    fn a_release_counts_once_however_many_masters_publish_it_and_a_local_one_first() {
+        let now = Instant::now();
+        let mut subs = subs(3, now);
+        let mut channels = Channels::default();
+        channels.join(&mut subs, &Bytes::from_static(R), 1);
+        confirm(&mut channels, 3, "subscribe");
+        let mut tokens = TokenSource::from_seed([1; 16]);
+        let (local, remote) = (tokens.next_token(), tokens.next_token());
+        channels.handle_released(R, local);
+        for link in 0..3 {
+            channels.handle_push(link, message(R, &local)).unwrap();
+        }
+        assert_eq!(channels.epoch(R), 1);
+        for link in 0..3 {
+            channels.handle_push(link, message(R, &remote)).unwrap();
+        }
+        assert_eq!(channels.epoch(R), 2);
+        assert_eq!(channels.poll_notified().as_deref(), Some(R));
+        assert_eq!(channels.poll_notified(), None);
+    }
+
+    #[test]
+    fn messages_nobody_waits_for_are_dropped_and_a_flood_is_bounded() {
+        let now = Instant::now();
+        let mut subs = subs(1, now);
+        let mut channels = Channels::default();
+        channels.join(&mut subs, &Bytes::from_static(R), 1);
+        confirm(&mut channels, 1, "subscribe");
+        let mut tokens = TokenSource::from_seed([2; 16]);
+        for i in 0..100_000u32 {
+            let token = tokens.next_token();
+            let other = format!("other:{i}");
+            channels
+                .handle_push(0, message(other.as_bytes(), &token))
+                .unwrap();
+            channels.handle_push(0, message(R, &token)).unwrap();
+            // Garbage in the payload still wakes: the key may be free.
+            channels
+                .handle_push(0, push("message", R, Reply::Integer(i64::from(i))))
+                .unwrap();
+            // Frames of other shapes change nothing.
+            channels.handle_push(0, Reply::Nil).unwrap();
+            channels
+                .handle_push(0, push("pmessage", R, Reply::Nil))
+                .unwrap();
+        }
+        assert_eq!(channels.len(), 1, "only the resource waited for is kept");
+        assert_eq!(channels.epoch(R), 200_000);
+        assert_eq!(channels.notified.len(), 1, "queued once however many");
+        assert_eq!(channels.epoch(b"other:1"), 0);
+        assert!(matches!(
+            channels.handle_push(0, Reply::Error(Bytes::from_static(b"NOPERM no"))),
+            Err(Cause::Server(_))
+        ));
+    }
+
+    #[test]
+    fn a_subscription_renewed_after_its_connection_dropped_counts_as_a_release() {
+        let now = Instant::now();
+        let mut subs = subs(2, now);
+        let mut channels = Channels::default();
+        channels.join(&mut subs, &Bytes::from_static(R), 1);
+        confirm(&mut channels, 2, "subscribe");
+        for conn in &mut subs {
+            sent(conn);
+        }
+        assert_eq!(channels.epoch(R), 0);
+        subs[0].handle_failure(now, Cause::Closed);
+        channels.handle_link_down(0);
+        subs[0].handle_connect_started(now);
+        channels.handle_link_up(0, &mut subs[0]);
+        subs[0].handle_connected();
+        assert_eq!(sent(&mut subs[0]), ["SUBSCRIBE redlock:released:orders:42"]);
+        assert!(
+            channels.is_listening(&subs, R, 2, now),
+            "one of two suffices"
+        );
+        channels
+            .handle_push(0, push("subscribe", R, Reply::Integer(1)))
+            .unwrap();
+        assert_eq!(channels.epoch(R), 1, "a release may have been missed");
+    }
+}
