@@ -124,10 +124,11 @@ pub struct BenchArgs {
     wait_mode: WaitMode,
 
     /// With --wait-mode notify: once woken, wait a random time in [0, D]
-    /// before trying, so that waiters in several processes do not all try
-    /// at once
-    #[arg(long, value_name = "D", default_value = "0s", value_parser = parse_duration)]
-    wake_spread: Duration,
+    /// (less the longer a waiter has waited) before trying, so that
+    /// waiters in several processes do not all try at once [default: the
+    /// library's, 300us]
+    #[arg(long, value_name = "D", value_parser = parse_duration)]
+    wake_spread: Option<Duration>,
 
     /// Busy-wait for replies instead of sleeping in epoll (lower latency,
     /// one core per thread; per-thread clients only)
@@ -248,6 +249,9 @@ struct Setup {
     masters: usize,
     spawned: bool,
     quorum: usize,
+    /// The woken waiters' spread in force (`--wake-spread`, else the
+    /// library's default); `None` when waiters poll.
+    wake_spread: Option<Duration>,
 }
 
 /// Runs `redlock bench`.
@@ -285,7 +289,7 @@ pub fn bench(
             args.batch, args.batch
         )));
     }
-    if args.wait_mode == WaitMode::Poll && !args.wake_spread.is_zero() {
+    if args.wait_mode == WaitMode::Poll && args.wake_spread.is_some() {
         return Err(Failure::usage(
             "--wake-spread applies to --wait-mode notify: a polling waiter is never woken",
         ));
@@ -322,7 +326,9 @@ pub fn bench(
     }
     config.spin = args.spin;
     config.wake_on_release = args.wait_mode == WaitMode::Notify;
-    config.wake_spread = args.wake_spread;
+    if let Some(spread) = args.wake_spread {
+        config.wake_spread = spread;
+    }
     quarantine.apply(&mut config);
     if cluster.is_some() {
         // Masters this run started empty hold no lock from before their
@@ -333,6 +339,7 @@ pub fn bench(
         masters: urls.len(),
         spawned: cluster.is_some(),
         quorum: urls.len() / 2 + 1,
+        wake_spread: config.wake_on_release.then_some(config.wake_spread),
     };
     let (tally, elapsed, interrupted) = match args.tasks {
         Some(tasks) => measure_tasks(&config, args, tasks, &signals)?,
@@ -936,7 +943,7 @@ fn json_report(
         "release_us": latency(&tally.release),
         "hold_ms": args.hold.map(|h| h.as_secs_f64() * 1000.0),
         "wait_mode": args.wait_mode.name(),
-        "wake_spread_us": micros(args.wake_spread),
+        "wake_spread_us": setup.wake_spread.map(micros),
         "wait_us": args.hold.map(|_| {
             let mut wait = latency(&tally.wait);
             wait["open"] = serde_json::Value::from(tally.open_waits);
@@ -1024,16 +1031,16 @@ fn text_report(
     }
     if let Some(hold) = args.hold {
         let [p50, p90, p99, _, max] = percentiles(&tally.wait);
-        let waiting = match args.wait_mode {
-            WaitMode::Notify if args.wake_spread.is_zero() => {
+        let waiting = match setup.wake_spread {
+            Some(spread) if spread.is_zero() => {
                 "notify (woken by the holder's release or its key's expiry)".to_owned()
             }
-            WaitMode::Notify => format!(
+            Some(spread) => format!(
                 "notify (woken by the holder's release or its key's expiry, then a random \
                  wait of up to {})",
-                humantime::format_duration(args.wake_spread)
+                humantime::format_duration(spread)
             ),
-            WaitMode::Poll => format!(
+            None => format!(
                 "poll (an attempt every {} or so)",
                 humantime::format_duration(args.retry_delay)
             ),
