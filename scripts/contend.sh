@@ -4,12 +4,13 @@
 # each holding it HOLD_MS ms, then releasing it; waiting for the lock is
 # each client's own:
 #   notify  `redlock bench --wait-mode notify`: the shared client is woken
-#           by the holder's release (or at its key's expiry);
+#           by the holder's release (or at its key's expiry), then waits
+#           the library's default wake spread;
 #   poll    `redlock bench --wait-mode poll`: an attempt every
 #           RETRY_DELAY ([D/2, D]);
 #   npm     npm redlock 5 on ioredis (../shared/peers/node/bench_contend.mjs),
 #           retrying every RETRY_DELAY with as much jitter ([0, 2D]);
-# and, for each spread S in SPREADS other than 0, `notify+spread=S`
+# and, for each spread S in SPREADS (0 included), `notify+spread=S`
 # (`--wake-spread S`). The modes run in turn, ROUNDS times, on the same
 # three masters, flushed before every run.
 #
@@ -36,7 +37,7 @@ PROCS=${PROCS:-4}
 WORKERS=${WORKERS:-2}
 HOLD_MS=${HOLD_MS:-1}
 RETRY_DELAY_MS=${RETRY_DELAY_MS:-200}
-SPREADS=${SPREADS:-0}
+SPREADS=${SPREADS:-}
 # Each master's answer may take this long: 4 processes and 3 masters
 # share 2 cores here, and a slow round would count as an error.
 TIMEOUT=${TIMEOUT:-1s}
@@ -77,7 +78,7 @@ echo "masters: $servers" >&2
 
 modes=(notify poll npm)
 for spread in $SPREADS; do
-    [[ $spread == 0 ]] || modes+=("notify+spread=$spread")
+    modes+=("notify+spread=$spread")
 done
 
 # Runs PROCS processes of mode $1 at once; their outputs go to
