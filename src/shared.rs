@@ -603,6 +603,16 @@ impl SharedRedlock {
     }
 
     fn wait_counted<T>(&self, order: Order, extract: fn(Output) -> T, alone: bool) -> T {
+        // The thread's completion is made on its first blocking call,
+        // whichever way that call goes, so that a later call handed to a
+        // busy loop finds it made: steady state allocates nothing.
+        let _ = COMPLETION.try_with(|c| {
+            if let Ok(mut c) = c.try_borrow_mut()
+                && c.is_none()
+            {
+                *c = Some(Arc::new(Completion::default()));
+            }
+        });
         let order = if alone {
             match self.try_inline(order) {
                 Inline::Done(output) => return extract(output),
