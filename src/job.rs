@@ -214,14 +214,25 @@ impl Job {
         }
     }
 
-    /// What a finished release freed: its keys and token, when a quorum
-    /// confirmed it.
-    pub(crate) fn released(&self) -> Option<(&[Bytes], crate::token::Token)> {
-        match self {
-            Job::Release(job) if matches!(job.result, Some(Ok(()))) => {
-                Some((job.request.keys.as_slice(), job.request.token))
+    /// What a finished release (or batch of releases) freed: each key and
+    /// its token, where a quorum confirmed it.
+    pub(crate) fn for_each_released(&self, mut freed: impl FnMut(&[u8], crate::token::Token)) {
+        let mut each = |request: &Request| {
+            for key in request.keys.as_slice() {
+                freed(key, request.token);
             }
-            _ => None,
+        };
+        match self {
+            Job::Release(job) if matches!(job.result, Some(Ok(()))) => each(&job.request),
+            Job::ReleaseBatch(job) => {
+                let results = job.releases.iter().flatten();
+                for (request, result) in job.requests.iter().zip(results) {
+                    if result.is_ok() {
+                        each(request);
+                    }
+                }
+            }
+            _ => {}
         }
     }
 

@@ -1490,11 +1490,9 @@ impl EventLoop {
                     return;
                 }
                 Step::Done => {
-                    if let Some((keys, token)) = running.job.released() {
-                        for key in keys {
-                            engine.handle_released(key, token);
-                        }
-                    }
+                    running
+                        .job
+                        .for_each_released(|key, token| engine.handle_released(key, token));
                     let promoted = match running.waits_for.take() {
                         Some(resource) => engine.leave(&resource, index),
                         None => None,
