@@ -22,6 +22,13 @@
 //! measures how long it takes to use that master again. After every run,
 //! no lock key may outlive its TTL on any master.
 //!
+//! The same checker runs with the clients as threads of a few
+//! [`SharedRedlock`]s, whose retrying acquires wait for release
+//! notifications and for the holder's expiry (issue 12) instead of polling:
+//! a waiter then tries again the moment a release is published, and at the
+//! key's expiry to the millisecond, which is where a validity computed too
+//! generously would show.
+//!
 //! The checker can fail: with the `test-knobs` feature (which the crate's
 //! dev-dependency on itself turns on for `cargo test`),
 //! `Config::overstate_validity` makes every lock claim a few milliseconds
@@ -48,7 +55,7 @@ use std::time::{Duration, Instant};
 
 use common::{Cluster, Plain, cluster, eventually, try_connect_addr, wait_empty};
 use redlock_mio::resp::{Arg, Reply};
-use redlock_mio::{Config, Error, Redlock, Retry};
+use redlock_mio::{Config, Error, Lock, Redlock, Retry, SharedRedlock};
 
 /// How long one run lasts unless `REDLOCK_SAFETY_SECS` says otherwise.
 /// (With holders that keep their lock, a run's end waits for their last
@@ -123,6 +130,10 @@ const OVERSTATEMENT: Duration = Duration::from_millis(8);
 /// or these many runs are over.
 const KNOB_RUN: Duration = Duration::from_millis(150);
 const KNOB_MAX_RUNS: usize = 50;
+/// The runs with shared clients: this many clients, threads of this many
+/// shared clients (client `id` on handle `id % SHARED_HANDLES`).
+const SHARED_CLIENTS: usize = 8;
+const SHARED_HANDLES: usize = 3;
 
 fn run_length() -> Duration {
     match std::env::var(RUN_ENV) {
@@ -151,6 +162,10 @@ struct Setup {
     /// foreign token, so that the probe measures when the faulted masters
     /// are used again; empty for no probe.
     probe_block: Vec<SocketAddr>,
+    /// 0: each client has a [`Redlock`] of its own. Otherwise the clients
+    /// are threads sharing this many [`SharedRedlock`]s, client `id` on
+    /// handle `id % shared`.
+    shared: usize,
 }
 
 impl Setup {
@@ -173,6 +188,7 @@ impl Setup {
             ttl_max: TTL_MAX,
             run: run_length(),
             probe_block: Vec::new(),
+            shared: 0,
         }
     }
 
@@ -199,6 +215,7 @@ impl Setup {
             ttl_max: TTL_MAX,
             run: run_length(),
             probe_block,
+            shared: 0,
         }
     }
 
@@ -208,6 +225,12 @@ impl Setup {
     /// lock before the run starts.
     fn with_quarantine(mut self) -> Setup {
         self.config.quarantine = Some(self.ttl_max);
+        self
+    }
+
+    /// The clients as threads of `handles` shared clients.
+    fn shared_by(mut self, handles: usize) -> Setup {
+        self.shared = handles;
         self
     }
 
@@ -414,18 +437,75 @@ impl Drop for StopOnDrop<'_> {
     }
 }
 
+/// What a contending client locks through: a client of its own, or a
+/// handle to a shared one.
+enum Contender {
+    // Boxed: a client is large, a handle one pointer.
+    Own(Box<Redlock>),
+    Shared(SharedRedlock),
+}
+
+impl Contender {
+    fn try_acquire(&mut self, key: String, ttl: Duration) -> Result<Lock, Error> {
+        match self {
+            Contender::Own(redlock) => redlock.try_acquire(key, ttl),
+            Contender::Shared(redlock) => redlock.try_acquire(key, ttl),
+        }
+    }
+
+    fn acquire_with(&mut self, key: String, ttl: Duration, retry: &Retry) -> Result<Lock, Error> {
+        match self {
+            Contender::Own(redlock) => redlock.acquire_with(key, ttl, retry),
+            Contender::Shared(redlock) => redlock.acquire_with(key, ttl, retry),
+        }
+    }
+
+    fn release(&mut self, lock: &Lock) -> Result<(), Error> {
+        match self {
+            Contender::Own(redlock) => redlock.release(lock),
+            Contender::Shared(redlock) => redlock.release(lock),
+        }
+    }
+
+    /// A client of its own's buffers; a shared one's are not this
+    /// client's alone.
+    fn buffer_capacity(&self) -> usize {
+        match self {
+            Contender::Own(redlock) => redlock.buffer_capacity(),
+            Contender::Shared(_) => 0,
+        }
+    }
+
+    /// Finishes what is in flight: what is left after [`SETTLE`]. A shared
+    /// client does that when its last handle is dropped.
+    fn settle(&mut self) -> usize {
+        match self {
+            Contender::Own(redlock) => redlock.settle(SETTLE),
+            Contender::Shared(_) => 0,
+        }
+    }
+}
+
 /// One contending client: acquire, read-modify-write, and either release
 /// at once or keep the lock until just before its deadline, until told to
-/// stop. Even clients make single attempts, odd ones a short retry.
+/// stop. Even clients make single attempts, odd ones a short retry. With
+/// `shared`, the client is a thread of that shared client.
 fn client(
     id: usize,
     setup: &Setup,
+    shared: Option<&SharedRedlock>,
     counters: &[AtomicU64],
     ready: &Barrier,
     stop: &AtomicBool,
 ) -> Tally {
-    let made = Redlock::new(setup.config.clone()).map(|mut redlock| {
-        redlock.warm_up(Duration::from_secs(2));
+    let contender = match shared {
+        Some(shared) => Ok(Contender::Shared(shared.clone())),
+        None => Redlock::new(setup.config.clone()).map(|mut redlock| {
+            redlock.warm_up(Duration::from_secs(2));
+            Contender::Own(Box::new(redlock))
+        }),
+    };
+    let made = contender.map(|mut redlock| {
         let counted = setup.config.quarantine.is_none() || out_of_quarantine(&mut redlock, id);
         (redlock, counted)
     });
@@ -548,14 +628,14 @@ fn client(
         }
         tally.max_buffer = tally.max_buffer.max(redlock.buffer_capacity());
     }
-    tally.settle_left = redlock.settle(SETTLE);
+    tally.settle_left = redlock.settle();
     tally
 }
 
 /// Polls, at most [`QUARANTINE_WAIT`], until `redlock` can lock a resource
 /// of its own: until enough of the freshly started masters have been up
 /// for the restart quarantine's maximum TTL to count toward a quorum.
-fn out_of_quarantine(redlock: &mut Redlock, id: usize) -> bool {
+fn out_of_quarantine(redlock: &mut Contender, id: usize) -> bool {
     let key = format!("safety:ready:{id}");
     eventually(QUARANTINE_WAIT, || {
         match redlock.try_acquire(key.clone(), TTL_MIN) {
@@ -908,12 +988,16 @@ fn check_mutual_exclusion(setup: &Setup, mut fault: Option<&mut dyn FnMut() -> W
     let recovered = Mutex::new(None);
     let probing = !setup.probe_block.is_empty();
     let ready = Barrier::new(setup.clients + 1 + usize::from(probing));
+    let shared: Vec<SharedRedlock> = (0..setup.shared)
+        .map(|_| expect(SharedRedlock::new(setup.config.clone())))
+        .collect();
     let (tallies, probe_successes, ran, windows) = thread::scope(|scope| {
         let stop_guard = StopOnDrop(&stop);
         let workers: Vec<_> = (0..setup.clients)
             .map(|id| {
                 let (counters, ready, stop) = (&counters, &ready, &stop);
-                scope.spawn(move || client(id, setup, counters, ready, stop))
+                let handle = (!shared.is_empty()).then(|| &shared[id % shared.len()]);
+                scope.spawn(move || client(id, setup, handle, counters, ready, stop))
             })
             .collect();
         let prober = probing.then(|| scope.spawn(|| probe(setup, &ready, &stop, &recovered)));
@@ -950,6 +1034,9 @@ fn check_mutual_exclusion(setup: &Setup, mut fault: Option<&mut dyn FnMut() -> W
         });
         (tallies, probe_successes, ran, windows)
     });
+    // The last handles: each shared client finishes what is in flight and
+    // stops.
+    drop(shared);
     let mut sections: Vec<Section> = tallies.iter().flat_map(|t| t.sections.clone()).collect();
     sections.sort_by_key(|s| (s.acquired, s.client));
     Report {
@@ -1400,10 +1487,52 @@ fn mutual_exclusion_holds_among_clients_contending_on_three_masters() {
 #[test]
 fn overstating_the_validity_by_a_few_ms_makes_the_checker_find_overlaps() {
     let masters = cluster(3);
-    let mut setup = Setup::calm(
+    let setup = Setup::calm(
         &format!("contention, 3 masters, validity overstated by {OVERSTATEMENT:?}"),
         &masters.urls(),
     );
+    assert_overstatement_found(&masters, setup);
+}
+
+/// The contention above, with the clients as threads of shared clients
+/// whose retrying acquires wait for release notifications and for the
+/// holder's expiry: eight clients on three handles, so that every handle
+/// has single attempts and waiters, and one has two waiters queued.
+#[test]
+fn mutual_exclusion_holds_among_threads_of_shared_clients_woken_by_releases() {
+    let masters = cluster(3);
+    let mut setup = Setup::calm(
+        "contention, 3 masters, shared clients woken by releases",
+        &masters.urls(),
+    )
+    .shared_by(SHARED_HANDLES);
+    setup.clients = SHARED_CLIENTS;
+    let report = check_mutual_exclusion(&setup, None);
+    report.assert_safe();
+    assert_nothing_left(&masters, setup.ttl_max);
+}
+
+/// The checker can fail with notified waiting too: the run above with
+/// every validity overstated by [`OVERSTATEMENT`].
+#[test]
+fn overstating_the_validity_makes_the_checker_find_overlaps_among_shared_clients_too() {
+    let masters = cluster(3);
+    let mut setup = Setup::calm(
+        &format!(
+            "contention, 3 masters, shared clients woken by releases, validity overstated by \
+             {OVERSTATEMENT:?}"
+        ),
+        &masters.urls(),
+    )
+    .shared_by(SHARED_HANDLES);
+    setup.clients = SHARED_CLIENTS;
+    assert_overstatement_found(&masters, setup);
+}
+
+/// Runs `setup` with every validity overstated by [`OVERSTATEMENT`] until
+/// an overlap is seen, for at most [`KNOB_MAX_RUNS`] runs of [`KNOB_RUN`],
+/// and fails if none is.
+fn assert_overstatement_found(masters: &Cluster, mut setup: Setup) {
     setup.config.overstate_validity = OVERSTATEMENT;
     setup.run = KNOB_RUN;
     let (mut runs, mut sections, mut found, mut by_expiry) = (0, 0, 0, 0);
@@ -1426,7 +1555,7 @@ fn overstating_the_validity_by_a_few_ms_makes_the_checker_find_overlaps() {
          expiry: the checker cannot see a validity overstated by {OVERSTATEMENT:?}",
         setup.name
     );
-    assert_nothing_left(&masters, setup.ttl_max);
+    assert_nothing_left(masters, setup.ttl_max);
 }
 
 #[test]

@@ -1,0 +1,740 @@
+//! Waiting for a held lock with release notifications (issue 12), against
+//! real masters.
+//!
+//! A release publishes its token on `redlock:released:<resource>`
+//! ([`release_channel`]) on every master. A [`SharedRedlock`] acquire with
+//! retries left subscribes there while it waits, and tries again when a
+//! release is published, when a lock is released through the same client,
+//! or when the holder's key expires (its PTTL, read by the refused
+//! attempt); a [`Redlock`] waits for that expiry. These tests check that a
+//! released lock is handed over within a few commands, that a dead holder
+//! is replaced at its expiry, that a down master, a dropped subscriber
+//! connection and clients that do not publish change none of that, that
+//! the subscription ends with the last waiter, and that woken waiters never
+//! hold a lock together.
+//!
+//! The waiters retry with a delay of [`DELAY`] and give up after
+//! [`MAX_WAIT`], while the holders' keys live [`HOLD_TTL`]. A polling
+//! waiter's first retry would come at least `DELAY / 2` after its first
+//! attempt, past its `MAX_WAIT`, so it gives up at once; and the holder's
+//! key outlives `MAX_WAIT`. So a waiter that gets the lock got it from a
+//! notification (or, where the test says so, from the key's expiry):
+//! nothing else here is timed. Every wait on the masters polls against a
+//! generous deadline, and every process a test starts stops when the test
+//! ends, also when it fails.
+
+mod common;
+
+use std::future::Future;
+use std::pin::pin;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier, mpsc};
+use std::task::{Context, Poll, Wake, Waker};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::{Plain, bulk, cluster, connect, eventually};
+use redlock_mio::resp::{Arg, Reply};
+use redlock_mio::script::release_channel;
+use redlock_mio::{Config, Error, Lock, Redlock, Retry, SharedRedlock};
+use redlock_test::Server;
+
+/// The resource every test contends for.
+const R: &str = "notify:r";
+/// The holders' TTL: longer than [`MAX_WAIT`], so that a waiter that gets
+/// the lock in time cannot have got it by the key's expiry.
+const HOLD_TTL: Duration = Duration::from_secs(30);
+/// How long a waiter waits before giving up: generous for a loaded
+/// machine, and far below both [`HOLD_TTL`] and a polling waiter's first
+/// retry.
+const MAX_WAIT: Duration = Duration::from_secs(20);
+/// The waiters' retry delay. Polling waits uniformly in
+/// `[DELAY / 2, DELAY]` and gives up when that would end past
+/// [`MAX_WAIT`]: with `DELAY / 2 > MAX_WAIT` a polling waiter gives up
+/// after its first attempt.
+const DELAY: Duration = Duration::from_secs(60);
+/// How long a test polls the masters for a state it waits for.
+const SETTLE: Duration = Duration::from_secs(10);
+/// How long past [`MAX_WAIT`] a test waits for a waiter's thread before
+/// calling it hung (the waiter should have given up by then).
+const HUNG: Duration = Duration::from_secs(30);
+/// The spec's compare-and-delete, as clients that do not publish send it.
+const SPEC_RELEASE: &str = "if redis.call(\"get\",KEYS[1]) == ARGV[1] then return redis.call(\"del\",KEYS[1]) else return 0 end";
+
+/// Settings for masters the test started empty: no lock predates them, so
+/// restart quarantine is off (it would keep them out of the quorum at
+/// first). Time limits are generous, so that a loaded machine turns no
+/// slow reply into a lost vote. `wake_on_release` is the default (on).
+fn config(urls: &[String]) -> Config {
+    let mut config = Config::new(urls).unwrap_or_else(|e| panic!("{e}"));
+    config.per_instance_timeout = Duration::from_secs(2);
+    config.connect_timeout = Duration::from_secs(5);
+    config.quarantine = None;
+    config
+}
+
+fn shared(urls: &[String]) -> SharedRedlock {
+    SharedRedlock::new(config(urls)).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A single-thread client with the same settings, connected.
+fn single(urls: &[String]) -> Redlock {
+    let mut redlock = Redlock::new(config(urls)).unwrap_or_else(|e| panic!("{e}"));
+    redlock.warm_up(Duration::from_secs(5));
+    redlock
+}
+
+/// The waiters' retry policy: see [`DELAY`] and [`MAX_WAIT`].
+fn waiting() -> Retry {
+    Retry {
+        attempts: u32::MAX,
+        delay: DELAY,
+        max_wait: Some(MAX_WAIT),
+    }
+}
+
+/// `R` taken for [`HOLD_TTL`] by a client of its own, the holder.
+fn hold(urls: &[String]) -> (Redlock, Lock) {
+    let mut holder = single(urls);
+    let lock = holder
+        .try_acquire(R, HOLD_TTL)
+        .unwrap_or_else(|e| panic!("the holder takes {R}: {e}"));
+    (holder, lock)
+}
+
+/// A holder takes `R` for 2 s and dies: neither its lock nor its client
+/// sends anything when dropped.
+fn die_holding(urls: &[String]) {
+    let mut dead = single(urls);
+    let lock = dead
+        .try_acquire(R, Duration::from_secs(2))
+        .unwrap_or_else(|e| panic!("the holder takes {R}: {e}"));
+    drop((lock, dead));
+}
+
+/// An acquire running on a thread of its own.
+struct Waiter {
+    outcome: mpsc::Receiver<Result<Lock, Error>>,
+    thread: thread::JoinHandle<()>,
+}
+
+impl Waiter {
+    fn spawn(acquire: impl FnOnce() -> Result<Lock, Error> + Send + 'static) -> Waiter {
+        let (tx, outcome) = mpsc::channel();
+        let thread = thread::spawn(move || {
+            let _ = tx.send(acquire());
+        });
+        Waiter { outcome, thread }
+    }
+
+    /// A [`SharedRedlock`] waiting for `R` with [`waiting`].
+    fn shared(redlock: &SharedRedlock) -> Waiter {
+        let redlock = redlock.clone();
+        Waiter::spawn(move || redlock.acquire_with(R, HOLD_TTL, &waiting()))
+    }
+
+    /// Still inside its acquire.
+    fn is_waiting(&self) -> bool {
+        !self.thread.is_finished()
+    }
+
+    /// What the acquire returned; it must return within [`MAX_WAIT`] and
+    /// [`HUNG`] of now, having given up by then if nothing else.
+    fn outcome(self) -> Result<Lock, Error> {
+        match self.outcome.recv_timeout(MAX_WAIT + HUNG) {
+            Ok(outcome) => {
+                let _ = self.thread.join();
+                outcome
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => match self.thread.join() {
+                Err(panic) => std::panic::resume_unwind(panic),
+                Ok(()) => panic!("the waiter ended without an outcome"),
+            },
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                panic!(
+                    "the waiter is hung: no outcome {:?} after {MAX_WAIT:?}",
+                    HUNG
+                )
+            }
+        }
+    }
+}
+
+/// How many connections are subscribed to `resource`'s release channel on
+/// `server`.
+fn numsub(server: &Server, resource: &str) -> i64 {
+    let channel = release_channel(resource.as_bytes());
+    let reply = connect(server).cmd(&["PUBSUB".into(), "NUMSUB".into(), Arg::Bytes(&channel)]);
+    match &reply {
+        Reply::Array(items) => match items.as_slice() {
+            [_, Reply::Integer(n)] => *n,
+            _ => panic!("PUBSUB NUMSUB on {}: {reply:?}", server.url()),
+        },
+        _ => panic!("PUBSUB NUMSUB on {}: {reply:?}", server.url()),
+    }
+}
+
+/// Polls until `want` connections are subscribed to `R`'s release channel
+/// on every one of `servers`.
+fn wait_numsub(servers: &[Server], want: i64, when: &str) {
+    let reached = eventually(SETTLE, || servers.iter().all(|s| numsub(s, R) == want));
+    let seen: Vec<i64> = servers.iter().map(|s| numsub(s, R)).collect();
+    assert!(
+        reached,
+        "{when}: subscribers to {R}'s release channel per master {seen:?}, want {want} on each \
+         within {SETTLE:?}"
+    );
+}
+
+/// A master's command counts (`INFO commandstats`) that matter here. A
+/// command a Lua script runs counts as well as the script.
+#[derive(Debug, Clone, Copy, Default)]
+struct Calls {
+    /// Every acquire attempt runs one SET on a master: plain, or inside the
+    /// waiting script.
+    set: u64,
+    /// EVALSHA and EVAL: releases, waiting attempts, clean-ups.
+    scripts: u64,
+    /// Run by a waiting attempt the masters refused, to read the holder's
+    /// remaining time.
+    pttl: u64,
+}
+
+fn calls(server: &Server) -> Calls {
+    let reply = connect(server).cmd(&["INFO".into(), "commandstats".into()]);
+    let Reply::Bulk(info) = &reply else {
+        panic!("INFO commandstats on {}: {reply:?}", server.url());
+    };
+    let mut calls = Calls::default();
+    for line in String::from_utf8_lossy(info).lines() {
+        let Some((name, fields)) = line
+            .strip_prefix("cmdstat_")
+            .and_then(|l| l.split_once(':'))
+        else {
+            continue;
+        };
+        let n: u64 = fields
+            .split(',')
+            .find_map(|f| f.strip_prefix("calls="))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{line:?} from {}", server.url()));
+        match name {
+            "set" => calls.set += n,
+            "evalsha" | "eval" => calls.scripts += n,
+            "pttl" => calls.pttl += n,
+            _ => {}
+        }
+    }
+    calls
+}
+
+/// Polls until every one of `servers` has run a PTTL since `before`: the
+/// waiter's attempt with the waiting script was refused there, so it is
+/// waiting. (Nothing else in these tests runs PTTL.)
+fn wait_refused(servers: &[Server], before: &[Calls], when: &str) {
+    let refused = || {
+        servers
+            .iter()
+            .zip(before)
+            .all(|(s, b)| calls(s).pttl > b.pttl)
+    };
+    assert!(
+        eventually(SETTLE, refused),
+        "{when}: the waiter's waiting attempt was not refused on every master within {SETTLE:?}"
+    );
+}
+
+fn get(server: &Server, key: &str) -> Reply {
+    connect(server).cmd(&["GET".into(), key.into()])
+}
+
+/// How many masters hold `key` with `lock`'s token.
+fn holding(servers: &[Server], key: &str, lock: &Lock) -> usize {
+    servers
+        .iter()
+        .filter(|s| get(s, key) == bulk(lock.token().as_str()))
+        .count()
+}
+
+/// A Redlock client of another make: a plain `SET NX PX` on every master
+/// to lock, the spec's compare-and-delete without a publish to release.
+struct Foreign {
+    conns: Vec<Plain>,
+    token: &'static str,
+}
+
+impl Foreign {
+    fn connect(servers: &[Server], token: &'static str) -> Foreign {
+        Foreign {
+            conns: servers.iter().map(connect).collect(),
+            token,
+        }
+    }
+
+    /// `SET resource token NX PX ttl_ms` on every master: which granted.
+    fn set(&mut self, resource: &str, ttl_ms: i64) -> Vec<bool> {
+        self.conns
+            .iter_mut()
+            .map(|c| {
+                let reply = c.cmd(&[
+                    "SET".into(),
+                    resource.into(),
+                    self.token.into(),
+                    "NX".into(),
+                    "PX".into(),
+                    Arg::Int(ttl_ms),
+                ]);
+                match reply {
+                    Reply::Nil => false,
+                    r if r.is_ok() => true,
+                    other => panic!("foreign SET NX: {other:?}"),
+                }
+            })
+            .collect()
+    }
+
+    /// The spec's compare-and-delete, as EVAL: what each master returned.
+    fn release(&mut self, resource: &str) -> Vec<i64> {
+        self.conns
+            .iter_mut()
+            .map(|c| {
+                let reply = c.cmd(&[
+                    "EVAL".into(),
+                    SPEC_RELEASE.into(),
+                    Arg::Int(1),
+                    resource.into(),
+                    self.token.into(),
+                ]);
+                match reply {
+                    Reply::Integer(n) => n,
+                    other => panic!("foreign release: {other:?}"),
+                }
+            })
+            .collect()
+    }
+}
+
+/// The counts of `true` in `granted`.
+fn count(granted: &[bool]) -> usize {
+    granted.iter().filter(|g| **g).count()
+}
+
+#[test]
+fn a_waiter_in_another_client_acquires_within_a_few_round_trips_of_a_release() {
+    let masters = cluster(3);
+    let urls = masters.urls();
+    let (mut holder, held) = hold(&urls);
+    let b = shared(&urls);
+    let before: Vec<Calls> = masters.iter().map(calls).collect();
+    let waiter = Waiter::shared(&b);
+    wait_numsub(masters.servers(), 1, "while B waits");
+    // From here on B only waits: what the masters run after the release is
+    // the release and what it caused.
+    wait_refused(masters.servers(), &before, "before the release");
+    let at_release: Vec<Calls> = masters.iter().map(calls).collect();
+    assert!(waiter.is_waiting(), "B returned while the holder held {R}");
+    holder
+        .release(&held)
+        .unwrap_or_else(|e| panic!("the holder's release: {e}"));
+    let lock = waiter
+        .outcome()
+        .unwrap_or_else(|e| panic!("B, woken by the release: {e}"));
+    let after: Vec<Calls> = masters.iter().map(calls).collect();
+    for (i, (then, now)) in at_release.iter().zip(&after).enumerate() {
+        // At most two attempts: the one the release woke, and one more if
+        // that one raced something. Each script is the holder's release, a
+        // waiting attempt, or the clean-up after a refused attempt.
+        let attempts = now.set - then.set;
+        let scripts = now.scripts - then.scripts;
+        assert!(
+            attempts <= 2 && scripts <= 1 + 2 * attempts,
+            "master {i}: after the release, {attempts} acquire attempts and {scripts} scripts \
+             (the release included): B polled instead of waiting for the release \
+             (before {then:?}, after {now:?})"
+        );
+    }
+    assert!(holding(masters.servers(), R, &lock) >= 2);
+    b.release(&lock).unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[test]
+fn a_holder_that_dies_without_releasing_is_replaced_at_its_expiry_not_a_retry_delay_later() {
+    let masters = cluster(3);
+    let urls = masters.urls();
+    die_holding(&urls);
+    let b = shared(&urls);
+    let lock = Waiter::shared(&b)
+        .outcome()
+        .unwrap_or_else(|e| panic!("the waiter, at the dead holder's expiry: {e}"));
+    assert!(holding(masters.servers(), R, &lock) >= 2);
+    b.release(&lock).unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// As above with a single-thread client waiting, which does not subscribe:
+/// it waits for the expiry its refused attempt read.
+#[test]
+fn a_holder_that_dies_without_releasing_is_replaced_at_its_expiry_for_a_single_thread_waiter() {
+    let masters = cluster(3);
+    let urls = masters.urls();
+    die_holding(&urls);
+    let mut b = single(&urls);
+    let before: Vec<Calls> = masters.iter().map(calls).collect();
+    let waiter = Waiter::spawn(move || b.acquire_with(R, HOLD_TTL, &waiting()));
+    // Once it is refused it waits; a waiter that already has the lock (on a
+    // machine slow enough to let 2 s pass) did not subscribe either.
+    let waits = || {
+        !waiter.is_waiting()
+            || masters
+                .iter()
+                .zip(&before)
+                .all(|(s, b)| calls(s).pttl > b.pttl)
+    };
+    assert!(eventually(SETTLE, waits), "the waiter was never refused");
+    for (i, server) in masters.iter().enumerate() {
+        assert_eq!(numsub(server, R), 0, "master {i}: a Redlock subscribed");
+    }
+    let lock = waiter
+        .outcome()
+        .unwrap_or_else(|e| panic!("the waiter, at the dead holder's expiry: {e}"));
+    assert!(holding(masters.servers(), R, &lock) >= 2);
+    single(&urls)
+        .release(&lock)
+        .unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[test]
+fn a_release_while_a_master_is_down_still_wakes_the_waiter() {
+    let mut masters = cluster(3);
+    let urls = masters.urls();
+    let (mut holder, held) = hold(&urls);
+    let b = shared(&urls);
+    let waiter = Waiter::shared(&b);
+    wait_numsub(masters.servers(), 1, "while B waits");
+    masters[2].kill().unwrap_or_else(|e| panic!("{e}"));
+    assert!(waiter.is_waiting(), "B returned while the holder held {R}");
+    holder
+        .release(&held)
+        .unwrap_or_else(|e| panic!("the holder's release, two masters of three up: {e}"));
+    let lock = waiter
+        .outcome()
+        .unwrap_or_else(|e| panic!("B, woken by the release on two masters: {e}"));
+    assert_eq!(holding(&masters.servers()[..2], R, &lock), 2);
+    b.release(&lock).unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[test]
+fn a_dropped_subscriber_connection_is_resubscribed() {
+    let masters = cluster(3);
+    let urls = masters.urls();
+    let (mut holder, held) = hold(&urls);
+    let b = shared(&urls);
+    let waiter = Waiter::shared(&b);
+    wait_numsub(masters.servers(), 1, "while B waits");
+    for (i, server) in masters.iter().enumerate() {
+        let killed = connect(server).cmd(&[
+            "CLIENT".into(),
+            "KILL".into(),
+            "TYPE".into(),
+            "pubsub".into(),
+        ]);
+        // Synchronous: the subscription is gone when the reply comes.
+        assert_eq!(killed, Reply::Integer(1), "master {i}: B's subscriber");
+    }
+    wait_numsub(masters.servers(), 1, "after the subscribers were killed");
+    assert!(waiter.is_waiting(), "B returned while the holder held {R}");
+    holder
+        .release(&held)
+        .unwrap_or_else(|e| panic!("the holder's release: {e}"));
+    let lock = waiter
+        .outcome()
+        .unwrap_or_else(|e| panic!("B, woken through its new subscriptions: {e}"));
+    b.release(&lock).unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[test]
+fn the_client_unsubscribes_when_its_last_waiter_has_the_lock() {
+    let masters = cluster(3);
+    let urls = masters.urls();
+    let (mut holder, held) = hold(&urls);
+    let b = shared(&urls);
+    let waiter = Waiter::shared(&b);
+    wait_numsub(masters.servers(), 1, "while B waits");
+    holder
+        .release(&held)
+        .unwrap_or_else(|e| panic!("the holder's release: {e}"));
+    let lock = waiter.outcome().unwrap_or_else(|e| panic!("B: {e}"));
+    // B is alive and holds the lock; nobody waits.
+    wait_numsub(masters.servers(), 0, "once B has the lock");
+    b.release(&lock).unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// A waiting future dropped unpolled leaves the queue of its client's
+/// waiters: the next one still gets the lock at the release, and the
+/// subscription ends with it.
+#[test]
+fn a_dropped_waiter_leaves_the_queue_and_the_last_one_unsubscribes() {
+    let masters = cluster(3);
+    let urls = masters.urls();
+    let (mut holder, held) = hold(&urls);
+    let b = shared(&urls);
+    // Submitted when made: both wait without being polled.
+    let first = b.acquire_with_async(R, HOLD_TTL, &waiting());
+    let second = b.acquire_with_async(R, HOLD_TTL, &waiting());
+    wait_numsub(masters.servers(), 1, "while two futures wait");
+    drop(first);
+    holder
+        .release(&held)
+        .unwrap_or_else(|e| panic!("the holder's release: {e}"));
+    let lock = block_on(second, MAX_WAIT + HUNG)
+        .unwrap_or_else(|e| panic!("the waiter behind the dropped one: {e}"));
+    wait_numsub(masters.servers(), 0, "once the last waiter has the lock");
+    b.release(&lock).unwrap_or_else(|e| panic!("{e}"));
+
+    // The only waiter dropped: nobody waits, so the client unsubscribes.
+    let (mut holder, held) = hold(&urls);
+    let only = b.acquire_with_async(R, HOLD_TTL, &waiting());
+    wait_numsub(masters.servers(), 1, "while one future waits");
+    drop(only);
+    wait_numsub(masters.servers(), 0, "once the only waiter is dropped");
+    holder
+        .release(&held)
+        .unwrap_or_else(|e| panic!("the holder's release: {e}"));
+}
+
+/// Polls `future` on this thread, parking between wake-ups, for at most
+/// `limit`: no runtime, only `std::task`.
+fn block_on<F: Future>(future: F, limit: Duration) -> F::Output {
+    struct Unpark(thread::Thread);
+    impl Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = Waker::from(Arc::new(Unpark(thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    let mut future = pin!(future);
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Poll::Ready(output) = future.as_mut().poll(&mut cx) {
+            return output;
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        assert!(
+            !left.is_zero(),
+            "the future is hung: not ready after {limit:?}"
+        );
+        thread::park_timeout(left);
+    }
+}
+
+/// A client that does not publish (the spec's release) holds: our waiter
+/// is not woken by its release, but by the expiry its refused attempt
+/// read, and gets the lock only once the foreign one is gone; then the
+/// foreign client is refused while ours holds.
+#[test]
+fn a_lock_held_by_a_client_that_does_not_publish_is_acquired_after_its_release() {
+    let masters = cluster(3);
+    let urls = masters.urls();
+    let mut foreign = Foreign::connect(masters.servers(), "foreign-1");
+    // Short enough that the waiter, told only by PTTL, wakes within
+    // MAX_WAIT.
+    assert_eq!(
+        foreign.set(R, 1500),
+        vec![true; 3],
+        "the foreign client takes {R}"
+    );
+    let b = shared(&urls);
+    let before: Vec<Calls> = masters.iter().map(calls).collect();
+    let waiter = Waiter::shared(&b);
+    wait_refused(masters.servers(), &before, "while the foreign client holds");
+    let was_waiting = waiter.is_waiting();
+    let released = foreign.release(R);
+    let lock = waiter
+        .outcome()
+        .unwrap_or_else(|e| panic!("B, after the foreign release and expiry: {e}"));
+    if released.iter().filter(|n| **n == 1).count() >= 2 {
+        // The foreign client still held a quorum when it released.
+        assert!(was_waiting, "B returned while the foreign client held {R}");
+    }
+    assert!(holding(masters.servers(), R, &lock) >= 2);
+    let mut other = Foreign::connect(masters.servers(), "foreign-2");
+    let granted = other.set(R, 1500);
+    assert!(
+        count(&granted) < 2,
+        "a foreign SET NX won a quorum while ours held: {granted:?}"
+    );
+    other.release(R);
+    b.release(&lock).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(other.set(R, 1500), vec![true; 3], "after our release");
+    assert_eq!(other.release(R), vec![1; 3]);
+}
+
+#[test]
+fn a_client_that_does_not_publish_is_refused_on_every_master_while_ours_holds() {
+    let masters = cluster(3);
+    let urls = masters.urls();
+    let b = shared(&urls);
+    let lock = b.try_acquire(R, HOLD_TTL).unwrap_or_else(|e| panic!("{e}"));
+    // Every master has it once all replies are in (the acquire returned at
+    // its quorum).
+    assert!(eventually(SETTLE, || holding(masters.servers(), R, &lock) == 3));
+    let mut foreign = Foreign::connect(masters.servers(), "foreign-1");
+    assert_eq!(foreign.set(R, 1500), vec![false; 3]);
+    // Its release, with its own token, leaves ours alone.
+    assert_eq!(foreign.release(R), vec![0; 3]);
+    assert_eq!(holding(masters.servers(), R, &lock), 3);
+    b.release(&lock).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(foreign.set(R, 1500), vec![true; 3], "after our release");
+    assert_eq!(foreign.release(R), vec![1; 3]);
+}
+
+/// Mutual exclusion among notified waiters: threads of several shared
+/// clients contend for one resource with short holds. Most holders
+/// release (the next one is woken by the release, in its own client at
+/// once, in the others by the published message); every 25th keeps the
+/// lock, so that the next holder gets it at the key's expiry. Every holder
+/// sets a flag that must have been clear, and finishes within its lock's
+/// validity.
+#[test]
+fn waiters_woken_by_releases_never_hold_the_lock_together() {
+    const CLIENTS: usize = 3;
+    const THREADS: usize = 4;
+    const SECTIONS: usize = 300;
+    const KEEP_EVERY: usize = 25;
+    const BOUND: Duration = Duration::from_secs(60);
+    // Short, so that a kept lock is handed over by expiry soon; long
+    // compared to a hold, so that only a thread descheduled for most of a
+    // second overruns.
+    const TTL: Duration = Duration::from_secs(1);
+    let masters = cluster(3);
+    let urls = masters.urls();
+    let clients: Vec<SharedRedlock> = (0..CLIENTS).map(|_| shared(&urls)).collect();
+    let inside = AtomicBool::new(false);
+    let sections = AtomicUsize::new(0);
+    let gave_up = AtomicUsize::new(0);
+    let start = Barrier::new(CLIENTS * THREADS);
+    let end = Instant::now() + BOUND;
+    thread::scope(|scope| {
+        for (c, redlock) in clients.iter().enumerate() {
+            for t in 0..THREADS {
+                let (inside, sections, gave_up, start) = (&inside, &sections, &gave_up, &start);
+                scope.spawn(move || {
+                    start.wait();
+                    while sections.load(Ordering::SeqCst) < SECTIONS && Instant::now() < end {
+                        let lock = match redlock.acquire_with(R, TTL, &waiting()) {
+                            Ok(lock) => lock,
+                            Err(Error::Held(_)) => {
+                                // Gave up after MAX_WAIT (at once if it
+                                // polls): not this test's subject.
+                                gave_up.fetch_add(1, Ordering::SeqCst);
+                                thread::sleep(Duration::from_millis(1));
+                                continue;
+                            }
+                            Err(e) => panic!("client {c} thread {t}: {e}"),
+                        };
+                        assert!(
+                            !inside.swap(true, Ordering::SeqCst),
+                            "client {c} thread {t}: two holders at once"
+                        );
+                        let n = sections.fetch_add(1, Ordering::SeqCst);
+                        if n % 10 == 0 {
+                            thread::sleep(Duration::from_millis(1));
+                        } else {
+                            thread::yield_now();
+                        }
+                        let left = lock.remaining();
+                        inside.store(false, Ordering::SeqCst);
+                        assert!(
+                            !left.is_zero(),
+                            "client {c} thread {t}: section {n} outlived its lock's validity"
+                        );
+                        if n % KEEP_EVERY != KEEP_EVERY - 1 {
+                            redlock
+                                .release(&lock)
+                                .unwrap_or_else(|e| panic!("client {c} thread {t}: {e}"));
+                        }
+                    }
+                });
+            }
+        }
+    });
+    let done = sections.load(Ordering::SeqCst);
+    assert!(
+        done >= SECTIONS,
+        "{done} sections in {BOUND:?}, {} waits given up after {MAX_WAIT:?}",
+        gave_up.load(Ordering::SeqCst)
+    );
+}
+
+/// Several waiters in one client: after the release each gets the lock in
+/// turn, holds it briefly and releases it. With the key's TTL longer than
+/// the waiters' `MAX_WAIT`, only the release notifications and the
+/// client's own releases can hand it over.
+#[test]
+fn several_waiters_in_one_client_each_get_the_lock_in_turn_after_a_release() {
+    const WAITERS: usize = 8;
+    let masters = cluster(3);
+    let urls = masters.urls();
+    let (mut holder, held) = hold(&urls);
+    let b = shared(&urls);
+    let inside = Arc::new(AtomicBool::new(false));
+    let start = Arc::new(Barrier::new(WAITERS));
+    let (tx, outcomes) = mpsc::channel();
+    let waiters: Vec<_> = (0..WAITERS)
+        .map(|w| {
+            let (b, inside, start, tx) = (
+                b.clone(),
+                Arc::clone(&inside),
+                Arc::clone(&start),
+                tx.clone(),
+            );
+            thread::spawn(move || {
+                start.wait();
+                let outcome = b.acquire_with(R, HOLD_TTL, &waiting()).map(|lock| {
+                    assert!(
+                        !inside.swap(true, Ordering::SeqCst),
+                        "waiter {w}: two holders at once"
+                    );
+                    thread::sleep(Duration::from_millis(2));
+                    inside.store(false, Ordering::SeqCst);
+                    b.release(&lock)
+                });
+                let _ = tx.send((w, outcome));
+            })
+        })
+        .collect();
+    drop(tx);
+    wait_numsub(masters.servers(), 1, "while the waiters wait");
+    assert!(
+        waiters.iter().all(|w| !w.is_finished()),
+        "a waiter returned while the holder held {R}"
+    );
+    holder
+        .release(&held)
+        .unwrap_or_else(|e| panic!("the holder's release: {e}"));
+    let deadline = Instant::now() + MAX_WAIT + HUNG;
+    let mut order = Vec::new();
+    for _ in 0..WAITERS {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match outcomes.recv_timeout(left) {
+            Ok((w, Ok(Ok(())))) => order.push(w),
+            Ok((w, Ok(Err(e)))) => panic!("waiter {w}'s release: {e}"),
+            Ok((w, Err(e))) => panic!("waiter {w}, after {order:?} had the lock: {e}"),
+            // A waiter panicked: its join below says why.
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                panic!(
+                    "waiters hung: only {order:?} had the lock {:?} after the release",
+                    MAX_WAIT + HUNG
+                )
+            }
+        }
+    }
+    for waiter in waiters {
+        if let Err(panic) = waiter.join() {
+            std::panic::resume_unwind(panic);
+        }
+    }
+    assert_eq!(order.len(), WAITERS, "only {order:?} got the lock");
+    wait_numsub(masters.servers(), 0, "once every waiter has had the lock");
+}
