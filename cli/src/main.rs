@@ -17,11 +17,13 @@ mod signals;
 mod tasks;
 
 use std::io::{self, Write};
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use redlock_mio::{Config, Lock, Redlock, Token};
+use redlock_mio::{Config, Lock, Redlock, TlsConfig, Token};
 
 use crate::acquire::acquire_lock;
 use crate::exit::Failure;
@@ -76,6 +78,32 @@ struct Cli {
     /// (appendfsync always) or were started empty for this use
     #[arg(long, global = true, conflicts_with = "max_ttl")]
     no_quarantine: bool,
+
+    /// PEM file of the certificate authorities that rediss:// masters'
+    /// certificates must chain to [default: the system's roots]
+    #[arg(long, value_name = "FILE", global = true, env = "REDLOCK_TLS_CA")]
+    tls_ca: Option<PathBuf>,
+
+    /// PEM file of a client certificate for rediss:// masters that ask for
+    /// one (mutual TLS; with --tls-key)
+    #[arg(
+        long,
+        value_name = "FILE",
+        global = true,
+        env = "REDLOCK_TLS_CERT",
+        requires = "tls_key"
+    )]
+    tls_cert: Option<PathBuf>,
+
+    /// PEM file of the client certificate's private key (with --tls-cert)
+    #[arg(
+        long,
+        value_name = "FILE",
+        global = true,
+        env = "REDLOCK_TLS_KEY",
+        requires = "tls_cert"
+    )]
+    tls_key: Option<PathBuf>,
 
     #[command(subcommand)]
     command: Command,
@@ -209,6 +237,12 @@ fn dispatch(cli: &Cli) -> Result<u8, Failure> {
         max_ttl: cli.max_ttl,
         off: cli.no_quarantine,
     };
+    let tls = TlsConfig {
+        ca_file: cli.tls_ca.clone(),
+        cert_file: cli.tls_cert.clone(),
+        key_file: cli.tls_key.clone(),
+    };
+    let _ = TLS.set(tls);
     let client =
         |ttl: Option<Duration>| client(&cli.servers, round_timeout(cli.timeout, ttl), quarantine);
     match &cli.command {
@@ -268,9 +302,18 @@ fn split_servers(value: &str) -> Vec<String> {
         .collect()
 }
 
-/// The settings for these masters; a malformed URL is a usage error.
+/// The TLS flags (`--tls-ca`, `--tls-cert`, `--tls-key`, or their
+/// environment variables), set once when the command line is read.
+static TLS: OnceLock<TlsConfig> = OnceLock::new();
+
+/// The settings for these masters, with the TLS flags; a malformed URL is
+/// a usage error.
 pub fn config(urls: &[String]) -> Result<Config, Failure> {
-    Config::new(urls).map_err(|e| Failure::usage(e.to_string()))
+    let mut config = Config::new(urls).map_err(|e| Failure::usage(e.to_string()))?;
+    if let Some(tls) = TLS.get() {
+        config.tls = tls.clone();
+    }
+    Ok(config)
 }
 
 /// The per-master timeout of a lock command: `--timeout`, else a twentieth
