@@ -472,7 +472,7 @@ fn the_client_unsubscribes_when_its_last_waiter_has_the_lock() {
 /// waiters: the next one still gets the lock at the release, and the
 /// subscription ends with it.
 #[test]
-fn a_dropped_waiter_leaves_the_queue_and_the_last_one_unsubscribes() {
+fn a_dropped_waiter_leaves_the_queue_to_the_next_one() {
     let masters = cluster(3);
     let urls = masters.urls();
     let (mut holder, held) = hold(&urls);
@@ -489,11 +489,19 @@ fn a_dropped_waiter_leaves_the_queue_and_the_last_one_unsubscribes() {
         .unwrap_or_else(|e| panic!("the waiter behind the dropped one: {e}"));
     wait_numsub(masters.servers(), 0, "once the last waiter has the lock");
     b.release(&lock).unwrap_or_else(|e| panic!("{e}"));
+}
 
-    // The only waiter dropped: nobody waits, so the client unsubscribes.
+/// The only waiter dropped while the holder holds on: nobody waits any
+/// more, so the client unsubscribes, without waiting for a release, the
+/// holder's expiry or the dropped waiter's `max_wait`.
+#[test]
+fn the_client_unsubscribes_when_its_only_waiter_is_dropped() {
+    let masters = cluster(3);
+    let urls = masters.urls();
     let (mut holder, held) = hold(&urls);
+    let b = shared(&urls);
     let only = b.acquire_with_async(R, HOLD_TTL, &waiting());
-    wait_numsub(masters.servers(), 1, "while one future waits");
+    wait_numsub(masters.servers(), 1, "while the future waits");
     drop(only);
     wait_numsub(masters.servers(), 0, "once the only waiter is dropped");
     holder
