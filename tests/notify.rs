@@ -256,6 +256,15 @@ fn holding(servers: &[Server], key: &str, lock: &Lock) -> usize {
         .count()
 }
 
+/// Polls until no master holds `lock`: a release returns at its quorum,
+/// the last master's reply may come later.
+fn released_everywhere(servers: &[Server], lock: &Lock) {
+    assert!(
+        eventually(SETTLE, || holding(servers, R, lock) == 0),
+        "the released lock still on some master after {SETTLE:?}"
+    );
+}
+
 /// A Redlock client of another make: a plain `SET NX PX` on every master
 /// to lock, the spec's compare-and-delete without a publish to release.
 struct Foreign {
@@ -312,11 +321,6 @@ impl Foreign {
             })
             .collect()
     }
-}
-
-/// The counts of `true` in `granted`.
-fn count(granted: &[bool]) -> usize {
-    granted.iter().filter(|g| **g).count()
 }
 
 #[test]
@@ -565,14 +569,20 @@ fn a_lock_held_by_a_client_that_does_not_publish_is_acquired_after_its_release()
         assert!(was_waiting, "B returned while the foreign client held {R}");
     }
     assert!(holding(masters.servers(), R, &lock) >= 2);
-    let mut other = Foreign::connect(masters.servers(), "foreign-2");
-    let granted = other.set(R, 1500);
+    // The acquire returned at its quorum; the foreign key is gone
+    // everywhere, so its SET reaches every master.
     assert!(
-        count(&granted) < 2,
-        "a foreign SET NX won a quorum while ours held: {granted:?}"
+        eventually(SETTLE, || holding(masters.servers(), R, &lock) == 3),
+        "B's lock on every master"
     );
-    other.release(R);
+    let mut other = Foreign::connect(masters.servers(), "foreign-2");
+    assert_eq!(
+        other.set(R, 1500),
+        vec![false; 3],
+        "a foreign SET NX while ours held"
+    );
     b.release(&lock).unwrap_or_else(|e| panic!("{e}"));
+    released_everywhere(masters.servers(), &lock);
     assert_eq!(other.set(R, 1500), vec![true; 3], "after our release");
     assert_eq!(other.release(R), vec![1; 3]);
 }
@@ -592,6 +602,7 @@ fn a_client_that_does_not_publish_is_refused_on_every_master_while_ours_holds() 
     assert_eq!(foreign.release(R), vec![0; 3]);
     assert_eq!(holding(masters.servers(), R, &lock), 3);
     b.release(&lock).unwrap_or_else(|e| panic!("{e}"));
+    released_everywhere(masters.servers(), &lock);
     assert_eq!(foreign.set(R, 1500), vec![true; 3], "after our release");
     assert_eq!(foreign.release(R), vec![1; 3]);
 }
