@@ -10,6 +10,7 @@
 //!   IPv4 address or a bracketed IPv6 address, port 6379 by default; user
 //!   and password are percent-decoded; a password alone is written
 //!   `redis://:password@host`.
+//! - `rediss://...`, the same over TLS (with the `tls` feature).
 //! - `unix:///path/to/socket[?db=N]`.
 
 use std::fmt;
@@ -58,14 +59,19 @@ pub struct ServerAddr {
     pub password: Option<Secret>,
     /// Database number; `SELECT` is sent when it is not 0.
     pub db: u32,
+    /// Speak TLS (`rediss://`), the server's name checked against the
+    /// URL's host (a name or an IP address).
+    pub tls: bool,
 }
 
 /// Why a URL was refused. The URL itself is not repeated, since it may
 /// carry a password.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AddrError {
-    /// Not `redis://` nor `unix://` (`rediss://` included: no TLS).
+    /// Not `redis://`, `rediss://` nor `unix://`.
     UnsupportedScheme,
+    /// `rediss://` in a build without the `tls` feature.
+    TlsNotBuilt,
     /// `redis://` with nothing where the host goes.
     MissingHost,
     /// A `[` without its `]`, or text between `]` and the port.
@@ -90,7 +96,10 @@ impl fmt::Display for AddrError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             AddrError::UnsupportedScheme => {
-                "unsupported URL scheme (expected redis:// or unix://; TLS is not supported)"
+                "unsupported URL scheme (expected redis://, rediss:// or unix://)"
+            }
+            AddrError::TlsNotBuilt => {
+                "rediss:// needs TLS, and this build of redlock-mio has no `tls` feature"
             }
             AddrError::MissingHost => "URL has no host",
             AddrError::BadIpv6 => "malformed bracketed IPv6 host",
@@ -112,6 +121,11 @@ impl FromStr for ServerAddr {
     fn from_str(url: &str) -> Result<Self, Self::Err> {
         if let Some(rest) = url.strip_prefix("redis://") {
             parse_tcp(rest)
+        } else if let Some(rest) = url.strip_prefix("rediss://") {
+            if !cfg!(feature = "tls") {
+                return Err(AddrError::TlsNotBuilt);
+            }
+            parse_tcp(rest).map(|addr| ServerAddr { tls: true, ..addr })
         } else if let Some(rest) = url.strip_prefix("unix://") {
             parse_unix(rest)
         } else {
@@ -158,6 +172,7 @@ fn parse_tcp(rest: &str) -> Result<ServerAddr, AddrError> {
         user,
         password,
         db,
+        tls: false,
     })
 }
 
@@ -211,6 +226,7 @@ fn parse_unix(rest: &str) -> Result<ServerAddr, AddrError> {
         user: None,
         password: None,
         db,
+        tls: false,
     })
 }
 
@@ -250,7 +266,7 @@ impl fmt::Display for ServerAddr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.endpoint {
             Endpoint::Tcp { host, port } => {
-                f.write_str("redis://")?;
+                f.write_str(if self.tls { "rediss://" } else { "redis://" })?;
                 match (&self.user, &self.password) {
                     (Some(user), _) => write!(f, "{user}:***@")?,
                     (None, Some(_)) => f.write_str(":***@")?,
@@ -363,11 +379,28 @@ mod tests {
     }
 
     #[test]
+    fn rediss_is_the_tcp_form_over_tls_and_displays_as_such() {
+        let addr: Result<ServerAddr, _> = "rediss://:pw@10.0.0.1:6380/2".parse();
+        if !cfg!(feature = "tls") {
+            assert_eq!(addr, Err(AddrError::TlsNotBuilt));
+            return;
+        }
+        let addr = addr.unwrap();
+        assert!(addr.tls);
+        assert_eq!(addr.endpoint, tcp("10.0.0.1", 6380));
+        assert_eq!(addr.db, 2);
+        assert_eq!(addr.to_string(), "rediss://:***@10.0.0.1:6380/2");
+        let plain: ServerAddr = "redis://10.0.0.1".parse().unwrap();
+        assert!(!plain.tls);
+    }
+
+    #[test]
     fn malformed_urls_are_clear_errors() {
         let cases: &[(&str, AddrError)] = &[
             ("", AddrError::UnsupportedScheme),
             ("localhost:6379", AddrError::UnsupportedScheme),
-            ("rediss://h", AddrError::UnsupportedScheme),
+            ("rediss:/h", AddrError::UnsupportedScheme),
+            ("rediss://", AddrError::MissingHost),
             ("http://h", AddrError::UnsupportedScheme),
             ("redis://", AddrError::MissingHost),
             ("redis://:6379", AddrError::MissingHost),

@@ -3,6 +3,7 @@
 //! work ([`ConfigError`]), before anything is sent.
 
 use std::fmt;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -65,6 +66,22 @@ impl Retry {
             ..Retry::default()
         }
     }
+}
+
+/// TLS settings for `rediss://` masters (used with the `tls` feature).
+/// The server's certificate is checked against the URL's host, and
+/// against the system's root certificates unless `ca_file` is given.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TlsConfig {
+    /// PEM file of the certificate authorities to trust instead of the
+    /// system's.
+    pub ca_file: Option<PathBuf>,
+    /// PEM file of the client certificate chain, for mutual TLS (with
+    /// `key_file`).
+    pub cert_file: Option<PathBuf>,
+    /// PEM file of the client's private key, for mutual TLS (with
+    /// `cert_file`).
+    pub key_file: Option<PathBuf>,
 }
 
 /// Settings of a [`Redlock`](crate::Redlock) client. Build one with [`Config::new`] and
@@ -154,6 +171,9 @@ pub struct Config {
     /// so that the longest waiter tends to try first. Default 300 µs (see
     /// README, *Waiting for a held lock*, for the measurements).
     pub wake_spread: Duration,
+    /// TLS settings for the `rediss://` masters. Default: the system's
+    /// root certificates, no client certificate.
+    pub tls: TlsConfig,
     /// Test knob, present only with the `test-knobs` feature (not in
     /// `default`; the crate's tests turn it on): added to every validity the
     /// client computes, so that a lock claims to outlive its keys.
@@ -202,6 +222,7 @@ impl Config {
             resolver: Resolver::system(),
             wake_on_release: true,
             wake_spread: Duration::from_micros(300),
+            tls: TlsConfig::default(),
             #[cfg(feature = "test-knobs")]
             overstate_validity: Duration::ZERO,
         })
@@ -284,6 +305,10 @@ pub enum ConfigError {
     /// [`Config::max_in_flight`] under 32: no room for a connection's
     /// handshake and a batch.
     InFlightTooSmall,
+    /// The TLS settings cannot be used: a CA, certificate or key file
+    /// that is missing or holds no usable PEM item, a certificate without
+    /// its key, no root certificate to trust.
+    Tls(String),
     /// Two URLs name the same server process (the same `run_id`, read on
     /// connect): it would vote twice and make a fake majority. Seen once
     /// both are connected; from then on every operation is refused.
@@ -319,6 +344,7 @@ impl fmt::Display for ConfigError {
             ConfigError::InFlightTooSmall => {
                 write!(f, "max_in_flight must be at least {MIN_IN_FLIGHT}")
             }
+            ConfigError::Tls(problem) => write!(f, "TLS settings: {problem}"),
             ConfigError::SameServer { first, second } => write!(
                 f,
                 "{first} and {second} are the same server (same run_id): one server \

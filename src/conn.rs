@@ -205,6 +205,10 @@ pub enum Cause {
     Io(io::ErrorKind),
     /// The master closed the connection.
     Closed,
+    /// The TLS handshake or a TLS record failed: the message names the
+    /// problem (an untrusted or expired certificate, a name mismatch, a
+    /// peer that does not speak TLS).
+    Tls(Arc<str>),
     /// The master sent bytes that are not RESP2.
     Protocol(ProtocolError),
     /// The master sent a reply when no request was in flight.
@@ -248,6 +252,7 @@ impl fmt::Display for Cause {
             Cause::Backoff(last) => write!(f, "down, reconnect pending ({last})"),
             Cause::Io(kind) => write!(f, "connection failed: {kind}"),
             Cause::Closed => f.write_str("connection closed by the master"),
+            Cause::Tls(problem) => write!(f, "TLS failed: {problem}"),
             Cause::Protocol(e) => write!(f, "protocol violation: {e}"),
             Cause::Unsolicited => f.write_str("protocol violation: reply with no request"),
             Cause::Stalled => f.write_str("connection stalled: requests unanswered"),

@@ -73,6 +73,9 @@ mod engine;
 
 mod resolve;
 
+#[cfg(feature = "tls")]
+mod tls;
+
 mod driver;
 
 mod config;
@@ -88,7 +91,7 @@ mod shared;
 mod watchdog;
 
 pub use addr::{AddrError, Endpoint, Secret, ServerAddr};
-pub use config::{Config, ConfigError, MAX_TTL_MS, Retry};
+pub use config::{Config, ConfigError, MAX_TTL_MS, Retry, TlsConfig};
 pub use conn::{Cause, HandshakeStep};
 pub use error::{Error, Failure, MasterVote};
 pub use lock::{Lock, LockGuard, Redlock};

@@ -119,6 +119,9 @@ struct Queue {
     idle: AtomicBool,
     /// Set by a caller that handed the loop a job directly.
     nudged: AtomicBool,
+    /// Set when a future was dropped before its operation ended: the loop
+    /// looks for the jobs whose caller went away.
+    abandoned: AtomicBool,
     /// Set (under `orders`' lock) while the loop waits idle with no time
     /// limit: a caller that ran an operation itself and left late replies
     /// in flight nudges it then, so that it comes back for them.
@@ -305,6 +308,12 @@ impl<T> Drop for Pending<T> {
         // output already handed over is released from here.
         let unclaimed = slot.output.take();
         drop(slot);
+        if unclaimed.is_none() {
+            // Still under way, perhaps waiting for a release that may be
+            // long in coming: the loop ends it now.
+            self.queue.abandoned.store(true, Ordering::Release);
+            self.queue.nudge();
+        }
         let locks: Vec<Lock> = match unclaimed {
             Some(Output::Lock(Ok(lock))) => vec![lock],
             Some(Output::Locks(results)) => results.into_iter().flatten().collect(),
@@ -351,6 +360,7 @@ impl SharedRedlock {
             closed: AtomicBool::new(false),
             idle: AtomicBool::new(false),
             nudged: AtomicBool::new(false),
+            abandoned: AtomicBool::new(false),
             waiting_untimed: AtomicBool::new(false),
             blocking: AtomicUsize::new(0),
             ready: Condvar::new(),
@@ -1116,6 +1126,9 @@ impl EventLoop {
         }
         self.inbox = inbox;
         self.admit(now);
+        if queue.abandoned.swap(false, Ordering::AcqRel) {
+            self.wake_abandoned(now);
+        }
         self.wake_sleepers(now);
         self.check_subscribing(now, closing_since.is_some());
         self.wake_waiters(now);
@@ -1547,6 +1560,21 @@ impl EventLoop {
             running.awaiting = false;
             running.job.wake();
             self.advance(index, now);
+        }
+    }
+
+    /// Jobs whose caller went away, waiting for a timer, a release or
+    /// their turn, end now (in the next [`EventLoop::wake_sleepers`]).
+    fn wake_abandoned(&mut self, now: Instant) {
+        for (index, running) in self.jobs.iter_mut().enumerate() {
+            if let Some(running) = running
+                && !running.in_round
+                && running.waiter.is_abandoned()
+            {
+                self.timers += 1;
+                running.timer = self.timers;
+                self.sleeping.push(Reverse((now, index, self.timers)));
+            }
         }
     }
 

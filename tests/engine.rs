@@ -874,8 +874,9 @@ fn malformed_urls_empty_lists_and_zero_ttls_are_config_errors() {
     let cases = [
         ("redis://:hunter2@127.0.0.1:0", AddrError::BadPort),
         ("redis://:hunter2@127.0.0.1:port", AddrError::BadPort),
+        ("rediss://:hunter2@127.0.0.1:port", AddrError::BadPort),
         (
-            "rediss://:hunter2@127.0.0.1:6379",
+            "redis:/:hunter2@127.0.0.1:6379",
             AddrError::UnsupportedScheme,
         ),
         ("127.0.0.1:6379", AddrError::UnsupportedScheme),
