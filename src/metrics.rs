@@ -55,7 +55,7 @@
 //!
 //! One `DEBUG` span named `redlock` per operation, with fields `op`
 //! (`acquire`, `extend`, `release`, `acquire_batch`, `release_batch`),
-//! `resource` (the first key) and `outcome` (as above, recorded when it
+//! `resource` (the first key, as `b"..."`) and `outcome` (as above, recorded when it
 //! ends). [`Redlock`](crate::Redlock) enters it while the operation runs on
 //! the caller's thread; the shared client's loop keeps it open from the
 //! operation's start to its end.
@@ -459,7 +459,7 @@ impl OpSpan {
                 span: tracing::debug_span!(
                     "redlock",
                     op,
-                    resource = ?resource,
+                    resource = resource.map(tracing::field::debug),
                     outcome = tracing::field::Empty
                 ),
             }
