@@ -74,6 +74,9 @@ mod engine;
 
 mod resolve;
 
+#[cfg(feature = "tls")]
+mod tls;
+
 mod driver;
 
 mod config;
