@@ -355,8 +355,9 @@ pub(crate) struct Masters {
 }
 
 impl Masters {
-    /// The keys for `servers`: `servers.len() * 18` small allocations with
-    /// the `metrics` feature, none without.
+    /// The keys for `servers`: 18 per master (one per cause kind, and the
+    /// quarantine gauge's), each a small shared allocation, made here once
+    /// with the `metrics` feature; nothing without.
     #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
     #[inline(always)]
     pub(crate) fn new(servers: &[ServerAddr]) -> Masters {
