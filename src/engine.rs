@@ -20,6 +20,7 @@ use crate::addr::ServerAddr;
 use bytes::Bytes;
 
 use crate::conn::{Cause, Conn, Op, Request, Role, Tag, Timing};
+use crate::metrics::Masters;
 use crate::notify::Channels;
 use crate::quorum::{FencePlan, Round, Vote, plan_fence, same_server};
 use crate::resp::Limits;
@@ -94,6 +95,8 @@ pub(crate) struct Engine {
     subs: Vec<Conn>,
     /// What local waiters wait for.
     channels: Channels,
+    /// The masters' failures and quarantine, reported as metrics.
+    metrics: Masters,
 }
 
 impl Engine {
@@ -121,6 +124,7 @@ impl Engine {
         Engine {
             subs,
             channels: Channels::default(),
+            metrics: Masters::new(servers),
             conns: servers
                 .iter()
                 .map(|addr| Conn::new(addr.clone(), scripts, limits, timing, now))
@@ -440,6 +444,7 @@ impl Engine {
                 self.channels.handle_link_down(s);
             }
         }
+        self.metrics.observe_quarantine(&self.conns, now);
         for index in 0..self.entries.len() {
             let entry = &mut self.entries[index];
             if entry.live && !entry.reported && now >= entry.round.deadline() {
@@ -519,6 +524,7 @@ impl Engine {
     }
 
     fn fail_pending(&mut self, i: usize, cause: &Cause, now: Instant) {
+        self.metrics.handle_failure(i, cause);
         for index in 0..self.entries.len() {
             if self.entries[index].live {
                 self.entries[index].round.fail_pending(i, cause, now);

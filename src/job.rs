@@ -25,6 +25,7 @@ use crate::conn::{Keys, Op, Request};
 use crate::engine::Wait;
 use crate::error::{Error, Failure, MasterVote};
 use crate::lock::Lock;
+use crate::metrics;
 use crate::quorum::{Decision, FencePlan, Loss, Round, Vote, plan_fence};
 use crate::script::FENCE_STATE_KEY;
 use crate::token::TokenSource;
@@ -236,17 +237,47 @@ impl Job {
         }
     }
 
-    /// The result, once [`Step::Done`].
-    pub(crate) fn take_output(&mut self) -> Option<Output> {
+    /// The result, once [`Step::Done`], taken at `now` (for the metrics).
+    pub(crate) fn take_output(&mut self, now: Instant) -> Option<Output> {
         match self {
-            Job::Acquire(job) => job.result.take().map(Output::Lock),
-            Job::Extend(job) => job
-                .result
-                .take()
-                .map(|r| Output::Extended(job.lock.clone(), r)),
-            Job::Release(job) => job.result.take().map(Output::Released),
-            Job::AcquireBatch(job) => job.locks.take().map(Output::Locks),
-            Job::ReleaseBatch(job) => job.releases.take().map(Output::Releases),
+            Job::Acquire(job) => job.result.take().map(|r| {
+                let last = job.phase_one.map(|s| s.mono);
+                metrics::acquired(&r, job.first, last, job.attempt, now);
+                Output::Lock(r)
+            }),
+            Job::Extend(job) => job.result.take().map(|r| {
+                metrics::extended(&r);
+                Output::Extended(job.lock.clone(), r)
+            }),
+            Job::Release(job) => job.result.take().map(|r| {
+                metrics::released(&r);
+                Output::Released(r)
+            }),
+            Job::AcquireBatch(job) => job.locks.take().map(|locks| {
+                for r in &locks {
+                    metrics::acquired(r, job.first, Some(job.first), 1, now);
+                }
+                Output::Locks(locks)
+            }),
+            Job::ReleaseBatch(job) => job.releases.take().map(|releases| {
+                releases.iter().for_each(metrics::released);
+                Output::Releases(releases)
+            }),
+        }
+    }
+
+    /// What the job does, and its (first) resource: for its span.
+    #[cfg(feature = "tracing")]
+    pub(crate) fn describe(&self) -> (&'static str, Option<&Bytes>) {
+        fn first(requests: &[Request]) -> Option<&Bytes> {
+            requests.first().and_then(|r| r.keys.as_slice().first())
+        }
+        match self {
+            Job::Acquire(job) => ("acquire", job.keys.as_slice().first()),
+            Job::Extend(job) => ("extend", job.lock.keys.as_slice().first()),
+            Job::Release(job) => ("release", job.request.keys.as_slice().first()),
+            Job::AcquireBatch(job) => ("acquire_batch", first(&job.requests)),
+            Job::ReleaseBatch(job) => ("release_batch", first(&job.requests)),
         }
     }
 }

@@ -29,9 +29,10 @@
 //! the one module that touches mio; `job` is each operation (retries,
 //! cleanup, fencing) as a state machine; `lock` runs jobs on the caller's
 //! thread and `shared` on one event loop for many callers; `watchdog`
-//! keeps locks alive from that loop. Everything but `driver`, `lock`,
-//! `shared` and `resolve` is sans-IO: plain data in, plain data out, `now`
-//! passed in.
+//! keeps locks alive from that loop; `metrics`, beside the list, records
+//! what they decide (features `metrics` and `tracing`). Everything but
+//! `driver`, `lock`, `shared` and `resolve` is sans-IO: plain data in,
+//! plain data out, `now` passed in.
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -89,6 +90,10 @@ mod lock;
 mod shared;
 
 mod watchdog;
+
+// Beside the data flow: what the modules above decide, recorded (the
+// `metrics` and `tracing` features).
+mod metrics;
 
 pub use addr::{AddrError, Endpoint, Secret, ServerAddr};
 pub use config::{Config, ConfigError, MAX_TTL_MS, Retry, TlsConfig};

@@ -28,6 +28,7 @@ use crate::driver::Driver;
 use crate::engine::{Engine, RoundId, Wait};
 use crate::error::Error;
 use crate::job::{Acquire, Batch, Ctx, Extend, Job, Output, Release, SplitMix64, Step};
+use crate::metrics::OpSpan;
 use crate::quorum::{Round, quorum};
 use crate::script::Scripts;
 use crate::token::{Token, TokenSource};
@@ -642,6 +643,8 @@ impl Redlock {
     /// Runs `job` to its end on this thread: its rounds, its cleanup
     /// releases, its retry waits.
     fn run_job(&mut self, job: &mut Job) -> Option<Output> {
+        let span = OpSpan::new(job);
+        let _entered = span.enter();
         loop {
             let now = Instant::now();
             match job.poll(&mut self.ctx(), now) {
@@ -681,7 +684,13 @@ impl Redlock {
                     std::thread::sleep(until.saturating_duration_since(now));
                     job.wake();
                 }
-                Step::Done => return job.take_output(),
+                Step::Done => {
+                    let output = job.take_output(now);
+                    if let Some(output) = &output {
+                        span.record(output);
+                    }
+                    return output;
+                }
             }
         }
     }

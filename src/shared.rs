@@ -47,6 +47,7 @@ use crate::engine::{Engine, Wait};
 use crate::error::Error;
 use crate::job::{Acquire, Batch, Ctx, Extend, Job, Output, Release, SplitMix64, Step, release_op};
 use crate::lock::{Lock, Parts};
+use crate::metrics::{self, OpSpan};
 use crate::quorum::quorum;
 use crate::token::TokenSource;
 use crate::watchdog::{KeepStep, Keeper, Shared as KeepShared};
@@ -720,9 +721,10 @@ impl SharedRedlock {
                 }
                 Inline::Done(output)
             }
-            Ran::Waiting(job) => {
+            Ran::Waiting(job, span) => {
                 let completion = blocking_completion();
-                core.spawn(job, Waiter::Caller(Arc::clone(&completion)), Instant::now());
+                let waiter = Waiter::Caller(Arc::clone(&completion));
+                core.spawn_with(job, waiter, span, Instant::now());
                 drop(core);
                 self.handle.queue.nudge();
                 let output = completion.wait();
@@ -891,13 +893,16 @@ struct Running {
     timer: u64,
     /// Waiting for a round's outcome: nothing else may move it on.
     in_round: bool,
+    /// The operation's span, open until it ends.
+    span: OpSpan,
 }
 
 impl Running {
-    fn new(job: Job, waiter: Waiter) -> Option<Running> {
+    fn new(job: Job, waiter: Waiter, span: OpSpan) -> Option<Running> {
         Some(Running {
             job,
             waiter,
+            span,
             waits_for: None,
             tried_at: 0,
             awaiting: false,
@@ -954,8 +959,9 @@ enum Inline {
 enum Ran {
     /// Done: its output.
     Done(Output),
-    /// It waits (to retry, or for a release): the loop takes it over.
-    Waiting(Job),
+    /// It waits (to retry, or for a release): the loop takes it over,
+    /// with its span.
+    Waiting(Job, OpSpan),
 }
 
 /// What the loop thread does after a turn.
@@ -1219,6 +1225,7 @@ impl EventLoop {
     /// [`Ran::Waiting`] when the job would wait to retry: it goes to the
     /// loop then, with the instant it waits for.
     fn run_inline(&mut self, mut job: Job) -> Ran {
+        let span = OpSpan::new(&job);
         loop {
             let now = Instant::now();
             let EventLoop {
@@ -1265,11 +1272,14 @@ impl EventLoop {
                     while engine.poll_completed().is_some() {}
                 }
                 Step::Sleep(_) | Step::Subscribe(_) | Step::Await { .. } => {
-                    return Ran::Waiting(job);
+                    return Ran::Waiting(job, span);
                 }
                 Step::Done => {
-                    return match job.take_output() {
-                        Some(output) => Ran::Done(output),
+                    return match job.take_output(now) {
+                        Some(output) => {
+                            span.record(&output);
+                            Ran::Done(output)
+                        }
                         None => Ran::Done(Output::Released(Err(lost()))),
                     };
                 }
@@ -1386,7 +1396,13 @@ impl EventLoop {
 
     /// Puts `job` in the table and runs it to its first wait.
     fn spawn(&mut self, job: Job, waiter: Waiter, now: Instant) {
-        let running = Running::new(job, waiter);
+        let span = OpSpan::new(&job);
+        self.spawn_with(job, waiter, span, now);
+    }
+
+    /// [`EventLoop::spawn`] for a job whose span is open already.
+    fn spawn_with(&mut self, job: Job, waiter: Waiter, span: OpSpan, now: Instant) {
+        let running = Running::new(job, waiter, span);
         let index = match self.free_jobs.pop() {
             Some(index) => {
                 self.jobs[index] = running;
@@ -1510,7 +1526,7 @@ impl EventLoop {
                         Some(resource) => engine.leave(&resource, index),
                         None => None,
                     };
-                    let output = running.job.take_output();
+                    let output = running.job.take_output(now);
                     let finished = jobs[index].take();
                     if let Some(head) = promoted {
                         let until = now.checked_add(config.connect_timeout).unwrap_or(now);
@@ -1525,6 +1541,7 @@ impl EventLoop {
                     let (Some(output), Some(finished)) = (output, finished) else {
                         return;
                     };
+                    finished.span.record(&output);
                     match finished.waiter {
                         Waiter::Caller(completion) => {
                             if let Some(unclaimed) = completion.complete(output) {
@@ -1784,6 +1801,7 @@ impl EventLoop {
             Output::Locks(results) => results.iter().flatten().map(release).collect(),
             _ => return,
         };
+        metrics::released_unclaimed(requests.len());
         self.driver.prepare(&mut self.engine, now);
         let id = self
             .engine

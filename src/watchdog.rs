@@ -584,6 +584,7 @@ impl Keeper {
             Next::Wait(until) => KeepStep::Wait(until),
             Next::Lose(reason) => {
                 self.lost = true;
+                crate::metrics::lost(&reason);
                 let report = Lost {
                     reason,
                     at: now,

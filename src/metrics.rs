@@ -1,0 +1,566 @@
+//! Observability: the metrics the client records through the `metrics`
+//! facade (feature `metrics`) and the span it opens per operation through
+//! `tracing` (feature `tracing`).
+//!
+//! This module owns every metric's name and labels. The modules where
+//! outcomes are decided call its small functions: `job` when an
+//! operation's output is taken, `shared` when the loop releases locks
+//! nobody claimed, `watchdog` when a kept lock is lost, `engine` when a
+//! master's connection fails and when its restart quarantine begins or
+//! ends; `lock` and `shared` open the spans. It decides nothing, does no
+//! I/O and reads no clock: it is handed results and instants. With the
+//! features off its functions are empty and inlined and its types hold
+//! nothing, so the hot path gains no allocation, lock or atomic.
+//!
+//! # Metrics
+//!
+//! Recorded through whatever recorder the application installed (an
+//! exporter such as `metrics-exporter-prometheus`); with none, the
+//! facade's no-op recorder. Every key is built at compile time from static
+//! names and labels, or, for the per-master ones, once per client, so that
+//! recording allocates nothing; what a recorder does with a key (a map
+//! lookup per call, for most) is its own cost.
+//!
+//! | name | type | labels | what |
+//! |---|---|---|---|
+//! | `redlock_acquires_total` | counter | `outcome` | acquires ended (one per resource of a batch) |
+//! | `redlock_acquire_duration_seconds` | histogram | `outcome` | from the first attempt's start to the result, retries and waits included |
+//! | `redlock_acquire_wait_seconds` | histogram | | acquired locks only: time before the winning attempt started (retry delays, waits for a release, failed attempts); 0 when the first attempt won |
+//! | `redlock_acquire_attempts` | histogram | `outcome` | attempts per acquire |
+//! | `redlock_extends_total` | counter | `outcome` | extensions ended, a watchdog's included |
+//! | `redlock_releases_total` | counter | `outcome` | releases ended (one per lock of a batch) |
+//! | `redlock_locks_held` | gauge | | locks acquired and not yet released by this process |
+//! | `redlock_locks_lost_total` | counter | `reason` | kept locks the watchdog gave up |
+//! | `redlock_master_failures_total` | counter | `master`, `cause` | a master's connection failed (dropped, or a connect that failed) |
+//! | `redlock_master_quarantined` | gauge | `master` | clients in this process that hold the master in restart quarantine |
+//!
+//! `outcome` is `ok`, or the kind of [`Error`]: `held`, `not_held`,
+//! `no_quorum`, `protocol`, `validity_expired`, `fence_unknown`,
+//! `fence_refused`, `extension_limit`, `config`, `os`. `reason` is one of
+//! those error kinds (extending kept failing), `extension_limit` or
+//! `expired` (see [`LostReason`]). `master` is the master's URL, password
+//! hidden; `cause` the kind of [`Cause`] (`closed`, `io`, `connect`,
+//! `stalled`, ...).
+//!
+//! Operations refused before anything is sent (a TTL out of range, the
+//! extension cap reached, two masters that are one server) are not
+//! counted. `redlock_locks_held` goes up by one per lock acquired and down
+//! by one per lock released, whatever the release's outcome: a lock left to
+//! expire without a release stays counted, and releasing a lock twice, or
+//! one made with [`Lock::from_parts`](crate::Lock::from_parts), counts down
+//! twice. The quarantine gauge changes when the client's event loop next
+//! turns after a quarantine begins or ends.
+//!
+//! # Spans
+//!
+//! One `DEBUG` span named `redlock` per operation, with fields `op`
+//! (`acquire`, `extend`, `release`, `acquire_batch`, `release_batch`),
+//! `resource` (the first key, as `b"..."`) and `outcome` (as above, recorded when it
+//! ends). [`Redlock`](crate::Redlock) enters it while the operation runs on
+//! the caller's thread; the shared client's loop keeps it open from the
+//! operation's start to its end.
+//!
+//! [`Error`]: crate::Error
+//! [`Cause`]: crate::Cause
+//! [`LostReason`]: crate::LostReason
+
+use std::time::Instant;
+
+use crate::addr::ServerAddr;
+use crate::conn::{Cause, Conn};
+use crate::error::Error;
+use crate::job::{Job, Output};
+use crate::lock::Lock;
+use crate::watchdog::LostReason;
+
+#[cfg(feature = "metrics")]
+use metrics::{Key, Label, Level, Metadata, SharedString};
+
+#[cfg(feature = "metrics")]
+const ACQUIRES: &str = "redlock_acquires_total";
+#[cfg(feature = "metrics")]
+const ACQUIRE_DURATION: &str = "redlock_acquire_duration_seconds";
+#[cfg(feature = "metrics")]
+const ACQUIRE_WAIT: &str = "redlock_acquire_wait_seconds";
+#[cfg(feature = "metrics")]
+const ACQUIRE_ATTEMPTS: &str = "redlock_acquire_attempts";
+#[cfg(feature = "metrics")]
+const EXTENDS: &str = "redlock_extends_total";
+#[cfg(feature = "metrics")]
+const RELEASES: &str = "redlock_releases_total";
+#[cfg(feature = "metrics")]
+const HELD: &str = "redlock_locks_held";
+#[cfg(feature = "metrics")]
+const LOST: &str = "redlock_locks_lost_total";
+#[cfg(feature = "metrics")]
+const MASTER_FAILURES: &str = "redlock_master_failures_total";
+#[cfg(feature = "metrics")]
+const MASTER_QUARANTINED: &str = "redlock_master_quarantined";
+
+/// How an operation ended, as the `outcome` (or `reason`) label says it.
+#[cfg(any(feature = "metrics", feature = "tracing"))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    Ok,
+    Held,
+    NotHeld,
+    NoQuorum,
+    Protocol,
+    ValidityExpired,
+    FenceUnknown,
+    FenceRefused,
+    ExtensionLimit,
+    Config,
+    Os,
+    /// A kept lock's validity ran out before the keeper could act (losses
+    /// only).
+    Expired,
+}
+
+#[cfg(any(feature = "metrics", feature = "tracing"))]
+impl Outcome {
+    fn of<T>(result: &Result<T, Error>) -> Outcome {
+        match result {
+            Ok(_) => Outcome::Ok,
+            Err(error) => Outcome::of_error(error),
+        }
+    }
+
+    fn of_error(error: &Error) -> Outcome {
+        match error {
+            Error::Held(_) => Outcome::Held,
+            Error::NotHeld(_) => Outcome::NotHeld,
+            Error::NoQuorum(_) => Outcome::NoQuorum,
+            Error::Protocol(_) => Outcome::Protocol,
+            Error::ValidityExpired(_) => Outcome::ValidityExpired,
+            Error::FenceUnknown { .. } => Outcome::FenceUnknown,
+            Error::FenceRefused(_) => Outcome::FenceRefused,
+            Error::ExtensionLimit(_) => Outcome::ExtensionLimit,
+            Error::Config(_) => Outcome::Config,
+            Error::Os(_) => Outcome::Os,
+        }
+    }
+
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    fn of_loss(reason: &LostReason) -> Outcome {
+        match reason {
+            LostReason::Failed(error) => Outcome::of_error(error),
+            LostReason::ExtensionLimit(_) => Outcome::ExtensionLimit,
+            LostReason::Expired => Outcome::Expired,
+        }
+    }
+
+    /// The label value (the keys below spell the same values).
+    #[cfg_attr(not(feature = "tracing"), allow(dead_code))]
+    fn label(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::Held => "held",
+            Outcome::NotHeld => "not_held",
+            Outcome::NoQuorum => "no_quorum",
+            Outcome::Protocol => "protocol",
+            Outcome::ValidityExpired => "validity_expired",
+            Outcome::FenceUnknown => "fence_unknown",
+            Outcome::FenceRefused => "fence_refused",
+            Outcome::ExtensionLimit => "extension_limit",
+            Outcome::Config => "config",
+            Outcome::Os => "os",
+            Outcome::Expired => "expired",
+        }
+    }
+}
+
+/// A `&'static Key` made at compile time from a static name and at most
+/// one static label: recording with it allocates nothing.
+#[cfg(feature = "metrics")]
+macro_rules! static_key {
+    ($name:expr) => {{
+        static KEY: Key = Key::from_static_name($name);
+        &KEY
+    }};
+    ($name:expr, $label:literal => $value:literal) => {{
+        static LABELS: [Label; 1] = [Label::from_static_parts($label, $value)];
+        static KEY: Key = Key::from_static_parts($name, &LABELS);
+        &KEY
+    }};
+}
+
+/// The static key of metric `$name` for an [`Outcome`], under label
+/// `$label`. The values are [`Outcome::label`]'s (a test checks).
+#[cfg(feature = "metrics")]
+macro_rules! outcome_key {
+    ($name:expr, $label:literal, $outcome:expr) => {
+        match $outcome {
+            Outcome::Ok => static_key!($name, $label => "ok"),
+            Outcome::Held => static_key!($name, $label => "held"),
+            Outcome::NotHeld => static_key!($name, $label => "not_held"),
+            Outcome::NoQuorum => static_key!($name, $label => "no_quorum"),
+            Outcome::Protocol => static_key!($name, $label => "protocol"),
+            Outcome::ValidityExpired => static_key!($name, $label => "validity_expired"),
+            Outcome::FenceUnknown => static_key!($name, $label => "fence_unknown"),
+            Outcome::FenceRefused => static_key!($name, $label => "fence_refused"),
+            Outcome::ExtensionLimit => static_key!($name, $label => "extension_limit"),
+            Outcome::Config => static_key!($name, $label => "config"),
+            Outcome::Os => static_key!($name, $label => "os"),
+            Outcome::Expired => static_key!($name, $label => "expired"),
+        }
+    };
+}
+
+/// Where the metrics say they come from.
+#[cfg(feature = "metrics")]
+static METADATA: Metadata<'static> =
+    Metadata::new(module_path!(), Level::INFO, Some(module_path!()));
+
+#[cfg(feature = "metrics")]
+fn counter(key: &Key) -> metrics::Counter {
+    metrics::with_recorder(|r| r.register_counter(key, &METADATA))
+}
+
+#[cfg(feature = "metrics")]
+fn gauge(key: &Key) -> metrics::Gauge {
+    metrics::with_recorder(|r| r.register_gauge(key, &METADATA))
+}
+
+#[cfg(feature = "metrics")]
+fn histogram(key: &Key) -> metrics::Histogram {
+    metrics::with_recorder(|r| r.register_histogram(key, &METADATA))
+}
+
+/// An acquire ended with `result`: it started at `first`, its last attempt
+/// at `last` (if one was made), it made `attempts`, and its result was
+/// taken at `now`.
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+#[inline(always)]
+pub(crate) fn acquired(
+    result: &Result<Lock, Error>,
+    first: Instant,
+    last: Option<Instant>,
+    attempts: u32,
+    now: Instant,
+) {
+    #[cfg(feature = "metrics")]
+    {
+        let outcome = Outcome::of(result);
+        counter(outcome_key!(ACQUIRES, "outcome", outcome)).increment(1);
+        let duration = now.saturating_duration_since(first);
+        histogram(outcome_key!(ACQUIRE_DURATION, "outcome", outcome))
+            .record(duration.as_secs_f64());
+        histogram(outcome_key!(ACQUIRE_ATTEMPTS, "outcome", outcome)).record(f64::from(attempts));
+        if outcome == Outcome::Ok {
+            let wait = last.map_or(duration, |at| at.saturating_duration_since(first));
+            histogram(static_key!(ACQUIRE_WAIT)).record(wait.as_secs_f64());
+            gauge(static_key!(HELD)).increment(1.0);
+        }
+    }
+}
+
+/// An extension ended with `result`.
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+#[inline(always)]
+pub(crate) fn extended(result: &Result<(), Error>) {
+    #[cfg(feature = "metrics")]
+    counter(outcome_key!(EXTENDS, "outcome", Outcome::of(result))).increment(1);
+}
+
+/// A release ended with `result`: the lock is not held any more, however
+/// it ended.
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+#[inline(always)]
+pub(crate) fn released(result: &Result<(), Error>) {
+    #[cfg(feature = "metrics")]
+    {
+        counter(outcome_key!(RELEASES, "outcome", Outcome::of(result))).increment(1);
+        gauge(static_key!(HELD)).decrement(1.0);
+    }
+}
+
+/// The loop released `count` locks that an acquire took for a caller who
+/// went away (no release job, nobody waits for the outcome).
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+#[inline(always)]
+pub(crate) fn released_unclaimed(count: usize) {
+    #[cfg(feature = "metrics")]
+    gauge(static_key!(HELD)).decrement(count as f64);
+}
+
+/// The watchdog gave a kept lock up.
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+#[inline(always)]
+pub(crate) fn lost(reason: &LostReason) {
+    #[cfg(feature = "metrics")]
+    counter(outcome_key!(LOST, "reason", Outcome::of_loss(reason))).increment(1);
+}
+
+/// The label of each kind of [`Cause`], in [`cause_index`] order.
+#[cfg(any(test, feature = "metrics"))]
+const CAUSES: [&str; 17] = [
+    "timeout",
+    "resolve",
+    "resolving",
+    "connect",
+    "connect_timeout",
+    "backoff",
+    "io",
+    "closed",
+    "tls",
+    "protocol",
+    "unsolicited",
+    "stalled",
+    "too_far_behind",
+    "handshake",
+    "server",
+    "quarantined",
+    "same_server",
+];
+
+#[cfg(any(test, feature = "metrics"))]
+fn cause_index(cause: &Cause) -> usize {
+    match cause {
+        Cause::Timeout => 0,
+        Cause::Resolve => 1,
+        Cause::Resolving => 2,
+        Cause::Connect(_) => 3,
+        Cause::ConnectTimeout => 4,
+        Cause::Backoff(_) => 5,
+        Cause::Io(_) => 6,
+        Cause::Closed => 7,
+        Cause::Tls(_) => 8,
+        Cause::Protocol(_) => 9,
+        Cause::Unsolicited => 10,
+        Cause::Stalled => 11,
+        Cause::TooFarBehind => 12,
+        Cause::Handshake(..) => 13,
+        Cause::Server(_) => 14,
+        Cause::Quarantined(_) => 15,
+        Cause::SameServer(_) => 16,
+    }
+}
+
+/// The per-master metrics of one engine: their keys, made once when the
+/// client is built (the `master` label is the master's URL, an `Arc<str>`
+/// shared by its keys), and each master's quarantine state as last
+/// reported. Empty without the `metrics` feature.
+#[derive(Debug, Default)]
+pub(crate) struct Masters {
+    /// `redlock_master_failures_total`, per master then per cause kind.
+    #[cfg(feature = "metrics")]
+    failures: Vec<Key>,
+    /// `redlock_master_quarantined`, per master.
+    #[cfg(feature = "metrics")]
+    quarantine: Vec<Key>,
+    /// Whether this client counts each master in the quarantine gauge.
+    #[cfg(feature = "metrics")]
+    quarantined: Vec<bool>,
+}
+
+impl Masters {
+    /// The keys for `servers`: 18 per master (one per cause kind, and the
+    /// quarantine gauge's), each a small shared allocation, made here once
+    /// with the `metrics` feature; nothing without.
+    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+    #[inline(always)]
+    pub(crate) fn new(servers: &[ServerAddr]) -> Masters {
+        #[cfg(feature = "metrics")]
+        let masters = {
+            let mut masters = Masters::default();
+            for server in servers {
+                let name = SharedString::from_shared(std::sync::Arc::from(server.to_string()));
+                let master = || Label::new("master", name.clone());
+                for cause in CAUSES {
+                    let labels = vec![master(), Label::from_static_parts("cause", cause)];
+                    // Retained: its labels shared, so that no clone copies.
+                    masters
+                        .failures
+                        .push(Key::from_parts(MASTER_FAILURES, labels).to_retained());
+                }
+                let key = Key::from_parts(MASTER_QUARANTINED, vec![master()]);
+                masters.quarantine.push(key.to_retained());
+                masters.quarantined.push(false);
+            }
+            masters
+        };
+        #[cfg(not(feature = "metrics"))]
+        let masters = Masters::default();
+        masters
+    }
+
+    /// Master `i`'s connection failed with `cause`.
+    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+    #[inline(always)]
+    pub(crate) fn handle_failure(&self, i: usize, cause: &Cause) {
+        #[cfg(feature = "metrics")]
+        if let Some(key) = self.failures.get(i * CAUSES.len() + cause_index(cause)) {
+            counter(key).increment(1);
+        }
+    }
+
+    /// Reports the masters whose restart quarantine began or ended since
+    /// the last call, as `conns` say at `now`.
+    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+    #[inline(always)]
+    pub(crate) fn observe_quarantine(&mut self, conns: &[Conn], now: Instant) {
+        #[cfg(feature = "metrics")]
+        for ((conn, key), counted) in conns
+            .iter()
+            .zip(&self.quarantine)
+            .zip(&mut self.quarantined)
+        {
+            let quarantined = conn.quarantine_left(now).is_some();
+            if quarantined != *counted {
+                *counted = quarantined;
+                let gauge = gauge(key);
+                if quarantined {
+                    gauge.increment(1.0);
+                } else {
+                    gauge.decrement(1.0);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(feature = "metrics")]
+impl Drop for Masters {
+    /// A client that goes away stops counting its masters as quarantined.
+    fn drop(&mut self) {
+        for (key, counted) in self.quarantine.iter().zip(&self.quarantined) {
+            if *counted {
+                gauge(key).decrement(1.0);
+            }
+        }
+    }
+}
+
+/// One operation's span (feature `tracing`); empty without it.
+#[derive(Debug)]
+pub(crate) struct OpSpan {
+    #[cfg(feature = "tracing")]
+    span: tracing::Span,
+}
+
+/// An [`OpSpan`] entered until dropped.
+#[derive(Debug)]
+pub(crate) struct Entered<'a> {
+    #[cfg(feature = "tracing")]
+    _entered: tracing::span::Entered<'a>,
+    #[cfg(not(feature = "tracing"))]
+    _span: std::marker::PhantomData<&'a OpSpan>,
+}
+
+impl OpSpan {
+    /// A `DEBUG` span for `job`, which is about to start.
+    #[cfg_attr(not(feature = "tracing"), allow(unused_variables))]
+    #[inline(always)]
+    pub(crate) fn new(job: &Job) -> OpSpan {
+        #[cfg(feature = "tracing")]
+        let span = {
+            let (op, resource) = job.describe();
+            OpSpan {
+                span: tracing::debug_span!(
+                    "redlock",
+                    op,
+                    resource = resource.map(tracing::field::debug),
+                    outcome = tracing::field::Empty
+                ),
+            }
+        };
+        #[cfg(not(feature = "tracing"))]
+        let span = OpSpan {};
+        span
+    }
+
+    /// Enters the span until the guard is dropped.
+    #[inline(always)]
+    pub(crate) fn enter(&self) -> Entered<'_> {
+        Entered {
+            #[cfg(feature = "tracing")]
+            _entered: self.span.enter(),
+            #[cfg(not(feature = "tracing"))]
+            _span: std::marker::PhantomData,
+        }
+    }
+
+    /// Records how the operation ended (the span closes when dropped).
+    #[cfg_attr(not(feature = "tracing"), allow(unused_variables))]
+    #[inline(always)]
+    pub(crate) fn record(&self, output: &Output) {
+        #[cfg(feature = "tracing")]
+        {
+            // A batch's outcome is its first failure's, else `ok`.
+            let outcome = match output {
+                Output::Lock(result) => Outcome::of(result),
+                Output::Extended(_, result) | Output::Released(result) => Outcome::of(result),
+                Output::Locks(results) => results
+                    .iter()
+                    .find_map(|r| r.as_ref().err())
+                    .map_or(Outcome::Ok, Outcome::of_error),
+                Output::Releases(results) => results
+                    .iter()
+                    .find_map(|r| r.as_ref().err())
+                    .map_or(Outcome::Ok, Outcome::of_error),
+            };
+            self.span.record("outcome", outcome.label());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The label each cause kind is counted under.
+    #[test]
+    fn each_cause_kind_has_its_own_label() {
+        use crate::conn::HandshakeStep;
+        use std::io::ErrorKind;
+        use std::time::Duration;
+        let cases: [(Cause, &str); 8] = [
+            (Cause::Timeout, "timeout"),
+            (Cause::Connect(ErrorKind::ConnectionRefused), "connect"),
+            (Cause::Io(ErrorKind::BrokenPipe), "io"),
+            (Cause::Closed, "closed"),
+            (Cause::Stalled, "stalled"),
+            (Cause::TooFarBehind, "too_far_behind"),
+            (
+                Cause::Handshake(HandshakeStep::Auth, bytes::Bytes::new()),
+                "handshake",
+            ),
+            (Cause::Quarantined(Duration::from_secs(1)), "quarantined"),
+        ];
+        for (cause, label) in cases {
+            assert_eq!(CAUSES[cause_index(&cause)], label, "{cause}");
+        }
+        let mut labels = CAUSES.to_vec();
+        labels.sort_unstable();
+        labels.dedup();
+        assert_eq!(labels.len(), CAUSES.len(), "labels are distinct");
+    }
+
+    /// The static keys spell the labels [`Outcome::label`] gives.
+    #[cfg(feature = "metrics")]
+    #[test]
+    fn every_outcome_key_carries_its_label() {
+        let all = [
+            Outcome::Ok,
+            Outcome::Held,
+            Outcome::NotHeld,
+            Outcome::NoQuorum,
+            Outcome::Protocol,
+            Outcome::ValidityExpired,
+            Outcome::FenceUnknown,
+            Outcome::FenceRefused,
+            Outcome::ExtensionLimit,
+            Outcome::Config,
+            Outcome::Os,
+            Outcome::Expired,
+        ];
+        for outcome in all {
+            let key = outcome_key!(ACQUIRES, "outcome", outcome);
+            let labels: Vec<_> = key.labels().map(|l| (l.key(), l.value())).collect();
+            assert_eq!(labels, [("outcome", outcome.label())]);
+            let key = outcome_key!(LOST, "reason", outcome);
+            assert_eq!(key.labels().next().map(Label::value), Some(outcome.label()));
+        }
+    }
+}
