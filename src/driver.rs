@@ -26,10 +26,21 @@ use crate::resolve::{Resolver, Route};
 /// are their indices.
 const WAKE: Token = Token(usize::MAX);
 
+/// The TLS client settings a driver opens `rediss://` connections with.
+#[cfg(feature = "tls")]
+pub(crate) type TlsClient = std::sync::Arc<rustls::ClientConfig>;
+
+/// Without the `tls` feature there are none (`rediss://` is refused when
+/// parsed).
+#[cfg(not(feature = "tls"))]
+pub(crate) type TlsClient = std::convert::Infallible;
+
 #[derive(Debug)]
 enum Stream {
     Tcp(TcpStream),
     Unix(UnixStream),
+    #[cfg(feature = "tls")]
+    Tls(Box<crate::tls::TlsStream>),
 }
 
 impl Stream {
@@ -37,6 +48,8 @@ impl Stream {
         match self {
             Stream::Tcp(s) => s,
             Stream::Unix(s) => s,
+            #[cfg(feature = "tls")]
+            Stream::Tls(s) => s.tcp(),
         }
     }
 
@@ -44,6 +57,8 @@ impl Stream {
         match self {
             Stream::Tcp(s) => s.read(buf),
             Stream::Unix(s) => s.read(buf),
+            #[cfg(feature = "tls")]
+            Stream::Tls(s) => s.read(buf),
         }
     }
 
@@ -51,6 +66,28 @@ impl Stream {
         match self {
             Stream::Tcp(s) => s.write(buf),
             Stream::Unix(s) => s.write(buf),
+            #[cfg(feature = "tls")]
+            Stream::Tls(s) => s.write(buf),
+        }
+    }
+
+    /// Writes what a TLS session holds from earlier writes (records the
+    /// socket refused, the handshake's); nothing for a plain socket.
+    fn write_held(&mut self) -> io::Result<()> {
+        match self {
+            #[cfg(feature = "tls")]
+            Stream::Tls(s) => s.write_records(),
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether reads must go on to `WouldBlock`: a TLS session's short
+    /// plaintext read says nothing of what the socket still holds.
+    fn reads_to_the_end(&self) -> bool {
+        match self {
+            #[cfg(feature = "tls")]
+            Stream::Tls(_) => true,
+            _ => false,
         }
     }
 
@@ -60,14 +97,19 @@ impl Stream {
         let (error, peer) = match self {
             Stream::Tcp(s) => (s.take_error(), s.peer_addr().map(drop)),
             Stream::Unix(s) => (s.take_error(), s.peer_addr().map(drop)),
+            #[cfg(feature = "tls")]
+            Stream::Tls(s) => (s.tcp().take_error(), s.tcp().peer_addr().map(drop)),
         };
         if let Some(e) = error? {
             return Err(e);
         }
         match peer {
             Ok(()) => {
-                if let Stream::Tcp(s) = self {
-                    s.set_nodelay(true)?;
+                match self {
+                    Stream::Tcp(s) => s.set_nodelay(true)?,
+                    #[cfg(feature = "tls")]
+                    Stream::Tls(s) => s.tcp().set_nodelay(true)?,
+                    _ => {}
                 }
                 Ok(true)
             }
@@ -75,6 +117,16 @@ impl Stream {
             Err(e) => Err(e),
         }
     }
+}
+
+/// The failure an I/O error stands for: a TLS session's refusal names its
+/// reason ([`Cause::Tls`]); anything else is its kind.
+fn io_cause(error: &io::Error) -> Cause {
+    #[cfg(feature = "tls")]
+    if let Some(cause) = crate::tls::cause_of(error) {
+        return cause;
+    }
+    Cause::Io(error.kind())
 }
 
 /// Drives N connections over one `mio::Poll`.
@@ -90,6 +142,9 @@ pub(crate) struct Driver {
     resolver: Resolver,
     /// How long a host name lookup may run before it counts as failed.
     lookup_limit: Duration,
+    /// The TLS settings for `rediss://` masters, when there are some.
+    #[cfg_attr(not(feature = "tls"), allow(dead_code))]
+    tls: Option<TlsClient>,
     /// One reused buffer for every read ([`READ_CHUNK`] bytes): a read that
     /// returns less has drained the socket.
     read_buf: Box<[u8]>,
@@ -110,6 +165,7 @@ impl Driver {
         links: usize,
         resolver: Resolver,
         lookup_limit: Duration,
+        tls: Option<TlsClient>,
     ) -> io::Result<Driver> {
         let n = links;
         Ok(Driver {
@@ -128,6 +184,7 @@ impl Driver {
             connected: vec![false; n],
             resolver,
             lookup_limit,
+            tls,
             read_buf: vec![0u8; READ_CHUNK].into_boxed_slice(),
         })
     }
@@ -273,7 +330,8 @@ impl Driver {
                 // A short read drains the socket, and edge-triggered
                 // readiness reports the next arrival; only a peer close
                 // needs reading on to the end.
-                let to_end = event.is_read_closed() || event.is_error();
+                let to_end =
+                    event.is_read_closed() || event.is_error() || stream.reads_to_the_end();
                 let failure = loop {
                     match stream.read(&mut self.read_buf) {
                         Ok(0) => break Some(Cause::Closed),
@@ -289,7 +347,7 @@ impl Driver {
                         }
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => break None,
                         Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                        Err(e) => break Some(Cause::Io(e.kind())),
+                        Err(e) => break Some(io_cause(&e)),
                     }
                 };
                 if let Some(cause) = failure
@@ -310,14 +368,14 @@ impl Driver {
             let failure = loop {
                 let pending = engine.poll_transmit(i);
                 if pending.is_empty() {
-                    break None;
+                    break stream.write_held().err().map(|e| io_cause(&e));
                 }
                 match stream.write(pending) {
                     Ok(0) => break Some(Cause::Io(io::ErrorKind::WriteZero)),
                     Ok(n) => engine.handle_written(i, n),
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break None,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(e) => break Some(Cause::Io(e.kind())),
+                    Err(e) => break Some(io_cause(&e)),
                 }
             };
             if let Some(cause) = failure {
@@ -333,10 +391,19 @@ impl Driver {
             return;
         };
         let opened = match (&conn.addr().endpoint, self.routes.get_mut(i)) {
-            (Endpoint::Tcp { .. }, Some(Some(route))) => {
-                match route.poll_addr(&self.resolver, now, self.lookup_limit) {
-                    Ok(addr) => TcpStream::connect(addr).map(Stream::Tcp),
+            (Endpoint::Tcp { host, .. }, Some(Some(route))) => {
+                let tcp = match route.poll_addr(&self.resolver, now, self.lookup_limit) {
+                    Ok(addr) => TcpStream::connect(addr),
                     Err(cause) => return engine.handle_failure(i, now, cause),
+                };
+                if conn.addr().tls {
+                    match tcp.map(|tcp| self.secure(tcp, host)) {
+                        Ok(Ok(stream)) => Ok(stream),
+                        Ok(Err(cause)) => return engine.handle_failure(i, now, cause),
+                        Err(e) => Err(e),
+                    }
+                } else {
+                    tcp.map(Stream::Tcp)
                 }
             }
             (Endpoint::Unix(path), _) => UnixStream::connect(path).map(Stream::Unix),
@@ -362,6 +429,23 @@ impl Driver {
                 engine.handle_failure(i, now, Cause::Connect(e.kind()));
             }
         }
+    }
+
+    /// A TLS session to `host` over `tcp`.
+    #[cfg(feature = "tls")]
+    fn secure(&self, tcp: TcpStream, host: &str) -> Result<Stream, Cause> {
+        match &self.tls {
+            Some(config) => {
+                crate::tls::TlsStream::new(tcp, config, host).map(|s| Stream::Tls(Box::new(s)))
+            }
+            None => Err(Cause::Tls("no TLS settings for this client".into())),
+        }
+    }
+
+    /// Without the `tls` feature no URL asks for TLS.
+    #[cfg(not(feature = "tls"))]
+    fn secure(&self, _tcp: TcpStream, _host: &str) -> Result<Stream, Cause> {
+        Err(Cause::Tls("this build has no TLS".into()))
     }
 
     /// A connect to master `i` failed: its next one tries its next address.

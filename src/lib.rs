@@ -73,6 +73,9 @@ mod engine;
 
 mod resolve;
 
+#[cfg(feature = "tls")]
+mod tls;
+
 mod driver;
 
 mod config;

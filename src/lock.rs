@@ -293,12 +293,32 @@ impl Parts {
                 config.servers.len() * if subscribe { 2 } else { 1 },
                 config.resolver.clone(),
                 config.connect_timeout,
+                tls_client(config)?,
             )
             .map_err(|e| Error::Os(e.kind()))?,
             tokens: TokenSource::new().map_err(|_| Error::Os(io::ErrorKind::Other))?,
             jitter: SplitMix64(u64::from_le_bytes(seed)),
         })
     }
+}
+
+/// The TLS settings a client's `rediss://` masters use, loaded once; none
+/// when no master asks for TLS.
+///
+/// # Errors
+/// [`ConfigError::Tls`] when the settings cannot be loaded.
+#[cfg(feature = "tls")]
+fn tls_client(config: &Config) -> Result<Option<crate::driver::TlsClient>, Error> {
+    if !config.servers.iter().any(|s| s.tls) {
+        return Ok(None);
+    }
+    Ok(Some(crate::tls::client_config(&config.tls)?))
+}
+
+/// Without the `tls` feature no master asks for TLS.
+#[cfg(not(feature = "tls"))]
+fn tls_client(_config: &Config) -> Result<Option<crate::driver::TlsClient>, Error> {
+    Ok(None)
 }
 
 impl Redlock {
