@@ -25,8 +25,8 @@ mod certs;
 use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, mpsc};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
@@ -34,8 +34,8 @@ use certs::{Certs, Pair};
 use common::{Cluster, Options, Server, bulk, cluster_with, connect, eventually, wait_empty};
 use redlock_mio::resp::{Arg, Reply};
 use redlock_mio::{
-    Cause, Config, ConfigError, Error, Failure, Lock, Redlock, SharedRedlock, TlsConfig, Token,
-    Vote,
+    Cause, Config, ConfigError, Error, Failure, Lock, Redlock, Retry, SharedRedlock, TlsConfig,
+    Token, Vote,
 };
 
 /// Long enough that no key expires during a test: a key that is gone was
@@ -441,6 +441,59 @@ fn tls_files_that_cannot_be_used_are_a_config_error() {
             Err(other) => panic!("{name}: SharedRedlock::new gave {other:?}"),
             Ok(_) => panic!("{name}: SharedRedlock::new accepted it"),
         }
+    }
+}
+
+#[test]
+fn a_plain_url_to_a_tls_master_fails_its_votes_and_a_waiting_acquire_ends() {
+    let certs = Certs::generate();
+    let masters = tls_masters(3, &certs, &certs.server);
+    // The wrong scheme: the masters reset every plain connection.
+    let urls: Vec<String> = masters
+        .iter()
+        .map(|s| format!("redis://127.0.0.1:{}", s.port()))
+        .collect();
+
+    let mut single = Redlock::new(config(&urls, TlsConfig::default())).expect("client");
+    match single.try_acquire("tls:plain-url", TTL) {
+        Err(Error::NoQuorum(failure)) => {
+            assert_eq!((failure.granted, failure.refused), (0, 0), "{failure}");
+        }
+        other => panic!("plain RESP to TLS-only masters: {other:?}"),
+    }
+
+    // A shared client's blocking acquire with retries left ends once its
+    // attempts are used up. It runs on a thread of its own, so that a
+    // hang fails the test instead of stalling it; such a thread, stuck in
+    // the library, cannot be stopped, and ends with the test process.
+    let client = shared(&urls, TlsConfig::default());
+    // Enough attempts that the later ones find every master in reconnect
+    // backoff (it doubles from 10 ms), past the 100 ms between attempts.
+    let retry = Retry {
+        attempts: 10,
+        delay: Duration::from_millis(100),
+        max_wait: None,
+    };
+    let (done, outcome) = mpsc::channel();
+    let waiter = client.clone();
+    thread::spawn(move || {
+        let _ = done.send(waiter.acquire_with("tls:plain-url", TTL, &retry));
+    });
+    let limit = Duration::from_secs(30);
+    match outcome.recv_timeout(limit) {
+        Ok(Err(Error::NoQuorum(failure))) => {
+            assert_eq!((failure.granted, failure.refused), (0, 0), "{failure}");
+            assert_eq!(failure.attempts, retry.attempts, "{failure}");
+        }
+        Ok(other) => panic!("plain RESP to TLS-only masters, shared: {other:?}"),
+        Err(_) => panic!(
+            "a shared acquire of {} attempts {:?} apart, over masters that reset every \
+             connection, has not returned in {limit:?}",
+            retry.attempts, retry.delay
+        ),
+    }
+    for server in &masters {
+        assert_eq!(common::dbsize(server), 0, "{} was written to", server.url());
     }
 }
 
