@@ -15,6 +15,12 @@
 //! loopback, encoded and parsed with the library's own
 //! [`redlock_mio::resp`] codec.
 //!
+//! A master started with [`Options::tls`] listens for TLS only on its TCP
+//! port (`rediss://`). This crate speaks no TLS (it stays free of a TLS
+//! stack, since the command line depends on it), so such a master also
+//! listens on a private unix socket: the readiness probe goes there, and
+//! so can a test that reads the master's keys in plain.
+//!
 //! ```no_run
 //! use redlock_test::{Cluster, Options};
 //!
@@ -37,6 +43,7 @@ use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
 use std::ops::{Index, IndexMut};
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -186,8 +193,72 @@ fn io_error(context: impl Into<String>) -> impl FnOnce(io::Error) -> SpawnError 
     }
 }
 
-/// How to start a redis-server: which binary, extra arguments, a password
-/// and an optional unix socket. Built with chained methods.
+/// How a master serves TLS: its certificate and key, the certificate
+/// authorities it checks client certificates against, and whether it asks
+/// clients for one (`--tls-auth-clients`). The files are PEM, read by
+/// redis-server at each start.
+///
+/// ```
+/// use redlock_test::{Options, TlsOptions};
+///
+/// let opts = Options::new()
+///     .tls(TlsOptions::new("server.pem", "server.key", "ca.pem").auth_clients(true));
+/// # let _ = opts;
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsOptions {
+    cert_file: PathBuf,
+    key_file: PathBuf,
+    ca_file: PathBuf,
+    auth_clients: bool,
+}
+
+impl TlsOptions {
+    /// The server's certificate chain, its private key and the CA
+    /// certificates for client certificates; clients are not asked for a
+    /// certificate (`--tls-auth-clients no`).
+    pub fn new(
+        cert_file: impl Into<PathBuf>,
+        key_file: impl Into<PathBuf>,
+        ca_file: impl Into<PathBuf>,
+    ) -> Self {
+        TlsOptions {
+            cert_file: cert_file.into(),
+            key_file: key_file.into(),
+            ca_file: ca_file.into(),
+            auth_clients: false,
+        }
+    }
+
+    /// Whether a client must present a certificate signed by the CA file
+    /// (mutual TLS): `--tls-auth-clients yes` or `no`.
+    pub fn auth_clients(mut self, yes: bool) -> Self {
+        self.auth_clients = yes;
+        self
+    }
+
+    /// The arguments that make redis-server listen for TLS only, on
+    /// `port`.
+    fn args(&self, port: u16) -> Vec<OsString> {
+        vec![
+            "--port".into(),
+            "0".into(),
+            "--tls-port".into(),
+            port.to_string().into(),
+            "--tls-cert-file".into(),
+            self.cert_file.clone().into(),
+            "--tls-key-file".into(),
+            self.key_file.clone().into(),
+            "--tls-ca-cert-file".into(),
+            self.ca_file.clone().into(),
+            "--tls-auth-clients".into(),
+            if self.auth_clients { "yes" } else { "no" }.into(),
+        ]
+    }
+}
+
+/// How to start a redis-server: which binary, extra arguments, a password,
+/// an optional unix socket and optional TLS. Built with chained methods.
 ///
 /// ```
 /// use redlock_test::Options;
@@ -204,6 +275,7 @@ pub struct Options {
     args: Vec<OsString>,
     password: Option<String>,
     unix_socket: bool,
+    tls: Option<TlsOptions>,
     startup_timeout: Duration,
 }
 
@@ -214,6 +286,7 @@ impl Default for Options {
             args: Vec::new(),
             password: None,
             unix_socket: false,
+            tls: None,
             startup_timeout: DEFAULT_STARTUP_TIMEOUT,
         }
     }
@@ -221,7 +294,8 @@ impl Default for Options {
 
 impl Options {
     /// Default options: the binary from [`find_binary`], no extra
-    /// arguments, no password, no unix socket, a 10 s startup timeout.
+    /// arguments, no password, no unix socket, no TLS, a 10 s startup
+    /// timeout.
     pub fn new() -> Self {
         Options::default()
     }
@@ -265,6 +339,15 @@ impl Options {
     /// temporary directory, with permissions 700.
     pub fn unix_socket(mut self, yes: bool) -> Self {
         self.unix_socket = yes;
+        self
+    }
+
+    /// Listens for TLS only: the TCP port the server is given speaks TLS,
+    /// and no port speaks plain TCP. The server then always has a unix
+    /// socket too ([`Server::unix_socket`]), through which its readiness is
+    /// checked.
+    pub fn tls(mut self, tls: TlsOptions) -> Self {
+        self.tls = Some(tls);
         self
     }
 
@@ -321,14 +404,20 @@ fn is_executable(path: &Path) -> bool {
     fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
-/// A private directory under [`std::env::temp_dir`], removed on drop.
+/// A private directory (mode 700) under [`std::env::temp_dir`], removed
+/// with everything in it on drop: each server's, and one for the files a
+/// test writes for its servers, such as certificates.
 #[derive(Debug)]
-struct TempDir {
+pub struct TempDir {
     path: PathBuf,
 }
 
 impl TempDir {
-    fn create() -> Result<TempDir, SpawnError> {
+    /// Creates a fresh directory with a unique name.
+    ///
+    /// # Errors
+    /// [`SpawnError::Io`] when it cannot be created.
+    pub fn create() -> Result<TempDir, SpawnError> {
         static COUNTER: AtomicU64 = AtomicU64::new(0);
         let base = std::env::temp_dir();
         let mut last_error = None;
@@ -354,6 +443,11 @@ impl TempDir {
             "creating a temporary directory under {}",
             base.display()
         ))(source))
+    }
+
+    /// Where it is.
+    pub fn path(&self) -> &Path {
+        &self.path
     }
 }
 
@@ -403,7 +497,9 @@ impl Server {
             std::env::var_os("PATH"),
         )?;
         let dir = TempDir::create()?;
-        let socket = if opts.unix_socket {
+        // A TLS-only master is probed over its unix socket: this crate
+        // speaks no TLS.
+        let socket = if opts.unix_socket || opts.tls.is_some() {
             let path = dir.path.join("redis.sock");
             if path.as_os_str().len() > MAX_SOCKET_PATH {
                 return Err(SpawnError::InvalidOptions(format!(
@@ -453,13 +549,21 @@ impl Server {
         SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, self.port))
     }
 
-    /// `redis://127.0.0.1:port`, without credentials.
+    /// `redis://127.0.0.1:port` without credentials, or `rediss://...` for
+    /// a TLS master.
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        let scheme = if self.is_tls() { "rediss" } else { "redis" };
+        format!("{scheme}://127.0.0.1:{}", self.port)
+    }
+
+    /// True when its TCP port speaks TLS only ([`Options::tls`]).
+    pub fn is_tls(&self) -> bool {
+        self.opts.tls.is_some()
     }
 
     /// The unix socket it also listens on, when [`Options::unix_socket`]
-    /// asked for one.
+    /// asked for one, and always for a TLS master: there it speaks plain
+    /// RESP, a side door for tests to read and write keys.
     pub fn unix_socket(&self) -> Option<&Path> {
         self.socket.as_deref()
     }
@@ -591,9 +695,11 @@ impl Server {
             .map_err(io_error("duplicating redis-server's stdout file"))
             .map_err(Launch::Failed)?;
         let mut cmd = Command::new(&self.binary);
-        cmd.arg("--port")
-            .arg(self.port.to_string())
-            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+        match &self.opts.tls {
+            Some(tls) => cmd.args(tls.args(self.port)),
+            None => cmd.arg("--port").arg(self.port.to_string()),
+        };
+        cmd.args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
             .arg("--dir")
             .arg(&self.dir.path)
             .arg("--logfile")
@@ -682,11 +788,31 @@ impl Server {
     }
 
     /// The replies to PING and `INFO server`, pipelined behind an AUTH
-    /// when a password is known.
+    /// when a password is known: over TCP, or over the unix socket for a
+    /// TLS master. A TLS master that answers there has bound its TLS port
+    /// too: redis-server binds every listener before it serves any, and
+    /// exits when one fails.
     fn ping_and_info(&self) -> io::Result<(Reply, Reply)> {
-        let mut stream = TcpStream::connect_timeout(&self.addr(), PROBE_IO_TIMEOUT)?;
-        stream.set_read_timeout(Some(PROBE_IO_TIMEOUT))?;
-        stream.set_write_timeout(Some(PROBE_IO_TIMEOUT))?;
+        match (&self.opts.tls, &self.socket) {
+            (Some(_), Some(socket)) => {
+                let mut stream = UnixStream::connect(socket)?;
+                stream.set_read_timeout(Some(PROBE_IO_TIMEOUT))?;
+                stream.set_write_timeout(Some(PROBE_IO_TIMEOUT))?;
+                self.exchange_ping_and_info(&mut stream)
+            }
+            _ => {
+                let mut stream = TcpStream::connect_timeout(&self.addr(), PROBE_IO_TIMEOUT)?;
+                stream.set_read_timeout(Some(PROBE_IO_TIMEOUT))?;
+                stream.set_write_timeout(Some(PROBE_IO_TIMEOUT))?;
+                self.exchange_ping_and_info(&mut stream)
+            }
+        }
+    }
+
+    fn exchange_ping_and_info(
+        &self,
+        stream: &mut (impl Read + Write),
+    ) -> io::Result<(Reply, Reply)> {
         let mut out = BytesMut::new();
         if let Some(password) = &self.opts.password {
             encode_command(&mut out, &["AUTH".into(), password.as_str().into()]);
@@ -697,10 +823,10 @@ impl Server {
         let mut buf = BytesMut::new();
         if self.opts.password.is_some() {
             // A wrong password shows up as NOAUTH on the PING.
-            read_reply(&mut stream, &mut buf)?;
+            read_reply(stream, &mut buf)?;
         }
-        let ping = read_reply(&mut stream, &mut buf)?;
-        let info = read_reply(&mut stream, &mut buf)?;
+        let ping = read_reply(stream, &mut buf)?;
+        let info = read_reply(stream, &mut buf)?;
         Ok((ping, info))
     }
 
@@ -1006,6 +1132,36 @@ mod tests {
         let info = b"# Server\r\nredis_version:7.0.15\r\nprocess_id:4242\r\ntcp_port:1\r\n";
         assert_eq!(info_pid(info), Some(4242));
         assert_eq!(info_pid(b"# Server\r\n"), None);
+    }
+
+    #[test]
+    fn a_tls_master_listens_for_tls_only_on_its_port() {
+        let cases = [
+            ("clients are not asked for a certificate", false, "no"),
+            ("clients must show a certificate", true, "yes"),
+        ];
+        for (name, auth, flag) in cases {
+            let tls =
+                TlsOptions::new("/c/server.pem", "/c/server.key", "/c/ca.pem").auth_clients(auth);
+            let want: Vec<OsString> = [
+                "--port",
+                "0",
+                "--tls-port",
+                "6390",
+                "--tls-cert-file",
+                "/c/server.pem",
+                "--tls-key-file",
+                "/c/server.key",
+                "--tls-ca-cert-file",
+                "/c/ca.pem",
+                "--tls-auth-clients",
+                flag,
+            ]
+            .into_iter()
+            .map(OsString::from)
+            .collect();
+            assert_eq!(tls.args(6390), want, "{name}");
+        }
     }
 
     #[test]

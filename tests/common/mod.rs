@@ -1,6 +1,13 @@
 //! The shared harness of the integration tests: real local masters from
-//! [`redlock_test`], and a tiny blocking client that speaks RESP2 with
-//! the crate's own codec.
+//! [`redlock_test`], and a tiny blocking client that speaks RESP2 with the
+//! crate's own codec. Certificates for TLS masters are made in `tls.rs`
+//! beside this file, which only the TLS tests include: this file is also
+//! the CLI's test harness, and the CLI's tests have no certificate
+//! generator.
+//!
+//! The blocking client speaks no TLS: it reaches a TLS master through the
+//! master's unix socket, in plain, to read and write keys behind the lock
+//! client's back.
 //!
 //! Starting a master panics with the spawn error's message, so that a
 //! machine without redis-server fails every test with one clear line
@@ -12,6 +19,7 @@
 
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
+use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
 use bytes::BytesMut;
@@ -43,27 +51,64 @@ pub fn cluster_with(k: usize, opts: &Options) -> Cluster {
     Cluster::start(k, opts).unwrap_or_else(|e| panic!("{e}"))
 }
 
-/// A blocking RESP2 connection over a std `TcpStream`.
+/// A blocking RESP2 connection over a std `TcpStream` or `UnixStream`.
 pub struct Plain {
-    stream: TcpStream,
+    stream: Stream,
     buf: BytesMut,
 }
 
-/// Connects to `server` over TCP, panicking when that fails.
-pub fn connect(server: &Server) -> Plain {
-    try_connect(server).unwrap_or_else(|e| panic!("connecting to {}: {e}", server.addr()))
+/// What a [`Plain`] connection runs over.
+enum Stream {
+    Tcp(TcpStream),
+    Unix(UnixStream),
 }
 
-/// Connects to `server` over TCP.
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.read(buf),
+            Stream::Unix(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.write(buf),
+            Stream::Unix(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.flush(),
+            Stream::Unix(s) => s.flush(),
+        }
+    }
+}
+
+/// Connects to `server` in plain (over TCP, or over its unix socket for a
+/// TLS master), panicking when that fails.
+pub fn connect(server: &Server) -> Plain {
+    try_connect(server).unwrap_or_else(|e| panic!("connecting to {}: {e}", server.url()))
+}
+
+/// Connects to `server` in plain: over TCP, or over its unix socket for a
+/// TLS master, whose TCP port speaks TLS only.
 pub fn try_connect(server: &Server) -> io::Result<Plain> {
-    let stream = TcpStream::connect_timeout(&server.addr(), IO_TIMEOUT)?;
-    stream.set_read_timeout(Some(IO_TIMEOUT))?;
-    stream.set_write_timeout(Some(IO_TIMEOUT))?;
-    stream.set_nodelay(true)?;
-    Ok(Plain {
-        stream,
-        buf: BytesMut::new(),
-    })
+    match server.unix_socket().filter(|_| server.is_tls()) {
+        Some(path) => {
+            let stream = UnixStream::connect(path)?;
+            stream.set_read_timeout(Some(IO_TIMEOUT))?;
+            stream.set_write_timeout(Some(IO_TIMEOUT))?;
+            Ok(Plain {
+                stream: Stream::Unix(stream),
+                buf: BytesMut::new(),
+            })
+        }
+        None => try_connect_addr(server.addr()),
+    }
 }
 
 impl Plain {
@@ -108,9 +153,11 @@ impl Plain {
 
     /// Sets the read timeout; `None` blocks forever.
     pub fn set_read_timeout(&mut self, timeout: Option<Duration>) {
-        self.stream
-            .set_read_timeout(timeout)
-            .unwrap_or_else(|e| panic!("setting the read timeout: {e}"));
+        let set = match &self.stream {
+            Stream::Tcp(s) => s.set_read_timeout(timeout),
+            Stream::Unix(s) => s.set_read_timeout(timeout),
+        };
+        set.unwrap_or_else(|e| panic!("setting the read timeout: {e}"));
     }
 }
 
@@ -186,7 +233,7 @@ pub fn try_connect_addr(addr: std::net::SocketAddr) -> io::Result<Plain> {
     stream.set_write_timeout(Some(IO_TIMEOUT))?;
     stream.set_nodelay(true)?;
     Ok(Plain {
-        stream,
+        stream: Stream::Tcp(stream),
         buf: BytesMut::new(),
     })
 }
