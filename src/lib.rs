@@ -105,3 +105,9 @@ pub use resolve::Resolver;
 pub use shared::{Pending, SharedRedlock};
 pub use token::{TOKEN_MAX_LEN, Token, TokenError};
 pub use watchdog::{KeepOptions, Lost, LostFuture, LostReason, Watchdog};
+
+/// README.md's Rust examples, compiled (and run, unless marked `no_run`)
+/// as doc tests, so that they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
