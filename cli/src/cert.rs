@@ -190,8 +190,9 @@ fn civil_from_days(days: i64) -> (i64, i64, i64) {
     (year, month, day)
 }
 
-/// `unix` seconds as `YYYY-MM-DD HH:MM:SS UTC`. Any value a certificate
-/// can hold (years 1950 to 9999) prints as a date.
+/// `unix` seconds as `YYYY-MM-DD HH:MM:SS UTC`. Any time a certificate
+/// can hold (years 0 to 9999) prints as such a date; any other value
+/// prints as some text, without panicking.
 pub fn utc_text(unix: i64) -> String {
     let (year, month, day) = civil_from_days(unix.div_euclid(86_400));
     let second = unix.rem_euclid(86_400);
@@ -402,6 +403,7 @@ evsNR8NOcg8GV//hAiEA8DYg7eEJXDSXCZOBbeyTEO+0qrZDDShwdP5Lk/icImM=
             (2_524_607_999, "2049-12-31 23:59:59 UTC"),
             (67_090_118_400, "4096-01-01 00:00:00 UTC"),
             (253_402_300_799, "9999-12-31 23:59:59 UTC"),
+            (-62_167_219_200, "0000-01-01 00:00:00 UTC"),
         ];
         for (unix, text) in cases {
             assert_eq!(utc_text(unix), text, "{unix}");
