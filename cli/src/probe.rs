@@ -320,13 +320,15 @@ impl Conn {
                 s.set_read_timeout(Some(timeout))?;
                 s.set_write_timeout(Some(timeout))?;
                 s.set_nodelay(true)?;
-                match tls.filter(|_| addr.tls) {
-                    Some(config) => {
-                        let tls = handshake(s, config, host)?;
-                        session = Some(Session::of(&tls.conn));
-                        Stream::Tls(Box::new(tls))
-                    }
-                    None => Stream::Tcp(s),
+                if addr.tls {
+                    // `probe` loads the settings whenever a master asks for
+                    // TLS; never fall back to plain text without them.
+                    let config = tls.ok_or_else(|| io::Error::other("no TLS settings loaded"))?;
+                    let tls = handshake(s, config, host)?;
+                    session = Some(Session::of(&tls.conn));
+                    Stream::Tls(Box::new(tls))
+                } else {
+                    Stream::Tcp(s)
                 }
             }
             Endpoint::Unix(path) => {
