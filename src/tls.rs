@@ -1,7 +1,8 @@
 //! TLS to the masters (`rediss://`), with rustls over our own sockets.
 //!
 //! This module owns the TLS settings' loading (CA, client certificate and
-//! key files, or the system's roots) and one connection's TLS session over
+//! key files, or the system's roots; public as [`TlsConfig::client_config`]
+//! for tools that connect on their own) and one connection's TLS session over
 //! a non-blocking mio socket: plaintext in and out for the
 //! [`Driver`](crate::driver::Driver), records on the wire. rustls is itself
 //! sans-IO, so the event loop, the reconnects and the backoff stay exactly
@@ -87,6 +88,42 @@ pub(crate) fn client_config(settings: &TlsConfig) -> Result<Arc<ClientConfig>, C
         }
     };
     Ok(Arc::new(config))
+}
+
+impl TlsConfig {
+    /// The rustls client settings these files make: exactly what a
+    /// [`Redlock`](crate::Redlock) or [`SharedRedlock`](crate::SharedRedlock)
+    /// trusts and presents on its `rediss://` connections (the CA file's
+    /// certificates, or else the system's roots; TLS 1.2 and 1.3 on ring; a
+    /// client certificate when one is given). For a tool that opens its own
+    /// TLS connections to the same masters, such as the `redlock probe`
+    /// command, and must trust them by the client's rules. Available with
+    /// the `tls` feature; the types are those of rustls 0.23, which a
+    /// caller then depends on too. Each call reads the files again.
+    ///
+    /// # Errors
+    /// [`ConfigError::Tls`] naming the file and the problem: a file that
+    /// cannot be read or holds no certificate, a client certificate
+    /// without its key, or no root certificate on the system when no CA
+    /// file is given.
+    ///
+    /// # Example
+    /// ```no_run
+    /// use redlock_mio::TlsConfig;
+    ///
+    /// # fn main() -> Result<(), redlock_mio::ConfigError> {
+    /// let settings = TlsConfig {
+    ///     ca_file: Some("/etc/redis/ca.pem".into()),
+    ///     ..TlsConfig::default()
+    /// };
+    /// let rustls_config = settings.client_config()?;
+    /// assert!(rustls_config.alpn_protocols.is_empty());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn client_config(&self) -> Result<Arc<ClientConfig>, ConfigError> {
+        client_config(self)
+    }
 }
 
 fn file_error(what: &str, path: &std::path::Path, error: &dyn std::fmt::Display) -> ConfigError {

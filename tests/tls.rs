@@ -17,8 +17,8 @@
 //! and fakes are dropped (killed, joined) also when an assertion fails.
 
 mod common;
-// Beside the shared harness, but not in it: the CLI's tests include the
-// harness too, and have no certificate generator.
+// Beside the shared harness, but not in it: only the tests that make
+// certificates include it (here, and the CLI's `probe` tests).
 #[path = "common/tls.rs"]
 mod certs;
 

@@ -10,6 +10,7 @@
 
 mod acquire;
 mod bench;
+mod cert;
 mod exit;
 mod probe;
 mod run;

@@ -1,41 +1,63 @@
 //! `redlock probe`: is each master fit to hold Redlock's keys?
 //!
 //! This module owns the checks of a deployment. It is not a hot path, so it
-//! talks to each master over a plain blocking socket (TCP or unix) with a
-//! timeout, through the crate's [`resp`](redlock_mio::resp) codec, and
-//! honours the URL's user, password and database. It only reads: PING,
-//! `INFO server`, `INFO replication` and `CONFIG GET`; it never writes a key.
+//! talks to each master over a blocking socket (TCP, TCP under rustls for
+//! `rediss://`, or unix) with a timeout, through the crate's
+//! [`resp`](redlock_mio::resp) codec, and honours the URL's user, password
+//! and database. It only reads: PING, `INFO server`, `INFO replication` and
+//! `CONFIG GET`; it never writes a key. TLS trusts what the lock commands
+//! trust: the rustls settings come from the library
+//! ([`TlsConfig::client_config`](redlock_mio::TlsConfig::client_config)).
 //!
 //! A master is healthy when it answers PING as a master. Warnings name
 //! what endangers mutual exclusion on a healthy one: an eviction policy
 //! that can drop lock keys before they expire, replicas a failover could
-//! promote, persistence that loses keys across a restart.
+//! promote, persistence that loses keys across a restart, a TLS
+//! certificate about to expire. The server is named as it names itself
+//! (Valkey's `server_name`), not by the Redis version it claims to match.
 
 use std::io::{self, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::os::unix::net::UnixStream;
+use std::sync::Arc;
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::BytesMut;
 use redlock_mio::Endpoint;
 use redlock_mio::ServerAddr;
 use redlock_mio::resp::{Arg, Limits, Reply, decode, encode_command};
+use rustls::pki_types::ServerName;
+use rustls::{ClientConfig, ClientConnection, ProtocolVersion, StreamOwned};
 
+use crate::cert::{self, Validity};
 use crate::exit::{self, Failure};
 use crate::say;
 
-pub const LONG_ABOUT: &str = "Check each master: reachable or the error, Redis version, \
-    round-trip time of a PING (best of 3), uptime and run_id, and warnings about what \
-    endangers Redlock's safety there: an eviction policy that can remove lock keys \
-    (maxmemory-policy other than noeviction), replicas attached (a failover can hand a \
-    lock out twice), and persistence settings that lose locks across a restart.\n\n\
+pub const LONG_ABOUT: &str = "Check each master: reachable or the error, the server and its \
+    version as it names itself (redis 7.0.15, valkey 8.0.1), round-trip time of a PING \
+    (best of 3), uptime and run_id, and warnings about what endangers Redlock's safety \
+    there: an eviction policy that can remove lock keys (maxmemory-policy other than \
+    noeviction), replicas attached (a failover can hand a lock out twice), and \
+    persistence settings that lose locks across a restart.\n\n\
+    For a rediss:// master it also reports the TLS version, the cipher suite and when \
+    the server's certificate expires, and warns when that is within 30 days (probe \
+    knows no TTL, so the horizon is fixed at 30 days, far beyond any lock's). TLS \
+    trusts what the lock commands trust: --tls-ca, else the system's roots, and \
+    --tls-cert/--tls-key for a master that asks for a client certificate. A \
+    certificate that fails verification (an unknown issuer, expired, made out to \
+    another name) makes the master UNREACHABLE, with rustls's reason.\n\n\
     A master is healthy when it answers PING as a master (not a replica). Exits 69 \
     when fewer than a quorum (N/2+1) are healthy, 0 otherwise, warnings or not. \
-    --timeout (default 2s) bounds each connect, read and write.";
+    --timeout (default 2s) bounds each connect, read and write (and so each step \
+    of a TLS handshake).";
 
 /// PINGs per master; the best round trip is reported.
 const PINGS: u32 = 3;
+
+/// A server certificate that expires sooner than this is warned about:
+/// probe knows no TTL, and 30 days leaves time to renew.
+const EXPIRY_WARNING: Duration = Duration::from_secs(30 * 86_400);
 
 /// Why a master could not be checked.
 #[derive(Debug)]
@@ -47,7 +69,12 @@ enum Down {
 }
 
 impl From<io::Error> for Down {
+    /// A TLS failure names rustls's reason: an untrusted or expired
+    /// certificate, or the master's alert (a client certificate it wants).
     fn from(e: io::Error) -> Down {
+        if let Some(tls) = e.get_ref().and_then(|e| e.downcast_ref::<rustls::Error>()) {
+            return Down::Unreachable(format!("TLS: {tls}"));
+        }
         Down::Unreachable(match e.kind() {
             io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => "timed out".to_owned(),
             _ => e.to_string(),
@@ -58,7 +85,10 @@ impl From<io::Error> for Down {
 /// What one master told.
 #[derive(Debug, Default)]
 struct Findings {
-    version: Option<String>,
+    /// The server and its version, as it names itself: `valkey 8.0.1`.
+    server: Option<String>,
+    /// What TLS a `rediss://` master negotiated.
+    tls: Option<Session>,
     rtt: Duration,
     uptime_s: Option<u64>,
     run_id: Option<String>,
@@ -75,11 +105,20 @@ struct Findings {
 /// `timeout` bounds each connect, read and write.
 pub fn probe(urls: &[String], timeout: Duration) -> Result<u8, Failure> {
     let config = crate::config(urls)?;
+    // Loaded once, and only when a master asks for TLS, as the library does;
+    // settings that cannot work are a usage error, as for the lock commands.
+    let tls = if config.servers.iter().any(|s| s.tls) {
+        let client = config.tls.client_config();
+        Some(client.map_err(|e| Failure::usage(e.to_string()))?)
+    } else {
+        None
+    };
+    let tls = tls.as_ref();
     let results: Vec<Result<Findings, Down>> = thread::scope(|scope| {
         let handles: Vec<_> = config
             .servers
             .iter()
-            .map(|addr| scope.spawn(move || check(addr, timeout)))
+            .map(|addr| scope.spawn(move || check(addr, tls, timeout)))
             .collect();
         handles
             .into_iter()
@@ -135,8 +174,8 @@ fn describe(addr: &ServerAddr, result: &Result<Findings, Down>) -> String {
         Some(why) => line.push_str(&format!("UNHEALTHY: {why}")),
     }
     line.push_str(&format!(
-        "  redis {}  rtt {:.2} ms",
-        f.version.as_deref().unwrap_or("?"),
+        "  {}  rtt {:.2} ms",
+        f.server.as_deref().unwrap_or("server unknown"),
         f.rtt.as_secs_f64() * 1e3
     ));
     if let Some(uptime) = f.uptime_s {
@@ -146,6 +185,9 @@ fn describe(addr: &ServerAddr, result: &Result<Findings, Down>) -> String {
         line.push_str(&format!("  run_id {run_id}"));
     }
     line.push('\n');
+    if let Some(tls) = &f.tls {
+        line.push_str(&format!("  tls: {tls}\n"));
+    }
     for warning in &f.warnings {
         line.push_str(&format!("  warning: {warning}\n"));
     }
@@ -155,9 +197,10 @@ fn describe(addr: &ServerAddr, result: &Result<Findings, Down>) -> String {
     line
 }
 
-/// A blocking socket, TCP or unix.
+/// A blocking socket: TCP, TCP under TLS, or unix.
 enum Stream {
     Tcp(TcpStream),
+    Tls(Box<StreamOwned<ClientConnection, TcpStream>>),
     Unix(UnixStream),
 }
 
@@ -165,6 +208,7 @@ impl Read for Stream {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         match self {
             Stream::Tcp(s) => s.read(buf),
+            Stream::Tls(s) => s.read(buf),
             Stream::Unix(s) => s.read(buf),
         }
     }
@@ -174,6 +218,7 @@ impl Write for Stream {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         match self {
             Stream::Tcp(s) => s.write(buf),
+            Stream::Tls(s) => s.write(buf),
             Stream::Unix(s) => s.write(buf),
         }
     }
@@ -181,7 +226,61 @@ impl Write for Stream {
     fn flush(&mut self) -> io::Result<()> {
         match self {
             Stream::Tcp(s) => s.flush(),
+            Stream::Tls(s) => s.flush(),
             Stream::Unix(s) => s.flush(),
+        }
+    }
+}
+
+/// What a TLS handshake settled.
+#[derive(Debug)]
+struct Session {
+    /// `TLS 1.3` or `TLS 1.2`.
+    protocol: String,
+    /// The cipher suite's IANA name.
+    suite: String,
+    /// The server certificate's validity, `None` when it sent none.
+    validity: Option<Result<Validity, cert::Unreadable>>,
+}
+
+impl Session {
+    fn of(session: &ClientConnection) -> Session {
+        let protocol = match session.protocol_version() {
+            Some(ProtocolVersion::TLSv1_3) => "TLS 1.3".to_owned(),
+            Some(ProtocolVersion::TLSv1_2) => "TLS 1.2".to_owned(),
+            Some(other) => format!("{other:?}"),
+            None => "TLS ?".to_owned(),
+        };
+        let suite = session
+            .negotiated_cipher_suite()
+            .map(|s| s.suite())
+            .map_or_else(
+                || "cipher suite ?".to_owned(),
+                |s| s.as_str().map_or_else(|| format!("{s:?}"), str::to_owned),
+            );
+        let validity = session
+            .peer_certificates()
+            .and_then(|chain| chain.first())
+            .map(|leaf| cert::validity(leaf.as_ref()));
+        Session {
+            protocol,
+            suite,
+            validity,
+        }
+    }
+}
+
+impl std::fmt::Display for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}, {}", self.protocol, self.suite)?;
+        match &self.validity {
+            Some(Ok(validity)) => write!(
+                f,
+                ", certificate valid until {}",
+                cert::utc_text(validity.not_after)
+            ),
+            Some(Err(e)) => write!(f, ", {e}"),
+            None => write!(f, ", no certificate"),
         }
     }
 }
@@ -194,7 +293,15 @@ struct Conn {
 }
 
 impl Conn {
-    fn open(addr: &ServerAddr, timeout: Duration) -> io::Result<Conn> {
+    /// Connects, and for a `rediss://` master completes the TLS handshake
+    /// with `tls`, so that a certificate rustls refuses fails here, naming
+    /// why.
+    fn open(
+        addr: &ServerAddr,
+        tls: Option<&Arc<ClientConfig>>,
+        timeout: Duration,
+    ) -> io::Result<(Conn, Option<Session>)> {
+        let mut session = None;
         let stream = match &addr.endpoint {
             Endpoint::Tcp { host, port } => {
                 let mut last =
@@ -213,7 +320,16 @@ impl Conn {
                 s.set_read_timeout(Some(timeout))?;
                 s.set_write_timeout(Some(timeout))?;
                 s.set_nodelay(true)?;
-                Stream::Tcp(s)
+                if addr.tls {
+                    // `probe` loads the settings whenever a master asks for
+                    // TLS; never fall back to plain text without them.
+                    let config = tls.ok_or_else(|| io::Error::other("no TLS settings loaded"))?;
+                    let tls = handshake(s, config, host)?;
+                    session = Some(Session::of(&tls.conn));
+                    Stream::Tls(Box::new(tls))
+                } else {
+                    Stream::Tcp(s)
+                }
             }
             Endpoint::Unix(path) => {
                 let s = UnixStream::connect(path)?;
@@ -222,7 +338,7 @@ impl Conn {
                 Stream::Unix(s)
             }
         };
-        Ok(Conn {
+        let conn = Conn {
             stream,
             buf: BytesMut::new(),
             limits: Limits {
@@ -230,7 +346,8 @@ impl Conn {
                 max_bulk_len: 1024 * 1024,
                 ..Limits::default()
             },
-        })
+        };
+        Ok((conn, session))
     }
 
     fn call(&mut self, args: &[Arg<'_>]) -> io::Result<Reply> {
@@ -259,6 +376,39 @@ impl Conn {
     }
 }
 
+/// A TLS session to `host` (a name or an IP address, checked against the
+/// server's certificate, as the library checks it) over `tcp`, its
+/// handshake complete. Each read and write is bounded by `tcp`'s timeouts.
+///
+/// # Errors
+/// The socket's error, or rustls's (inside an `InvalidData` error) when
+/// the handshake fails.
+fn handshake(
+    tcp: TcpStream,
+    config: &Arc<ClientConfig>,
+    host: &str,
+) -> io::Result<StreamOwned<ClientConnection, TcpStream>> {
+    let name = ServerName::try_from(host.to_owned()).map_err(|e| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("server name {host:?}: {e}"),
+        )
+    })?;
+    let session = ClientConnection::new(Arc::clone(config), name)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+    let mut tls = StreamOwned::new(session, tcp);
+    while tls.conn.is_handshaking() {
+        match tls.conn.complete_io(&mut tls.sock) {
+            // No progress and no error: the socket took no bytes.
+            Ok((0, 0)) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(tls)
+}
+
 fn text(reply: &Reply) -> Option<String> {
     match reply {
         Reply::Bulk(b) | Reply::Status(b) => Some(String::from_utf8_lossy(b).into_owned()),
@@ -280,10 +430,78 @@ fn info_field<'a>(info: &'a str, field: &str) -> Option<&'a str> {
         .map(str::trim)
 }
 
+/// What the server says it is, and its version: `server_name` and its own
+/// version field where it names itself (Valkey from 7.2.5: `valkey 8.0.1`,
+/// although its `redis_version` says 7.2.4), else `redis` and
+/// `redis_version`. `None` when INFO tells neither.
+fn server_identity(info: &str) -> Option<String> {
+    let redis_version = info_field(info, "redis_version").filter(|v| !v.is_empty());
+    match info_field(info, "server_name").filter(|n| !n.is_empty()) {
+        Some(name) => {
+            let own = info_field(info, &format!("{name}_version")).filter(|v| !v.is_empty());
+            Some(match own.or(redis_version) {
+                Some(version) => format!("{name} {version}"),
+                None => name.to_owned(),
+            })
+        }
+        None => redis_version.map(|version| format!("redis {version}")),
+    }
+}
+
+/// The warning for a server certificate that expires within
+/// [`EXPIRY_WARNING`] of `now` (Unix seconds), or the note when its expiry
+/// is unknown.
+fn judge_certificate(session: &Session, now: i64, findings: &mut Findings) {
+    let validity = match &session.validity {
+        Some(Ok(validity)) => validity,
+        Some(Err(e)) => {
+            findings
+                .notes
+                .push(format!("{e}: its expiry is not checked"));
+            return;
+        }
+        None => {
+            findings
+                .notes
+                .push("no server certificate: its expiry is not checked".to_owned());
+            return;
+        }
+    };
+    let left = validity.not_after.saturating_sub(now);
+    let horizon = i64::try_from(EXPIRY_WARNING.as_secs()).unwrap_or(i64::MAX);
+    if left >= horizon {
+        return;
+    }
+    let when = match left {
+        ..0 => "has expired".to_owned(),
+        0..86_400 => "expires within a day".to_owned(),
+        86_400..172_800 => "expires in 1 day".to_owned(),
+        _ => format!("expires in {} days", left / 86_400),
+    };
+    findings.warnings.push(format!(
+        "the TLS certificate {when} ({}): renew it before then; once it has expired, \
+         clients refuse this master and it no longer counts toward a quorum",
+        cert::utc_text(validity.not_after)
+    ));
+}
+
+/// Seconds since the Unix epoch on the system clock, which is the clock
+/// rustls checks certificates against.
+fn unix_now() -> i64 {
+    let since = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    i64::try_from(since.as_secs()).unwrap_or(i64::MAX)
+}
+
 /// Connects, authenticates, and gathers the findings; `Err` when the
 /// master cannot be used at all.
-fn check(addr: &ServerAddr, timeout: Duration) -> Result<Findings, Down> {
-    let mut conn = Conn::open(addr, timeout)?;
+fn check(
+    addr: &ServerAddr,
+    tls: Option<&Arc<ClientConfig>>,
+    timeout: Duration,
+) -> Result<Findings, Down> {
+    let (mut conn, session) = Conn::open(addr, tls, timeout)?;
     let call = |conn: &mut Conn, args: &[Arg<'_>]| conn.call(args).map_err(Down::from);
     if let Some(password) = &addr.password {
         let reply = match &addr.user {
@@ -311,6 +529,10 @@ fn check(addr: &ServerAddr, timeout: Duration) -> Result<Findings, Down> {
         rtt: Duration::MAX,
         ..Findings::default()
     };
+    if let Some(session) = session {
+        judge_certificate(&session, unix_now(), &mut findings);
+        findings.tls = Some(session);
+    }
     for _ in 0..PINGS {
         let sent = Instant::now();
         let reply = call(&mut conn, &["PING".into()])?;
@@ -325,7 +547,7 @@ fn check(addr: &ServerAddr, timeout: Duration) -> Result<Findings, Down> {
     let server = call(&mut conn, &["INFO".into(), "server".into()])?;
     match (text(&server), error_text(&server)) {
         (Some(info), _) => {
-            findings.version = info_field(&info, "redis_version").map(str::to_owned);
+            findings.server = server_identity(&info);
             findings.uptime_s = info_field(&info, "uptime_in_seconds").and_then(|s| s.parse().ok());
             findings.run_id = info_field(&info, "run_id").map(str::to_owned);
         }
@@ -555,6 +777,146 @@ mod tests {
             )
         );
         assert!(replica.warnings.is_empty());
+    }
+
+    /// `INFO server` of redis-server 7.0.15 (this machine's), abridged.
+    const REDIS_INFO: &str = "# Server\r\nredis_version:7.0.15\r\nredis_git_sha1:00000000\r\n\
+        redis_git_dirty:0\r\nredis_build_id:ae4d7c971a948f0\r\nredis_mode:standalone\r\n\
+        os:Linux 6.8.0 x86_64\r\narch_bits:64\r\nrun_id:bfaeeb5a0c6f1a7f4c1f6f3b7a4d5e6f7a8b9c0d\r\n\
+        tcp_port:6379\r\nuptime_in_seconds:864000\r\n";
+
+    /// `INFO server` of Valkey, as valkey-io/valkey-doc's `commands/info.md`
+    /// records it (an unreleased build, hence 255.255.255), abridged.
+    const VALKEY_UNSTABLE_INFO: &str = "# Server\r\nredis_version:7.2.4\r\nserver_name:valkey\r\n\
+        valkey_version:255.255.255\r\nredis_git_sha1:b0d5a0f5\r\nredis_git_dirty:1\r\n\
+        redis_build_id:1cadaf78f6168f2d\r\nserver_mode:standalone\r\n\
+        run_id:e0abe2248cad0c6d9cb2445d8e6b73448f567f74\r\nuptime_in_seconds:94798\r\n";
+
+    #[test]
+    fn the_server_is_named_as_it_names_itself() {
+        // There is no Valkey binary on the machine these tests were written
+        // on: the Valkey cases are recorded INFO texts.
+        let cases = [
+            ("redis has no server_name", REDIS_INFO, Some("redis 7.0.15")),
+            (
+                "valkey names itself and its own version",
+                VALKEY_UNSTABLE_INFO,
+                Some("valkey 255.255.255"),
+            ),
+            (
+                "valkey 8.0.1",
+                "redis_version:7.2.4\r\nserver_name:valkey\r\nvalkey_version:8.0.1\r\n",
+                Some("valkey 8.0.1"),
+            ),
+            (
+                "the name may come after the versions",
+                "valkey_version:7.2.5\r\nredis_version:7.2.4\r\nserver_name:valkey\r\n",
+                Some("valkey 7.2.5"),
+            ),
+            (
+                "a name without its own version falls back to redis_version",
+                "redis_version:7.2.4\r\nserver_name:keyvalue\r\n",
+                Some("keyvalue 7.2.4"),
+            ),
+            ("a name alone", "server_name:valkey\r\n", Some("valkey")),
+            (
+                "an empty server_name is no name",
+                "redis_version:6.2.14\r\nserver_name:\r\n",
+                Some("redis 6.2.14"),
+            ),
+            ("nothing known", "# Server\r\nuptime_in_seconds:1\r\n", None),
+        ];
+        for (name, info, want) in cases {
+            assert_eq!(server_identity(info).as_deref(), want, "{name}");
+        }
+    }
+
+    fn session(validity: Option<Result<Validity, cert::Unreadable>>) -> Session {
+        Session {
+            protocol: "TLS 1.3".to_owned(),
+            suite: "TLS13_AES_256_GCM_SHA384".to_owned(),
+            validity,
+        }
+    }
+
+    fn until(not_after: i64) -> Option<Result<Validity, cert::Unreadable>> {
+        Some(Ok(Validity {
+            not_before: 0,
+            not_after,
+        }))
+    }
+
+    #[test]
+    fn a_certificate_near_its_expiry_is_warned_about() {
+        const NOW: i64 = 1_795_535_588;
+        const DAY: i64 = 86_400;
+        // (case, validity, words the warning holds, or none)
+        let cases = [
+            ("far away", until(NOW + 365 * DAY), None),
+            ("exactly 30 days", until(NOW + 30 * DAY), None),
+            (
+                "a second under 30 days",
+                until(NOW + 30 * DAY - 1),
+                Some("expires in 29 days"),
+            ),
+            ("tomorrow", until(NOW + DAY + 5), Some("expires in 1 day")),
+            ("within the hour", until(NOW + 3_600), Some("within a day")),
+            ("already gone", until(NOW - 1), Some("has expired")),
+            ("the far past", until(i64::MIN), Some("has expired")),
+        ];
+        for (name, validity, want) in cases {
+            let mut findings = Findings::default();
+            judge_certificate(&session(validity), NOW, &mut findings);
+            assert!(findings.notes.is_empty(), "{name}: {:?}", findings.notes);
+            match want {
+                None => assert!(
+                    findings.warnings.is_empty(),
+                    "{name}: {:?}",
+                    findings.warnings
+                ),
+                Some(words) => {
+                    assert_eq!(findings.warnings.len(), 1, "{name}");
+                    assert!(
+                        findings.warnings[0].contains(words),
+                        "{name}: {:?}",
+                        findings.warnings
+                    );
+                    assert!(findings.warnings[0].contains(" UTC)"), "{name}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn an_unknown_expiry_is_a_note() {
+        for validity in [None, Some(cert::validity(b"not DER"))] {
+            let mut findings = Findings::default();
+            judge_certificate(&session(validity), 0, &mut findings);
+            assert!(findings.warnings.is_empty());
+            assert!(findings.notes[0].contains("expiry is not checked"));
+        }
+    }
+
+    #[test]
+    fn the_tls_line_names_version_suite_and_expiry() {
+        assert_eq!(
+            session(until(67_090_118_400)).to_string(),
+            "TLS 1.3, TLS13_AES_256_GCM_SHA384, certificate valid until 4096-01-01 00:00:00 UTC"
+        );
+    }
+
+    #[test]
+    fn a_tls_failure_names_rustls_reason() {
+        let refused = io::Error::new(
+            io::ErrorKind::InvalidData,
+            rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer),
+        );
+        match Down::from(refused) {
+            Down::Unreachable(why) => {
+                assert_eq!(why, "TLS: invalid peer certificate: UnknownIssuer");
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

@@ -14,6 +14,10 @@
 // rather than copied.
 #[path = "../../tests/common/mod.rs"]
 mod common;
+// Certificates for `probe`'s TLS masters, made as the library's TLS tests
+// make them.
+#[path = "../../tests/common/tls.rs"]
+mod certs;
 
 use std::fs;
 use std::io::Read;
@@ -24,7 +28,8 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{Cluster, Options, bulk, cluster, connect, master, master_with};
+use certs::{Certs, Pair};
+use common::{Cluster, Options, Server, bulk, cluster, connect, master, master_with};
 use redlock_mio::resp::{Arg, Reply};
 
 /// How long any one `redlock` may take to exit before a test fails.
@@ -599,6 +604,183 @@ fn probe_fails_without_a_quorum_of_healthy_masters() {
         !report.contains("s3cret"),
         "the password must not be shown: {report}"
     );
+}
+
+/// `probe` of `masters`, trusting `ca` for rediss://.
+fn probe_tls(masters: &[&Server], ca: &Path) -> Output {
+    let urls: Vec<String> = masters.iter().map(|m| m.url()).collect();
+    let mut probe = redlock(&urls);
+    probe.arg("--tls-ca").arg(ca).arg("probe");
+    finish(probe)
+}
+
+/// A TLS-only master serving `pair`.
+fn tls_master(certs: &Certs, pair: &Pair) -> Server {
+    master_with(&Options::new().tls(certs.options(pair)))
+}
+
+#[test]
+fn probe_names_the_server_and_its_version() {
+    let live = master();
+    let info = connect(&live).cmd(&["INFO".into(), "server".into()]);
+    let Reply::Bulk(info) = info else {
+        panic!("INFO server answered {info:?}");
+    };
+    let info = String::from_utf8_lossy(&info);
+    let version = info
+        .lines()
+        .find_map(|l| l.strip_prefix("redis_version:"))
+        .expect("redis_version in INFO server")
+        .trim();
+    let mut probe = redlock(&[live.url()]);
+    probe.arg("probe");
+    let out = finish(probe);
+    let report = stdout(&out);
+    assert_eq!(code(&out), 0, "{report}{}", stderr(&out));
+    // This machine's redis-server names no server_name (Valkey would):
+    // the name falls back to redis.
+    let line = format!("{}  ok  redis {version}  rtt ", live.url());
+    assert!(report.starts_with(&line), "want {line:?} in {report}");
+    assert!(!report.contains("tls:"), "{report}");
+}
+
+#[test]
+fn probe_reports_the_tls_version_suite_and_certificate_expiry() {
+    let certs = Certs::generate();
+    let live = tls_master(&certs, &certs.server);
+    let out = probe_tls(&[&live], &certs.ca);
+    let report = stdout(&out);
+    assert_eq!(code(&out), 0, "{report}{}", stderr(&out));
+    assert!(live.url().starts_with("rediss://"), "{}", live.url());
+    assert!(
+        report.starts_with(&format!("{}  ok  redis ", live.url())),
+        "{report}"
+    );
+    let tls = report
+        .lines()
+        .find_map(|l| l.strip_prefix("  tls: "))
+        .unwrap_or_else(|| panic!("no tls line in {report}"));
+    let (protocol, rest) = tls.split_once(", ").expect("protocol, suite, expiry");
+    assert!(["TLS 1.3", "TLS 1.2"].contains(&protocol), "{tls}");
+    let (suite, expiry) = rest.split_once(", ").expect("suite, expiry");
+    assert!(suite.starts_with("TLS"), "a cipher suite's name: {tls}");
+    // rcgen's default: valid until 4096.
+    assert_eq!(
+        expiry, "certificate valid until 4096-01-01 00:00:00 UTC",
+        "{tls}"
+    );
+    assert!(!report.contains("certificate expires"), "{report}");
+    assert!(report.contains("1 of 1 masters healthy"), "{report}");
+}
+
+#[test]
+fn probe_warns_about_a_certificate_that_expires_within_30_days() {
+    let certs = Certs::generate();
+    let live = tls_master(&certs, &certs.expiring);
+    let out = probe_tls(&[&live], &certs.ca);
+    let report = stdout(&out);
+    // Still valid, so still healthy: a warning, not a failure.
+    assert_eq!(code(&out), 0, "{report}{}", stderr(&out));
+    let days = certs::EXPIRING_IN.as_secs() / 86_400;
+    // Made within a second of the probe: `days` whole days are left, or
+    // one fewer (the certificate holds whole seconds).
+    let warned = [days - 1, days].iter().any(|d| {
+        report.contains(&format!(
+            "\n  warning: the TLS certificate expires in {d} days ("
+        ))
+    });
+    assert!(warned, "want a warning {days} days ahead in {report}");
+    assert!(report.contains("1 of 1 masters healthy"), "{report}");
+}
+
+#[test]
+fn probe_reports_a_master_whose_certificate_fails_verification_unreachable() {
+    let certs = Certs::generate();
+    let good = tls_master(&certs, &certs.server);
+    let expired = tls_master(&certs, &certs.expired);
+    let misnamed = tls_master(&certs, &certs.wrong_host);
+    let out = probe_tls(&[&good, &expired, &misnamed], &certs.ca);
+    let report = stdout(&out);
+    assert_eq!(code(&out), 69, "{report}{}", stderr(&out));
+    let line = |server: &Server| {
+        report
+            .lines()
+            .find(|l| l.starts_with(&format!("{}  ", server.url())))
+            .unwrap_or_else(|| panic!("no line for {} in {report}", server.url()))
+    };
+    assert!(line(&good).contains("  ok  "), "{report}");
+    assert!(
+        line(&expired).contains("UNREACHABLE: TLS: invalid peer certificate: certificate expired"),
+        "{report}"
+    );
+    assert!(
+        line(&misnamed)
+            .contains("UNREACHABLE: TLS: invalid peer certificate: certificate not valid for name"),
+        "{report}"
+    );
+    assert!(
+        report.contains("1 of 3 masters healthy, quorum 2"),
+        "{report}"
+    );
+    assert!(
+        stderr(&out).contains("only 1 of 3 masters healthy"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn probe_trusting_the_wrong_ca_reports_the_unknown_issuer_and_exits_69() {
+    let certs = Certs::generate();
+    let live = tls_master(&certs, &certs.server);
+    let out = probe_tls(&[&live], &certs.other_ca);
+    let report = stdout(&out);
+    assert_eq!(code(&out), 69, "{report}{}", stderr(&out));
+    let want = format!(
+        "{}  UNREACHABLE: TLS: invalid peer certificate: UnknownIssuer\n",
+        live.url()
+    );
+    assert!(report.starts_with(&want), "want {want:?} in {report}");
+    assert!(report.contains("0 of 1 masters healthy"), "{report}");
+}
+
+#[test]
+fn probe_presents_the_client_certificate_a_master_asks_for() {
+    let certs = Certs::generate();
+    let mutual = master_with(&Options::new().tls(certs.server_options().auth_clients(true)));
+
+    let without = probe_tls(&[&mutual], &certs.ca);
+    let report = stdout(&without);
+    assert_eq!(code(&without), 69, "{report}{}", stderr(&without));
+    assert!(
+        report.starts_with(&format!("{}  UNREACHABLE: TLS: ", mutual.url())),
+        "{report}"
+    );
+
+    let mut probe = redlock(&[mutual.url()]);
+    probe
+        .arg("--tls-ca")
+        .arg(&certs.ca)
+        .arg("--tls-cert")
+        .arg(&certs.client.cert)
+        .arg("--tls-key")
+        .arg(&certs.client.key)
+        .arg("probe");
+    let with = finish(probe);
+    let report = stdout(&with);
+    assert_eq!(code(&with), 0, "{report}{}", stderr(&with));
+    assert!(report.contains("\n  tls: TLS 1."), "{report}");
+}
+
+#[test]
+fn probe_with_a_missing_ca_file_is_a_usage_error() {
+    let certs = Certs::generate();
+    let live = tls_master(&certs, &certs.server);
+    let missing = certs.dir().join("no-such-ca.pem");
+    let out = probe_tls(&[&live], &missing);
+    assert_eq!(code(&out), 2, "{}{}", stdout(&out), stderr(&out));
+    assert!(stderr(&out).contains("no-such-ca.pem"), "{}", stderr(&out));
+    assert!(stdout(&out).is_empty(), "{}", stdout(&out));
 }
 
 #[test]

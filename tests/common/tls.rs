@@ -1,14 +1,20 @@
 //! Certificates made at test time for the TLS tests, with rcgen: a CA and
 //! the certificates it signs (a good server certificate, an expired one,
-//! one for another host name only, a client certificate for mutual TLS),
-//! and a second CA that signed none of them. All are PEM files in a
+//! one that expires in ten days, one for another host name only, a client
+//! certificate for mutual TLS), and a second CA that signed none of them.
+//! The library's TLS tests and the command line's `probe` tests include
+//! this file. All are PEM files in a
 //! private temporary directory that goes away with the [`Certs`].
 //!
 //! Every certificate is ECDSA P-256 and fresh per [`Certs::generate`], so
 //! that no test trusts another test's CA by accident.
 
+// Each test binary that includes this file uses its own subset of it.
+#![allow(dead_code)]
+
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
@@ -20,6 +26,8 @@ use redlock_test::{TempDir, TlsOptions};
 pub const SERVER_DNS: &str = "localhost";
 /// The only name of the wrong-host certificate.
 pub const WRONG_HOST: &str = "wrong-host.invalid";
+/// How long from its making [`Certs::expiring`] stays valid.
+pub const EXPIRING_IN: Duration = Duration::from_secs(10 * 86_400);
 
 /// One certificate and its private key, as PEM files.
 #[derive(Debug, Clone)]
@@ -41,6 +49,8 @@ pub struct Certs {
     pub server: Pair,
     /// The same names, valid only in 2000.
     pub expired: Pair,
+    /// The same names, valid until [`EXPIRING_IN`] from its making.
+    pub expiring: Pair,
     /// A server certificate for [`WRONG_HOST`] only: neither 127.0.0.1 nor
     /// `localhost`.
     pub wrong_host: Pair,
@@ -61,6 +71,11 @@ impl Certs {
         let mut expired = leaf("127.0.0.1 (expired)", &["127.0.0.1", SERVER_DNS]);
         expired.not_before = date_time_ymd(2000, 1, 1);
         expired.not_after = date_time_ymd(2001, 1, 1);
+        let mut expiring = leaf("127.0.0.1 (expiring)", &["127.0.0.1", SERVER_DNS]);
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_else(|e| panic!("the clock is before 1970: {e}"));
+        expiring.not_after = date_time_ymd(1970, 1, 1) + now + EXPIRING_IN;
         let wrong_host = leaf(WRONG_HOST, &[WRONG_HOST]);
         let mut client = leaf("redlock-mio test client", &[]);
         client.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
@@ -70,6 +85,7 @@ impl Certs {
             other_ca: write(dir.path(), "other-ca.pem", &other_ca.pem()),
             server: sign(dir.path(), "server", &server, &ca),
             expired: sign(dir.path(), "expired", &expired, &ca),
+            expiring: sign(dir.path(), "expiring", &expiring, &ca),
             wrong_host: sign(dir.path(), "wrong-host", &wrong_host, &ca),
             client: sign(dir.path(), "client", &client, &ca),
             dir,
