@@ -17,8 +17,8 @@
 //! and fakes are dropped (killed, joined) also when an assertion fails.
 
 mod common;
-// Beside the shared harness, but not in it: the CLI's tests include the
-// harness too, and have no certificate generator.
+// Beside the shared harness, but not in it: only the tests of TLS need a
+// certificate generator.
 #[path = "common/tls.rs"]
 mod certs;
 

@@ -1,9 +1,9 @@
 //! The shared harness of the integration tests: real local masters from
 //! [`redlock_test`], and a tiny blocking client that speaks RESP2 with the
 //! crate's own codec. Certificates for TLS masters are made in `tls.rs`
-//! beside this file, which only the TLS tests include: this file is also
-//! the CLI's test harness, and the CLI's tests have no certificate
-//! generator.
+//! beside this file, which only the tests of TLS include (`tests/tls.rs`,
+//! and the CLI's tests for `bench` over TLS): it needs rcgen, and this
+//! file is every test binary's harness.
 //!
 //! The blocking client speaks no TLS: it reaches a TLS master through the
 //! master's unix socket, in plain, to read and write keys behind the lock
