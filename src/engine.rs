@@ -278,6 +278,13 @@ impl Engine {
         self.entry(id).is_none_or(Entry::is_complete)
     }
 
+    /// Whether a round completed that [`Engine::poll_completed`] has not
+    /// reported yet: one started while every master was down completes at
+    /// once, with no I/O left to wake a driver waiting for it.
+    pub(crate) fn has_completed(&self) -> bool {
+        !self.completed.is_empty()
+    }
+
     /// The next round that completed since the last call.
     pub(crate) fn poll_completed(&mut self) -> Option<RoundId> {
         self.completed.pop_front()

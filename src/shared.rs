@@ -1167,7 +1167,10 @@ impl EventLoop {
         // come without waiting, and come back for the rest a per-instance
         // timeout later, so that a late -NOSCRIPT to a release is still
         // answered with EVAL while no caller is active.
-        let timeout = if idle {
+        // A round that completed as it started (every master down, in its
+        // reconnect backoff) has no I/O to come: it is handled below
+        // without waiting.
+        let timeout = if idle || self.engine.has_completed() {
             Some(Duration::ZERO)
         } else {
             wake.map(|t| t.saturating_duration_since(Instant::now()))

@@ -195,6 +195,64 @@ fn callers_on_different_resources_each_get_their_own_outcome_under_master_failur
     }
 }
 
+/// With every master down, each attempt's round is decided as it starts
+/// (every vote a failed connection in its reconnect backoff), with no I/O
+/// left to wake the loop: an acquire with retries still makes all its
+/// attempts and ends, blocking or as a future (it waited in epoll forever).
+#[test]
+fn an_acquire_with_retries_ends_when_every_master_is_down() {
+    let mut masters = cluster(3);
+    let urls = masters.urls();
+    for i in 0..3 {
+        masters[i].kill().unwrap_or_else(|e| panic!("{e}"));
+    }
+    // Enough attempts that the later ones find every master in its
+    // reconnect backoff (doubling from 10 ms), past the delay between them.
+    let retry = Retry {
+        attempts: 8,
+        delay: Duration::from_millis(100),
+        max_wait: None,
+    };
+    // Polling, and waiting for releases (whose subscriptions fail too).
+    for wake_on_release in [false, true] {
+        let mut config = config(&urls);
+        config.wake_on_release = wake_on_release;
+        let redlock = SharedRedlock::new(config).unwrap_or_else(|e| panic!("{e}"));
+        for blocking in [true, false] {
+            let how = format!("wake_on_release {wake_on_release}, blocking {blocking}");
+            // On a thread of its own, so that a hang fails the test instead
+            // of stalling it (the stuck thread ends with the test process).
+            let (done, outcome) = std::sync::mpsc::channel();
+            let caller = redlock.clone();
+            thread::spawn(move || {
+                let result = if blocking {
+                    caller.acquire_with("down:all", TTL, &retry)
+                } else {
+                    block_on(caller.acquire_with_async("down:all", TTL, &retry))
+                };
+                let _ = done.send(result);
+            });
+            let limit = Duration::from_secs(60);
+            match outcome.recv_timeout(limit) {
+                Ok(Err(Error::NoQuorum(failure))) => {
+                    assert_eq!(
+                        (failure.granted, failure.refused),
+                        (0, 0),
+                        "{how}: {failure}"
+                    );
+                    assert_eq!(failure.attempts, retry.attempts, "{how}: {failure}");
+                }
+                Ok(other) => panic!("{how}: every master down gave {other:?}"),
+                Err(_) => panic!(
+                    "{how}: an acquire of {} attempts {:?} apart, every master down, has not \
+                     returned in {limit:?}",
+                    retry.attempts, retry.delay
+                ),
+            }
+        }
+    }
+}
+
 #[test]
 fn fenced_many_batch_and_extend_work_through_the_shared_client() {
     let masters = cluster(3);
