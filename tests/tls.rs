@@ -18,7 +18,7 @@
 
 mod common;
 // Beside the shared harness, but not in it: only the tests that make
-// certificates include it (here, and the CLI's `probe` tests).
+// certificates include it (here, and the CLI's `probe` and `bench` tests).
 #[path = "common/tls.rs"]
 mod certs;
 

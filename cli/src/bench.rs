@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use clap::Args;
 use hdrhistogram::Histogram;
-use redlock_mio::{Config, Error, Lock, Redlock, Retry, SharedRedlock};
+use redlock_mio::{Config, Error, Lock, Redlock, Retry, SharedRedlock, TlsConfig};
 use redlock_test::{Cluster, Options};
 
 use crate::exit::{self, Failure};
@@ -248,6 +248,8 @@ fn micros(d: Duration) -> u64 {
 struct Setup {
     masters: usize,
     spawned: bool,
+    /// Masters spoken to over TLS (`rediss://`).
+    tls_masters: usize,
     quorum: usize,
     /// The woken waiters' spread in force (`--wake-spread`, else the
     /// library's default); `None` when waiters poll.
@@ -321,6 +323,11 @@ pub fn bench(
         (None, given)
     };
     let mut config = crate::config(&urls)?;
+    if cluster.is_some() && config.tls != TlsConfig::default() {
+        // Said rather than refused: the flags may come from the
+        // environment, set for other commands.
+        say("the TLS flags apply to rediss:// masters; the local masters speak plain TCP");
+    }
     if let Some(timeout) = timeout {
         config.per_instance_timeout = timeout;
     }
@@ -338,6 +345,7 @@ pub fn bench(
     let setup = Setup {
         masters: urls.len(),
         spawned: cluster.is_some(),
+        tls_masters: config.servers.iter().filter(|s| s.tls).count(),
         quorum: urls.len() / 2 + 1,
         wake_spread: config.wake_on_release.then_some(config.wake_spread),
     };
@@ -922,6 +930,7 @@ fn json_report(
     let value = serde_json::json!({
         "masters": setup.masters,
         "spawned": setup.spawned,
+        "tls_masters": setup.tls_masters,
         "quorum": setup.quorum,
         "threads": args.threads,
         "client": if args.client_per_thread { "per-thread" } else { "shared" },
@@ -974,15 +983,20 @@ fn text_report(
         None => format!("{all} ({} per thread)", args.batch),
         Some(_) => format!("{all} shared by the threads"),
     };
+    let origin = if setup.spawned {
+        "local, started for this run"
+    } else {
+        "from --servers"
+    };
+    let origin = match setup.tls_masters {
+        0 => origin.to_owned(),
+        k if k == setup.masters => format!("{origin}, over TLS"),
+        k => format!("{origin}, {k} over TLS"),
+    };
     let _ = writeln!(
         out,
-        "redlock bench: {} ({}), quorum {}, {}, {}, ttl {}",
+        "redlock bench: {} ({origin}), quorum {}, {}, {}, ttl {}",
         counted(setup.masters, "master"),
-        if setup.spawned {
-            "local, started for this run"
-        } else {
-            "from --servers"
-        },
         setup.quorum,
         counted(args.threads, "thread"),
         resources,

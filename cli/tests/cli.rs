@@ -14,8 +14,8 @@
 // rather than copied.
 #[path = "../../tests/common/mod.rs"]
 mod common;
-// Certificates for `probe`'s TLS masters, made as the library's TLS tests
-// make them.
+// Certificates for `probe`'s and `bench`'s TLS masters, made as the
+// library's TLS tests make them.
 #[path = "../../tests/common/tls.rs"]
 mod certs;
 
@@ -542,6 +542,7 @@ fn bench_json_output_parses_and_shows_throughput() {
         v.as_f64().unwrap_or_else(|| panic!("{path:?} in {text}"))
     };
     assert_eq!(number(&["masters"]), 3.0);
+    assert_eq!(number(&["tls_masters"]), 0.0);
     assert_eq!(number(&["threads"]), 2.0);
     assert_eq!(report["client"].as_str(), Some("shared"), "{text}");
     assert!(number(&["cycles"]) > 0.0, "{text}");
@@ -1388,6 +1389,48 @@ fn one_server_named_twice_is_a_usage_error_naming_both_urls() {
         "{message}"
     );
     assert_free(&masters, "cli:twice");
+}
+
+/// `bench --servers rediss://...` with `--tls-ca`: every mode of the
+/// bench (shared client, a client per thread, async callers) locks over
+/// TLS-only masters, and the report says how many masters it spoke TLS
+/// to.
+#[test]
+fn bench_measures_tls_masters_given_their_ca() {
+    let certs = certs::Certs::generate();
+    let masters = common::cluster_with(3, &Options::new().tls(certs.server_options()));
+    let urls = masters.urls();
+    assert!(urls.iter().all(|u| u.starts_with("rediss://")), "{urls:?}");
+    for mode in [
+        &["--threads", "2"][..],
+        &["--threads", "2", "--client-per-thread"],
+        &["--tasks", "4"],
+    ] {
+        let mut bench = redlock(&urls);
+        bench.arg("--tls-ca").arg(&certs.ca).args([
+            "bench",
+            "--duration",
+            "1s",
+            "--json",
+            // A handshake and a slow round on a loaded machine must not
+            // count as errors.
+            "--timeout",
+            "2s",
+        ]);
+        bench.args(mode);
+        let out = finish(bench);
+        assert_eq!(code(&out), 0, "{mode:?}: {}", stderr(&out));
+        let text = stdout(&out);
+        let report: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+        assert_eq!(report["masters"].as_u64(), Some(3), "{text}");
+        assert_eq!(report["tls_masters"].as_u64(), Some(3), "{text}");
+        assert_eq!(report["spawned"].as_bool(), Some(false), "{text}");
+        assert!(
+            report["cycles"].as_u64().is_some_and(|c| c > 0),
+            "{mode:?}: {text}"
+        );
+        assert_eq!(report["errors"].as_u64(), Some(0), "{mode:?}: {text}");
+    }
 }
 
 /// `--tasks C`: C async callers on one thread share one client, driven by

@@ -2,9 +2,9 @@
 //! [`redlock_test`], and a tiny blocking client that speaks RESP2 with the
 //! crate's own codec. Certificates for TLS masters are made in `tls.rs`
 //! beside this file, which the tests that need them include on their own
-//! (`tests/tls.rs`, and `cli/tests/cli.rs` for `probe`): this file is also
-//! the CLI's test harness, and keeps rcgen out of the test binaries that
-//! make no certificate.
+//! (`tests/tls.rs`, and `cli/tests/cli.rs` for `probe` and `bench`): this
+//! file is also the CLI's test harness, and keeps rcgen out of the test
+//! binaries that make no certificate.
 //!
 //! The blocking client speaks no TLS: it reaches a TLS master through the
 //! master's unix socket, in plain, to read and write keys behind the lock
