@@ -24,7 +24,6 @@
 // Certificates for the TLS masters; this binary uses only the CA and the
 // server pair.
 #[path = "common/tls.rs"]
-#[allow(dead_code)]
 mod certs;
 mod common;
 
