@@ -1598,3 +1598,77 @@ fn acquire_waits_for_a_held_lock_by_release_notification() {
     assert_ne!(token, held.token().as_str(), "{out:?}");
     assert_held(&masters, "r", token);
 }
+
+/// Issue 13's acceptance: `acquire` over three TLS-only masters trusting
+/// their CA (`--tls-ca`) stores the token on all three; `release` (the CA
+/// from REDLOCK_TLS_CA) removes it; a client trusting another CA, or the
+/// system's roots, is refused with a message naming the certificate
+/// problem, and writes nothing.
+#[test]
+fn acquire_and_release_over_tls_masters_and_a_wrong_ca_is_named() {
+    let certs = certs::Certs::generate();
+    let masters = common::cluster_with(3, &Options::new().tls(certs.server_options()));
+    let urls = masters.urls();
+    assert!(urls.iter().all(|u| u.starts_with("rediss://")), "{urls:?}");
+
+    let mut acquire = one_shot(&urls);
+    acquire
+        .arg("--tls-ca")
+        .arg(&certs.ca)
+        .args(["acquire", "tls:cli", "--ttl", "60s"]);
+    let out = finish(acquire);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let printed = stdout(&out);
+    let token = printed.trim();
+    assert!(!token.is_empty() && !token.contains('\n'), "{printed:?}");
+    // The acquire returned at its quorum; the third SET lands soon after.
+    let started = Instant::now();
+    loop {
+        let values = get_all(&masters, "tls:cli");
+        if values.iter().all(|v| *v == bulk(token)) {
+            break;
+        }
+        assert!(
+            started.elapsed() < SETTLE,
+            "every master should hold {token}: {values:?}"
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+
+    let mut release = one_shot(&urls);
+    release
+        .env("REDLOCK_TLS_CA", &certs.ca)
+        .args(["release", "tls:cli", token]);
+    let out = finish(release);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_free(&masters, "tls:cli");
+
+    // Another CA, then no CA at all (the system's roots, which do not
+    // know the test CA either).
+    for (how, ca) in [
+        ("another CA", Some(&certs.other_ca)),
+        ("system roots", None),
+    ] {
+        let mut refused = one_shot(&urls);
+        if let Some(ca) = ca {
+            refused.arg("--tls-ca").arg(ca);
+        }
+        refused.args(["acquire", "tls:cli", "--ttl", "60s", "--wait", "500ms"]);
+        let out = finish(refused);
+        let err = stderr(&out);
+        assert_eq!(code(&out), 69, "{how}: {err}");
+        assert!(
+            err.contains("invalid peer certificate: UnknownIssuer"),
+            "{how}: the certificate problem should be named: {err}"
+        );
+        assert!(stdout(&out).is_empty(), "{how}: {}", stdout(&out));
+        for master in masters.iter() {
+            assert_eq!(
+                common::dbsize(master),
+                0,
+                "{how}: {} was written to",
+                master.url()
+            );
+        }
+    }
+}
