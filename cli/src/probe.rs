@@ -41,8 +41,9 @@ pub const LONG_ABOUT: &str = "Check each master: reachable or the error, the ser
     noeviction), replicas attached (a failover can hand a lock out twice), and \
     persistence settings that lose locks across a restart.\n\n\
     For a rediss:// master it also reports the TLS version, the cipher suite and when \
-    the server's certificate expires, and warns when that is within 30 days (probe \
-    knows no TTL, so the horizon is fixed at 30 days, far beyond any lock's). TLS \
+    the server's certificate expires, and warns when that is within 30 days, or \
+    within --max-ttl (the largest TTL the deployment uses) when that is longer: a \
+    lock taken now must not outlive the certificate of a master that holds it. TLS \
     trusts what the lock commands trust: --tls-ca, else the system's roots, and \
     --tls-cert/--tls-key for a master that asks for a client certificate. A \
     certificate that fails verification (an unknown issuer, expired, made out to \
@@ -55,8 +56,8 @@ pub const LONG_ABOUT: &str = "Check each master: reachable or the error, the ser
 /// PINGs per master; the best round trip is reported.
 const PINGS: u32 = 3;
 
-/// A server certificate that expires sooner than this is warned about:
-/// probe knows no TTL, and 30 days leaves time to renew.
+/// A server certificate that expires sooner than this is warned about
+/// (or sooner than `--max-ttl`, when longer): 30 days leaves time to renew.
 const EXPIRY_WARNING: Duration = Duration::from_secs(30 * 86_400);
 
 /// Why a master could not be checked.
@@ -102,9 +103,12 @@ struct Findings {
 ///
 /// # Errors
 /// A usage failure for a malformed URL.
-/// `timeout` bounds each connect, read and write.
-pub fn probe(urls: &[String], timeout: Duration) -> Result<u8, Failure> {
+/// `timeout` bounds each connect, read and write; a certificate that
+/// expires within `max_ttl` (the largest TTL in use, when longer than
+/// [`EXPIRY_WARNING`]) is warned about.
+pub fn probe(urls: &[String], timeout: Duration, max_ttl: Option<Duration>) -> Result<u8, Failure> {
     let config = crate::config(urls)?;
+    let horizon = max_ttl.map_or(EXPIRY_WARNING, |ttl| ttl.max(EXPIRY_WARNING));
     // Loaded once, and only when a master asks for TLS, as the library does;
     // settings that cannot work are a usage error, as for the lock commands.
     let tls = if config.servers.iter().any(|s| s.tls) {
@@ -118,7 +122,7 @@ pub fn probe(urls: &[String], timeout: Duration) -> Result<u8, Failure> {
         let handles: Vec<_> = config
             .servers
             .iter()
-            .map(|addr| scope.spawn(move || check(addr, tls, timeout)))
+            .map(|addr| scope.spawn(move || check(addr, tls, timeout, horizon)))
             .collect();
         handles
             .into_iter()
@@ -448,10 +452,9 @@ fn server_identity(info: &str) -> Option<String> {
     }
 }
 
-/// The warning for a server certificate that expires within
-/// [`EXPIRY_WARNING`] of `now` (Unix seconds), or the note when its expiry
-/// is unknown.
-fn judge_certificate(session: &Session, now: i64, findings: &mut Findings) {
+/// The warning for a server certificate that expires within `horizon` of
+/// `now` (Unix seconds), or the note when its expiry is unknown.
+fn judge_certificate(session: &Session, now: i64, horizon: Duration, findings: &mut Findings) {
     let validity = match &session.validity {
         Some(Ok(validity)) => validity,
         Some(Err(e)) => {
@@ -468,7 +471,7 @@ fn judge_certificate(session: &Session, now: i64, findings: &mut Findings) {
         }
     };
     let left = validity.not_after.saturating_sub(now);
-    let horizon = i64::try_from(EXPIRY_WARNING.as_secs()).unwrap_or(i64::MAX);
+    let horizon = i64::try_from(horizon.as_secs()).unwrap_or(i64::MAX);
     if left >= horizon {
         return;
     }
@@ -500,6 +503,7 @@ fn check(
     addr: &ServerAddr,
     tls: Option<&Arc<ClientConfig>>,
     timeout: Duration,
+    horizon: Duration,
 ) -> Result<Findings, Down> {
     let (mut conn, session) = Conn::open(addr, tls, timeout)?;
     let call = |conn: &mut Conn, args: &[Arg<'_>]| conn.call(args).map_err(Down::from);
@@ -530,7 +534,7 @@ fn check(
         ..Findings::default()
     };
     if let Some(session) = session {
-        judge_certificate(&session, unix_now(), &mut findings);
+        judge_certificate(&session, unix_now(), horizon, &mut findings);
         findings.tls = Some(session);
     }
     for _ in 0..PINGS {
@@ -866,7 +870,7 @@ mod tests {
         ];
         for (name, validity, want) in cases {
             let mut findings = Findings::default();
-            judge_certificate(&session(validity), NOW, &mut findings);
+            judge_certificate(&session(validity), NOW, EXPIRY_WARNING, &mut findings);
             assert!(findings.notes.is_empty(), "{name}: {:?}", findings.notes);
             match want {
                 None => assert!(
@@ -888,10 +892,24 @@ mod tests {
     }
 
     #[test]
+    fn a_max_ttl_past_30_days_widens_the_horizon() {
+        const NOW: i64 = 1_795_535_588;
+        const DAY: i64 = 86_400;
+        let ninety = Duration::from_secs(90 * 86_400);
+        let mut findings = Findings::default();
+        judge_certificate(&session(until(NOW + 60 * DAY)), NOW, ninety, &mut findings);
+        assert_eq!(findings.warnings.len(), 1, "{:?}", findings.warnings);
+        assert!(findings.warnings[0].contains("expires in 60 days"));
+        let mut findings = Findings::default();
+        judge_certificate(&session(until(NOW + 91 * DAY)), NOW, ninety, &mut findings);
+        assert!(findings.warnings.is_empty(), "{:?}", findings.warnings);
+    }
+
+    #[test]
     fn an_unknown_expiry_is_a_note() {
         for validity in [None, Some(cert::validity(b"not DER"))] {
             let mut findings = Findings::default();
-            judge_certificate(&session(validity), 0, &mut findings);
+            judge_certificate(&session(validity), 0, EXPIRY_WARNING, &mut findings);
             assert!(findings.warnings.is_empty());
             assert!(findings.notes[0].contains("expiry is not checked"));
         }
