@@ -7,9 +7,9 @@
 # After sourcing: `need_tools` (or `need_redis`), then `masters_init
 # PREFIX` (makes $work, a scratch directory removed on exit, and sets the
 # traps), then `start_master I` once per master (appends to $urls and
-# $pids), `start_tls_master I CERT KEY CA` for a master that speaks TLS
-# only, or `start_consecutive_masters N` once (the same, on ports $base,
-# $base+1, ...: the node peers take a base port).
+# $pids; `start_master I CERT KEY CA` for one that speaks TLS only), or
+# `start_consecutive_masters N` once (the same, on ports $base, $base+1,
+# ...: the node peers take a base port).
 
 die() {
     echo "${0##*/}: $*" >&2
@@ -55,9 +55,15 @@ masters_cleanup() {
 }
 
 # Starts master $1 on a free loopback port, with nothing saved (it starts
-# empty), and appends its URL to urls and its pid to pids.
+# empty), and appends its URL to urls and its pid to pids. With $2 $3 $4
+# (certificate, key and CA, absolute paths: redis-server reads them after
+# changing to its directory) it listens for TLS only, asking clients for
+# no certificate, and its URL is rediss://; its readiness is then checked
+# in plain over its unix socket (the TLS port is bound before the socket
+# answers).
 start_master() {
-    local i=$1 port pid
+    local i=$1 cert=${2:-} key=${3:-} ca=${4:-} port pid scheme
+    local -a listen ping
     mkdir -p "$work/m$i"
     for _ in 1 2 3 4 5 6 7 8; do
         port=$((20000 + RANDOM % 30000))
@@ -65,14 +71,26 @@ start_master() {
         if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
             continue
         fi
-        redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
+        if [[ -n $cert ]]; then
+            rm -f "$work/m$i/redis.sock"
+            listen=(--port 0 --tls-port "$port"
+                --tls-cert-file "$cert" --tls-key-file "$key" --tls-ca-cert-file "$ca"
+                --tls-auth-clients no --unixsocket "$work/m$i/redis.sock")
+            ping=(-s "$work/m$i/redis.sock")
+            scheme=rediss
+        else
+            listen=(--port "$port")
+            ping=(-p "$port")
+            scheme=redis
+        fi
+        redis-server "${listen[@]}" --bind 127.0.0.1 --save "" --appendonly no \
             --daemonize no --dir "$work/m$i" --logfile "$work/m$i/redis.log" \
             </dev/null >/dev/null 2>&1 &
         pid=$!
         for _ in $(seq 100); do
-            if [[ $(redis-cli -p "$port" ping 2>/dev/null) == PONG ]]; then
+            if [[ $(redis-cli "${ping[@]}" ping 2>/dev/null) == PONG ]]; then
                 pids+=("$pid")
-                urls+=("redis://127.0.0.1:$port")
+                urls+=("$scheme://127.0.0.1:$port")
                 return 0
             fi
             kill -0 "$pid" 2>/dev/null || break
@@ -82,42 +100,6 @@ start_master() {
         wait "$pid" 2>/dev/null || true
     done
     die "could not start master $i (see $work/m$i/redis.log)"
-}
-
-# Starts master $1 listening for TLS only, on a free loopback port, with
-# certificate $2, key $3 and CA $4 (absolute paths: redis-server reads them
-# after changing to its directory), asking clients for no certificate, and
-# nothing saved; appends its rediss:// URL to urls and its pid to pids.
-# Readiness is checked in plain over its unix socket: the TLS port is bound
-# before the socket answers.
-start_tls_master() {
-    local i=$1 cert=$2 key=$3 ca=$4 port pid
-    mkdir -p "$work/m$i"
-    for _ in 1 2 3 4 5 6 7 8; do
-        port=$((20000 + RANDOM % 30000))
-        if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
-            continue
-        fi
-        rm -f "$work/m$i/redis.sock"
-        redis-server --port 0 --tls-port "$port" --bind 127.0.0.1 \
-            --tls-cert-file "$cert" --tls-key-file "$key" --tls-ca-cert-file "$ca" \
-            --tls-auth-clients no --unixsocket "$work/m$i/redis.sock" \
-            --save "" --appendonly no --daemonize no --dir "$work/m$i" \
-            --logfile "$work/m$i/redis.log" </dev/null >/dev/null 2>&1 &
-        pid=$!
-        for _ in $(seq 100); do
-            if [[ $(redis-cli -s "$work/m$i/redis.sock" ping 2>/dev/null) == PONG ]]; then
-                pids+=("$pid")
-                urls+=("rediss://127.0.0.1:$port")
-                return 0
-            fi
-            kill -0 "$pid" 2>/dev/null || break
-            sleep 0.05
-        done
-        kill "$pid" 2>/dev/null || true
-        wait "$pid" 2>/dev/null || true
-    done
-    die "could not start TLS master $i (see $work/m$i/redis.log)"
 }
 
 # Starts $1 masters on consecutive free loopback ports $base, $base+1, ...

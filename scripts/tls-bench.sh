@@ -83,7 +83,7 @@ for i in 0 1 2; do
     start_master "$i"
 done
 for i in 3 4 5; do
-    start_tls_master "$i" "$certs/server.pem" "$certs/server.key" "$certs/ca.pem"
+    start_master "$i" "$certs/server.pem" "$certs/server.key" "$certs/ca.pem"
 done
 plain=$(servers 3)
 tls=$(
