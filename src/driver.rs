@@ -81,6 +81,29 @@ impl Stream {
         }
     }
 
+    /// After a failed write, the refusal a TLS peer sent before it closed,
+    /// still unread: a server that refuses the session (a client
+    /// certificate missing, in TLS 1.3 judged after the client's first
+    /// writes) sends its alert, then closes with those writes unread, and
+    /// the reset that close sends can fail the next write before the alert
+    /// is read. The alert names the problem; the reset does not. Nothing
+    /// for a plain socket, or when no such refusal is there.
+    #[cfg_attr(not(feature = "tls"), allow(unused_variables))]
+    fn refusal(&mut self, buf: &mut [u8]) -> Option<Cause> {
+        match self {
+            #[cfg(feature = "tls")]
+            Stream::Tls(s) => loop {
+                match s.read(buf) {
+                    Ok(0) => return None,
+                    Ok(_) => {}
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return crate::tls::cause_of(&e),
+                }
+            },
+            _ => None,
+        }
+    }
+
     /// Whether reads must go on to `WouldBlock`: a TLS session's short
     /// plaintext read says nothing of what the socket still holds.
     fn reads_to_the_end(&self) -> bool {
@@ -379,6 +402,7 @@ impl Driver {
                 }
             };
             if let Some(cause) = failure {
+                let cause = stream.refusal(&mut self.read_buf).unwrap_or(cause);
                 engine.handle_failure(i, now, cause);
                 self.close(i);
             }
