@@ -31,7 +31,9 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use certs::{Certs, Pair};
-use common::{Cluster, Options, Server, bulk, cluster_with, connect, eventually, wait_empty};
+use common::{
+    Cluster, Options, Server, assert_untouched, bulk, cluster_with, connect, eventually, wait_empty,
+};
 use redlock_mio::resp::{Arg, Reply};
 use redlock_mio::{
     Cause, Config, ConfigError, Error, Failure, Lock, Redlock, Retry, SharedRedlock, TlsConfig,
@@ -312,38 +314,50 @@ fn tls_and_plain_masters_vote_in_one_quorum() {
     wait_all_empty(&tls);
 }
 
+/// Three TLS-only masters serving `served`, and a client trusting `ca`
+/// only: every master fails its handshake naming the problem by one of
+/// `words`, and nothing is written.
+fn assert_refused(certs: &Certs, served: &Pair, ca: &Path, resource: &'static str, words: &[&str]) {
+    let masters = tls_masters(3, certs, served);
+    let mut client = Redlock::new(config(&masters.urls(), trusting(ca))).expect("client");
+    assert_every_master_fails_tls(&mut client, resource, words);
+    assert_untouched(&masters, resource);
+}
+
 #[test]
 fn a_master_whose_issuer_is_not_trusted_is_a_failed_tls_vote() {
     let certs = Certs::generate();
-    let masters = tls_masters(3, &certs, &certs.server);
-    let mut client =
-        Redlock::new(config(&masters.urls(), trusting(&certs.other_ca))).expect("client");
-    assert_every_master_fails_tls(&mut client, "tls:untrusted", &["issuer"]);
-    for server in &masters {
-        assert_eq!(common::dbsize(server), 0, "{} was written to", server.url());
-    }
+    assert_refused(
+        &certs,
+        &certs.server,
+        &certs.other_ca,
+        "tls:untrusted",
+        &["issuer"],
+    );
 }
 
 #[test]
 fn an_expired_server_certificate_is_a_failed_tls_vote() {
     let certs = Certs::generate();
-    let masters = tls_masters(3, &certs, &certs.expired);
-    let mut client = Redlock::new(config(&masters.urls(), trusting(&certs.ca))).expect("client");
-    assert_every_master_fails_tls(&mut client, "tls:expired", &["expired"]);
-    for server in &masters {
-        assert_eq!(common::dbsize(server), 0, "{} was written to", server.url());
-    }
+    assert_refused(
+        &certs,
+        &certs.expired,
+        &certs.ca,
+        "tls:expired",
+        &["expired"],
+    );
 }
 
 #[test]
 fn a_certificate_for_another_name_is_a_failed_tls_vote() {
     let certs = Certs::generate();
-    let masters = tls_masters(3, &certs, &certs.wrong_host);
-    let mut client = Redlock::new(config(&masters.urls(), trusting(&certs.ca))).expect("client");
-    assert_every_master_fails_tls(&mut client, "tls:wrong-name", &["name"]);
-    for server in &masters {
-        assert_eq!(common::dbsize(server), 0, "{} was written to", server.url());
-    }
+    assert_refused(
+        &certs,
+        &certs.wrong_host,
+        &certs.ca,
+        "tls:wrong-name",
+        &["name"],
+    );
 }
 
 #[test]
@@ -381,9 +395,7 @@ fn a_master_that_asks_for_a_client_certificate_refuses_a_client_without_one() {
 
     let mut anonymous = Redlock::new(config(&urls, trusting(&certs.ca))).expect("client");
     assert_every_master_fails_tls(&mut anonymous, "tls:mutual", &["certificate", "alert"]);
-    for server in &masters {
-        assert_eq!(common::dbsize(server), 0, "{} was written to", server.url());
-    }
+    assert_untouched(&masters, "a client without a certificate");
 
     let mut known = redlock(&urls, trusting_as(&certs.ca, &certs.client));
     let lock = known
@@ -492,9 +504,7 @@ fn a_plain_url_to_a_tls_master_fails_its_votes_and_a_waiting_acquire_ends() {
             retry.attempts, retry.delay
         ),
     }
-    for server in &masters {
-        assert_eq!(common::dbsize(server), 0, "{} was written to", server.url());
-    }
+    assert_untouched(&masters, "plain RESP to TLS-only masters");
 }
 
 /// What a fake master on 127.0.0.1 does with each connection.

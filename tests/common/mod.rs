@@ -217,6 +217,19 @@ pub fn dbsize(server: &Server) -> i64 {
     }
 }
 
+/// Asserts that no master of `masters` holds any key: nothing was
+/// written (`context` says after what).
+pub fn assert_untouched<'a>(masters: impl IntoIterator<Item = &'a Server>, context: &str) {
+    for server in masters {
+        assert_eq!(
+            dbsize(server),
+            0,
+            "{context}: {} was written to",
+            server.url()
+        );
+    }
+}
+
 /// Waits, at most `limit`, until `server` holds no key at all. Returns the
 /// keys still there when it does not, for the assertion message.
 pub fn wait_empty(server: &Server, limit: Duration) -> Result<(), Vec<String>> {
