@@ -889,7 +889,7 @@ struct Running {
     tried_at: u64,
     /// Waiting for a release (or its timer): a notification wakes it.
     awaiting: bool,
-    /// Its timer in [`EventLoop::sleeping`]: older entries are stale.
+    /// Its timer in [`EventLoop::timers`]: older entries are stale.
     timer: u64,
     /// Waiting for a round's outcome: nothing else may move it on.
     in_round: bool,
@@ -990,10 +990,8 @@ struct EventLoop {
     free_jobs: Vec<usize>,
     /// Per engine round index: the job it belongs to and when it started.
     owners: Vec<(usize, Stamp)>,
-    /// Jobs waiting to retry or for a release, soonest first: (when,
-    /// job, timer); an entry whose timer is not the job's is stale.
-    sleeping: BinaryHeap<Reverse<(Instant, usize, u64)>>,
-    timers: u64,
+    /// When the jobs waiting to retry or for a release go on.
+    timers: Timers,
     /// Jobs at the head of a resource's queue waiting for their
     /// subscriptions, each with the instant it stops waiting for them.
     subscribing: Vec<(usize, Instant)>,
@@ -1011,18 +1009,59 @@ struct EventLoop {
     generations: u64,
 }
 
-/// How long a waiter woken by a release waits before it tries: random
+/// When a waiter woken by a release at `now` tries: after a random delay
 /// within [`Config::wake_spread`], so that the waiters of several
-/// processes woken together do not split the masters' votes, and shorter
-/// the longer it has waited (`age`), down to nothing at 20 ms, so that
-/// the waiter that has waited longest tends to send its attempt first.
-fn wake_delay(jitter: &mut SplitMix64, spread: Duration, age: Option<Duration>) -> Duration {
-    let age = age.unwrap_or_default().min(AGE_PRIORITY);
+/// processes woken together do not split the masters' votes, shorter the
+/// longer it has waited (since `waiting_since`), down to nothing at
+/// 20 ms, so that the waiter that has waited longest tends to send its
+/// attempt first.
+fn wake_at(
+    jitter: &mut SplitMix64,
+    spread: Duration,
+    waiting_since: Option<Instant>,
+    now: Instant,
+) -> Instant {
+    let age = waiting_since
+        .map(|t| now.saturating_duration_since(t))
+        .unwrap_or_default()
+        .min(AGE_PRIORITY);
     let share = 1.0 - age.as_secs_f64() / AGE_PRIORITY.as_secs_f64();
-    jitter.between(Duration::ZERO, spread.mul_f64(share))
+    now + jitter.between(Duration::ZERO, spread.mul_f64(share))
 }
 
-/// Past this wait, a woken waiter tries at once (see [`wake_delay`]).
+/// The jobs' timers: when each waiting job goes on (to retry, to stop
+/// waiting for a release or its turn, or after its wake delay). A job has
+/// one live timer; setting or cancelling it makes its earlier entries
+/// stale.
+#[derive(Debug, Default)]
+struct Timers {
+    /// (when, job, timer), soonest first; an entry whose timer is not the
+    /// job's is stale.
+    heap: BinaryHeap<Reverse<(Instant, usize, u64)>>,
+    /// The last timer handed out.
+    issued: u64,
+}
+
+impl Timers {
+    /// Sets job `index`'s (`running`'s) timer to `at`, replacing any other.
+    fn set(&mut self, running: &mut Running, index: usize, at: Instant) {
+        self.cancel(running);
+        self.heap.push(Reverse((at, index, running.timer)));
+    }
+
+    /// Makes `running`'s timer, if it has one, stale.
+    fn cancel(&mut self, running: &mut Running) {
+        self.issued += 1;
+        running.timer = self.issued;
+    }
+
+    /// The soonest entry's instant (perhaps a stale one's).
+    fn next(&self) -> Option<Instant> {
+        self.heap.peek().map(|Reverse((at, _, _))| *at)
+    }
+}
+
+/// Past this wait, a woken waiter tries at once (see [`wake_at`]).
 const AGE_PRIORITY: Duration = Duration::from_millis(20);
 
 /// How long the loop, once its last handle is gone, waits for late
@@ -1049,8 +1088,7 @@ impl EventLoop {
             jobs: Vec::new(),
             free_jobs: Vec::new(),
             owners: Vec::new(),
-            sleeping: BinaryHeap::new(),
-            timers: 0,
+            timers: Timers::default(),
             subscribing: Vec::new(),
             inbox: Vec::with_capacity(256),
             admitting: VecDeque::with_capacity(256),
@@ -1109,9 +1147,7 @@ impl EventLoop {
                 running.job.abandon();
                 // Waiters end at once, not at their key's expiry.
                 if running.waits_for.is_some() {
-                    self.timers += 1;
-                    running.timer = self.timers;
-                    self.sleeping.push(Reverse((now, index, self.timers)));
+                    self.timers.set(running, index, now);
                 }
             }
         }
@@ -1156,7 +1192,7 @@ impl EventLoop {
         }
         let wake = [
             self.engine.poll_timeout(),
-            self.sleeping.peek().map(|Reverse((at, _, _))| *at),
+            self.timers.next(),
             self.subscribing.iter().map(|(_, at)| *at).min(),
             self.keep_timers.peek().map(|Reverse((at, _, _))| *at),
         ]
@@ -1431,7 +1467,6 @@ impl EventLoop {
                 tokens,
                 jitter,
                 owners,
-                sleeping,
                 timers,
                 subscribing,
                 ..
@@ -1478,9 +1513,7 @@ impl EventLoop {
                     engine.finish(id);
                 }
                 Step::Sleep(at) => {
-                    *timers += 1;
-                    running.timer = *timers;
-                    sleeping.push(Reverse((at, index, *timers)));
+                    timers.set(running, index, at);
                     return;
                 }
                 Step::Subscribe(resource) => {
@@ -1498,27 +1531,20 @@ impl EventLoop {
                     } else if let Some(at) = running.job.give_up_at() {
                         // Behind others: promoted when the head leaves,
                         // or done waiting at this instant.
-                        *timers += 1;
-                        running.timer = *timers;
-                        sleeping.push(Reverse((at, index, *timers)));
+                        timers.set(running, index, at);
                     }
                     return;
                 }
                 Step::Await { resource, until } => {
-                    *timers += 1;
-                    running.timer = *timers;
                     let at = if engine.epoch(resource) == running.tried_at {
                         running.awaiting = true;
                         until
                     } else {
                         // Released while the attempt was under way.
-                        let age = running
-                            .job
-                            .waiting_since()
-                            .map(|t| now.saturating_duration_since(t));
-                        now + wake_delay(jitter, config.wake_spread, age)
+                        let since = running.job.waiting_since();
+                        wake_at(jitter, config.wake_spread, since, now)
                     };
-                    sleeping.push(Reverse((at, index, *timers)));
+                    timers.set(running, index, at);
                     return;
                 }
                 Step::Done => {
@@ -1536,8 +1562,7 @@ impl EventLoop {
                         subscribing.push((head, until));
                         // Its give-up timer is the subscription's now.
                         if let Some(Some(head)) = jobs.get_mut(head) {
-                            *timers += 1;
-                            head.timer = *timers;
+                            timers.cancel(head);
                         }
                     }
                     self.free_jobs.push(index);
@@ -1561,7 +1586,7 @@ impl EventLoop {
 
     /// Jobs whose retry wait is over (all of them once closing) go on.
     fn wake_sleepers(&mut self, now: Instant) {
-        while let Some(Reverse((at, index, timer))) = self.sleeping.peek().copied() {
+        while let Some(Reverse((at, index, timer))) = self.timers.heap.peek().copied() {
             let abandoned = self
                 .jobs
                 .get(index)
@@ -1570,7 +1595,7 @@ impl EventLoop {
             if at > now && !abandoned {
                 break;
             }
-            self.sleeping.pop();
+            self.timers.heap.pop();
             let Some(Some(running)) = self.jobs.get_mut(index) else {
                 continue;
             };
@@ -1591,9 +1616,7 @@ impl EventLoop {
                 && !running.in_round
                 && running.waiter.is_abandoned()
             {
-                self.timers += 1;
-                running.timer = self.timers;
-                self.sleeping.push(Reverse((now, index, self.timers)));
+                self.timers.set(running, index, now);
             }
         }
     }
@@ -1639,15 +1662,9 @@ impl EventLoop {
                 && running.awaiting
             {
                 running.awaiting = false;
-                self.timers += 1;
-                running.timer = self.timers;
-                let age = running
-                    .job
-                    .waiting_since()
-                    .map(|t| now.saturating_duration_since(t));
-                let delay = wake_delay(&mut self.jitter, self.config.wake_spread, age);
-                self.sleeping
-                    .push(Reverse((now + delay, head, self.timers)));
+                let since = running.job.waiting_since();
+                let at = wake_at(&mut self.jitter, self.config.wake_spread, since, now);
+                self.timers.set(running, head, at);
             }
         }
     }
