@@ -795,15 +795,7 @@ impl Conn {
         if self.is_down() {
             return false;
         }
-        let len: usize = args
-            .iter()
-            .map(|a| match a {
-                Arg::Bytes(b) => b.len() + 16,
-                Arg::Int(_) => 24,
-            })
-            .sum::<usize>()
-            + 16;
-        self.make_room(len);
+        self.make_room(resp::command_len(args));
         resp::encode_command(&mut self.out, args);
         true
     }

@@ -14,10 +14,9 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 
 use crate::addr::ServerAddr;
-use bytes::Bytes;
 
 use crate::conn::{Cause, Conn, Op, Request, Role, Tag, Timing};
 use crate::metrics::Masters;

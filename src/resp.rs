@@ -631,6 +631,27 @@ impl From<i64> for Arg<'_> {
     }
 }
 
+/// How many arguments the command of `args` has, and how many bytes
+/// [`encode_command`] writes for it.
+fn command_size<'a>(args: impl Iterator<Item = Arg<'a>>) -> (usize, usize) {
+    let mut count = 0usize;
+    let mut total = 0usize;
+    for arg in args {
+        let payload = match arg {
+            Arg::Bytes(b) => b.len(),
+            Arg::Int(n) => decimal_len(n),
+        };
+        count += 1;
+        total += 1 + decimal_len(len_i64(payload)) + 2 + payload + 2;
+    }
+    (count, total + 1 + decimal_len(len_i64(count)) + 2)
+}
+
+/// How many bytes [`encode_command`] writes for `args`.
+pub(crate) fn command_len(args: &[Arg<'_>]) -> usize {
+    command_size(args.iter().copied()).1
+}
+
 /// Appends one command, an array of bulk strings, to `dst`. The exact size
 /// is computed first and reserved once; integers are formatted on the stack.
 pub fn encode_command(dst: &mut BytesMut, args: &[Arg<'_>]) {
@@ -645,17 +666,7 @@ where
     I: Iterator<Item = Arg<'a>> + Clone,
 {
     let mut scratch = [0u8; 20];
-    let mut count = 0usize;
-    let mut total = 0usize;
-    for arg in args.clone() {
-        let payload = match arg {
-            Arg::Bytes(b) => b.len(),
-            Arg::Int(n) => decimal_len(n),
-        };
-        count += 1;
-        total += 1 + decimal_len(len_i64(payload)) + 2 + payload + 2;
-    }
-    total += 1 + decimal_len(len_i64(count)) + 2;
+    let (count, total) = command_size(args.clone());
     dst.reserve(total);
     put_int_line(dst, b'*', len_i64(count));
     for arg in args {
@@ -722,6 +733,26 @@ fn decimal_len(n: i64) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn command_len_is_what_encode_command_writes() {
+        let cases: [&[Arg<'_>]; 4] = [
+            &[],
+            &[Arg::Bytes(b"SUBSCRIBE"), Arg::Bytes(b"redlock:released:r")],
+            &[
+                Arg::Bytes(b""),
+                Arg::Int(0),
+                Arg::Int(-7),
+                Arg::Int(i64::MIN),
+            ],
+            &[Arg::Bytes(&[b'x'; 1000]), Arg::Int(1234567890)],
+        ];
+        for args in cases {
+            let mut dst = BytesMut::new();
+            encode_command(&mut dst, args);
+            assert_eq!(command_len(args), dst.len(), "{args:?}");
+        }
+    }
 
     /// Issue 10, item 12: a master that sends a reply a byte at a time.
     /// Scanning it from its start on every byte (what `decode` does, and
