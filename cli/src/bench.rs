@@ -266,6 +266,7 @@ pub fn bench(
     servers: &[String],
     timeout: Option<Duration>,
     quarantine: Quarantine,
+    tls: &TlsConfig,
     args: &BenchArgs,
 ) -> Result<u8, Failure> {
     if args.threads == 0
@@ -322,7 +323,7 @@ pub fn bench(
     } else {
         (None, given)
     };
-    let mut config = crate::config(&urls)?;
+    let mut config = crate::config(&urls, tls)?;
     if cluster.is_some() && config.tls != TlsConfig::default() {
         // Said rather than refused: the flags may come from the
         // environment, set for other commands.

@@ -20,7 +20,6 @@ mod tasks;
 use std::io::{self, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
@@ -243,19 +242,21 @@ fn dispatch(cli: &Cli) -> Result<u8, Failure> {
         cert_file: cli.tls_cert.clone(),
         key_file: cli.tls_key.clone(),
     };
-    let _ = TLS.set(tls);
-    let client =
-        |ttl: Option<Duration>| client(&cli.servers, round_timeout(cli.timeout, ttl), quarantine);
+    let client = |ttl: Option<Duration>| {
+        let timeout = round_timeout(cli.timeout, ttl);
+        client(&cli.servers, timeout, quarantine, &tls)
+    };
     match &cli.command {
         Command::Run(args) => run::run(client(Some(args.acquire.ttl))?, args),
         Command::Acquire(args) => acquire(client(Some(args.acquire.ttl))?, args),
         Command::Release(args) => release(client(None)?, args),
         Command::Extend(args) => extend(client(Some(args.ttl))?, args),
-        Command::Bench(args) => bench::bench(&cli.servers, cli.timeout, quarantine, args),
+        Command::Bench(args) => bench::bench(&cli.servers, cli.timeout, quarantine, &tls, args),
         Command::Probe => probe::probe(
             &server_urls(&cli.servers)?,
             cli.timeout.unwrap_or(PROBE_TIMEOUT),
             cli.max_ttl,
+            &tls,
         ),
     }
 }
@@ -304,17 +305,12 @@ fn split_servers(value: &str) -> Vec<String> {
         .collect()
 }
 
-/// The TLS flags (`--tls-ca`, `--tls-cert`, `--tls-key`, or their
-/// environment variables), set once when the command line is read.
-static TLS: OnceLock<TlsConfig> = OnceLock::new();
-
-/// The settings for these masters, with the TLS flags; a malformed URL is
-/// a usage error.
-pub fn config(urls: &[String]) -> Result<Config, Failure> {
+/// The settings for these masters, with the TLS flags (`--tls-ca`,
+/// `--tls-cert`, `--tls-key`, or their environment variables); a malformed
+/// URL is a usage error.
+pub fn config(urls: &[String], tls: &TlsConfig) -> Result<Config, Failure> {
     let mut config = Config::new(urls).map_err(|e| Failure::usage(e.to_string()))?;
-    if let Some(tls) = TLS.get() {
-        config.tls = tls.clone();
-    }
+    config.tls = tls.clone();
     Ok(config)
 }
 
@@ -353,8 +349,13 @@ impl Quarantine {
 
 /// A client for the masters given on the command line or in the
 /// environment, waiting `timeout` for each master's answer.
-fn client(flag: &[String], timeout: Duration, quarantine: Quarantine) -> Result<Redlock, Failure> {
-    let mut config = config(&server_urls(flag)?)?;
+fn client(
+    flag: &[String],
+    timeout: Duration,
+    quarantine: Quarantine,
+    tls: &TlsConfig,
+) -> Result<Redlock, Failure> {
+    let mut config = config(&server_urls(flag)?, tls)?;
     config.per_instance_timeout = timeout;
     quarantine.apply(&mut config);
     let connect_timeout = config.connect_timeout;

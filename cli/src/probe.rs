@@ -25,8 +25,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::BytesMut;
 use redlock_mio::Endpoint;
-use redlock_mio::ServerAddr;
 use redlock_mio::resp::{Arg, Limits, Reply, decode, encode_command};
+use redlock_mio::{ServerAddr, TlsConfig};
 use rustls::pki_types::ServerName;
 use rustls::{ClientConfig, ClientConnection, ProtocolVersion, StreamOwned};
 
@@ -106,8 +106,13 @@ struct Findings {
 /// `timeout` bounds each connect, read and write; a certificate that
 /// expires within `max_ttl` (the largest TTL in use, when longer than
 /// [`EXPIRY_WARNING`]) is warned about.
-pub fn probe(urls: &[String], timeout: Duration, max_ttl: Option<Duration>) -> Result<u8, Failure> {
-    let config = crate::config(urls)?;
+pub fn probe(
+    urls: &[String],
+    timeout: Duration,
+    max_ttl: Option<Duration>,
+    tls: &TlsConfig,
+) -> Result<u8, Failure> {
+    let config = crate::config(urls, tls)?;
     let horizon = max_ttl.map_or(EXPIRY_WARNING, |ttl| ttl.max(EXPIRY_WARNING));
     // Loaded once, and only when a master asks for TLS, as the library does;
     // settings that cannot work are a usage error, as for the lock commands.
