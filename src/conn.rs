@@ -70,6 +70,14 @@ impl Op {
         )
     }
 
+    /// Whether a grant leaves keys of ours alive on the master for a TTL:
+    /// taking a lock, extending one, or raising a held lock's fence. A
+    /// restart of the master within that TTL may lose them (see
+    /// [`Conn::handle_grant`]).
+    pub(crate) fn keeps_keys(self) -> bool {
+        self.sets_keys() || matches!(self, Op::Extend | Op::ExtendMany | Op::Fence)
+    }
+
     /// Whether the operation only removes keys: the one kind that is still
     /// worth sending after its round ended (the spec's cleanup after a lost
     /// reply), since it can only free a resource, never hold one.

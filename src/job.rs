@@ -745,12 +745,7 @@ impl Extend {
         ttl: Duration,
         now: Instant,
     ) -> Result<Extend, Error> {
-        let ttl = ctx.config.checked_ttl(ttl)?;
-        if let Some(max) = ctx.config.max_extensions
-            && lock.extensions >= max
-        {
-            return Err(Error::ExtensionLimit(max));
-        }
+        let ttl = Extend::checked(ctx.config, &lock, ttl)?;
         Ok(Extend {
             request: Request {
                 op: extend_op(&lock.keys),
@@ -765,6 +760,44 @@ impl Extend {
             stage: Stage::Round,
             result: None,
         })
+    }
+
+    /// `ttl` as the extend of `lock` would send it, or why nothing would
+    /// be sent: a TTL the client refuses, or the extension cap reached.
+    fn checked(config: &Config, lock: &Lock, ttl: Duration) -> Result<Duration, Error> {
+        let ttl = config.checked_ttl(ttl)?;
+        if let Some(max) = config.max_extensions
+            && lock.extensions >= max
+        {
+            return Err(Error::ExtensionLimit(max));
+        }
+        Ok(ttl)
+    }
+
+    /// What every path that extends does to the caller's lock before
+    /// anything is sent: its deadline becomes no later than `now + ttl -
+    /// drift`, since every master that runs the script sets the keys' TTL
+    /// to `ttl` from then on, whether or not its reply is ever read. Only a
+    /// confirmed extend moves the deadline later, so a caller that stops
+    /// waiting (a dropped future, a loop that ended) is left with a
+    /// deadline the keys still honour. `now` must be no later than the
+    /// round's start. Leaves the lock as it was when nothing would be sent.
+    ///
+    /// # Errors
+    /// As [`Extend::new`].
+    pub(crate) fn shorten(
+        config: &Config,
+        lock: &mut Lock,
+        ttl: Duration,
+        now: Stamp,
+    ) -> Result<(), Error> {
+        let ttl = Extend::checked(config, lock, ttl)?;
+        let shortened = config
+            .validity_span(ttl)
+            .and_then(|span| Expiry::after(now, span))
+            .unwrap_or(Expiry::at(now));
+        lock.expiry = lock.expiry.min(shortened);
+        Ok(())
     }
 
     fn handle_round(&mut self, ctx: &mut Ctx<'_>, round: &Round, started: Stamp, ended: Stamp) {

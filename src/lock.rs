@@ -619,17 +619,21 @@ impl Redlock {
     ///
     /// A failed extend can still shorten the lock: every master that ran
     /// the script set the keys' TTL to `ttl`, whether or not its reply
-    /// arrived in time. So whatever the outcome, the lock's deadline
-    /// becomes no later than the round's start plus `ttl - drift`.
+    /// arrived in time. So before anything is sent, the lock's deadline
+    /// becomes no later than now plus `ttl - drift`, and only a confirmed
+    /// extend moves it later: whatever the outcome, and however the call
+    /// ends, the deadline is one the keys honour.
     ///
     /// # Errors
     /// [`Error::ExtensionLimit`] past [`Config::max_extensions`];
     /// [`Error::NotHeld`] when the token no longer holds a quorum; otherwise
     /// as [`Redlock::try_acquire`]. On error the lock's deadline is the
-    /// earlier of the old one and the round's start plus `ttl - drift`
-    /// (nothing was sent for a config error or the extension limit).
+    /// earlier of the old one and the call's start plus `ttl - drift`
+    /// (nothing was sent, and nothing changed, for a config error or the
+    /// extension limit).
     pub fn extend(&mut self, lock: &mut Lock, ttl: Duration) -> Result<(), Error> {
         self.check_servers()?;
+        Extend::shorten(&self.config, lock, ttl, Stamp::now())?;
         let extend = Extend::new(&self.ctx(), lock.clone(), ttl, Instant::now())?;
         match self.run_job(&mut Job::Extend(extend)) {
             Some(Output::Extended(now_standing, result)) => {

@@ -339,11 +339,14 @@ impl Round {
             *cell = FenceRead::parse(&reply);
         }
         let mut vote = classify(op, reply);
-        if let (Vote::Granted, true, Some(conn)) = (&vote, op.sets_keys(), conns.get_mut(i)) {
+        if let (Vote::Granted, true, Some(conn)) = (&vote, op.keeps_keys(), conns.get_mut(i)) {
             conn.handle_grant(now);
         }
-        // One server named twice votes once: the first of its connections
-        // to answer counts.
+        // One server named twice votes once at most: a connection's vote
+        // counts only while no other connection is known to reach the same
+        // server (by run_id). Once both handshakes are read, neither counts
+        // (and acquires and extends are refused with SameServer); before
+        // that, only the one whose twin's handshake is still unread.
         if let (Vote::Granted | Vote::Refused, Some(other)) = (&vote, same_server(conns, i)) {
             vote = Vote::Failed(Cause::SameServer(other));
         }

@@ -530,6 +530,7 @@ impl SharedRedlock {
     /// # Errors
     /// As [`Redlock::extend`](crate::Redlock::extend).
     pub fn extend(&self, lock: &mut Lock, ttl: Duration) -> Result<(), Error> {
+        Extend::shorten(&self.handle.config, lock, ttl, Stamp::now())?;
         let order = Order::Extend {
             lock: lock.clone(),
             ttl,
@@ -589,9 +590,17 @@ impl SharedRedlock {
 
     /// [`SharedRedlock::extend`] as a future.
     ///
+    /// Cancel-safe: when first polled, before anything is sent, the lock's
+    /// deadline becomes no later than `now + ttl - drift` (what the masters
+    /// that run the script will leave of it), and only a confirmed extend
+    /// moves it later. Dropped at any point, the future leaves `lock` with
+    /// a deadline the keys honour; dropped before its first poll, it sent
+    /// nothing and changed nothing.
+    ///
     /// # Errors
     /// As [`Redlock::extend`](crate::Redlock::extend).
     pub async fn extend_async(&self, lock: &mut Lock, ttl: Duration) -> Result<(), Error> {
+        Extend::shorten(&self.handle.config, lock, ttl, Stamp::now())?;
         let order = Order::Extend {
             lock: lock.clone(),
             ttl,
@@ -1696,6 +1705,8 @@ impl EventLoop {
 
     /// Runs kept lock `slot`'s schedule: extend it now, or set its timer.
     fn drive_kept(&mut self, slot: usize, now: Instant) {
+        // Both clocks: a kept lock's deadline counts suspended time.
+        let stamp = Stamp::now();
         loop {
             let Some(Some(kept)) = self.kept.get_mut(slot) else {
                 return;
@@ -1703,7 +1714,7 @@ impl EventLoop {
             if kept.extending {
                 return;
             }
-            match kept.keeper.poll(now) {
+            match kept.keeper.poll(stamp) {
                 KeepStep::Idle => return,
                 KeepStep::Wait(at) => {
                     self.keep_timers.push(Reverse((at, slot, kept.generation)));
@@ -1720,7 +1731,10 @@ impl EventLoop {
                     let refused = self.same_server.clone().map(Error::Config);
                     let extend = match refused {
                         Some(error) => Err(error),
-                        None => Extend::new(&ctx, lock.clone(), ttl, now),
+                        None => kept
+                            .keeper
+                            .start_extension(ctx.config, ttl, stamp)
+                            .and_then(|lock| Extend::new(&ctx, lock, ttl, now)),
                     };
                     match extend {
                         Ok(extend) => {

@@ -23,6 +23,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
+use crate::clock::Stamp;
+use crate::job::Extend;
 use crate::token::Token;
 use crate::{Config, ConfigError, Error, Lock, SharedRedlock};
 
@@ -574,11 +576,16 @@ pub(crate) enum KeepStep {
 
 impl Keeper {
     /// What to do at `now`; a loss is reported here, once, to every way
-    /// the holder listens.
-    pub(crate) fn poll(&mut self, now: Instant) -> KeepStep {
+    /// the holder listens. The schedule is judged on the lock's deadline
+    /// as of `now` on both clocks: after a suspend it is earlier than the
+    /// monotonic instant fixed at the last extension (see [`Lock::deadline`]).
+    pub(crate) fn poll(&mut self, now: Stamp) -> KeepStep {
         if self.lost {
             return KeepStep::Idle;
         }
+        self.schedule
+            .handle_shortened(self.lock.expiry.deadline(now));
+        let now = now.mono;
         match self.schedule.poll_next(now) {
             Next::Extend => KeepStep::Extend(self.schedule.ttl),
             Next::Wait(until) => KeepStep::Wait(until),
@@ -618,6 +625,27 @@ impl Keeper {
     /// What the holder shares with the loop.
     pub(crate) fn shared(&self) -> &Arc<Shared> {
         &self.shared
+    }
+
+    /// An extension to `ttl` starts at `now`: the lock it extends, its
+    /// deadline first made no later than the keys will keep it
+    /// ([`Extend::shorten`]) and shared with the holder, so that however
+    /// the attempt ends (or fails to, when the loop stops), the holder is
+    /// never told of validity the keys no longer have.
+    ///
+    /// # Errors
+    /// As [`Extend::shorten`]: nothing is sent then.
+    pub(crate) fn start_extension(
+        &mut self,
+        config: &Config,
+        ttl: Duration,
+        now: Stamp,
+    ) -> Result<Lock, Error> {
+        Extend::shorten(config, &mut self.lock, ttl, now)?;
+        self.schedule
+            .handle_shortened(self.lock.expiry.deadline(now));
+        self.shared.state().lock.clone_from(&self.lock);
+        Ok(self.lock.clone())
     }
 
     /// An extension attempt ended: `lock` is the lock as it left it
@@ -1071,5 +1099,94 @@ mod tests {
                 "{every}"
             );
         }
+    }
+
+    /// A kept lock as the loop holds it: 900 ms of validity from `at`, on
+    /// both clocks, kept at 900 ms every third.
+    fn kept_for_900ms(at: crate::clock::Stamp) -> Keeper {
+        let mut lock = Lock::from_parts(
+            "r",
+            crate::token::TokenSource::from_seed([7; 16]).next_token(),
+        );
+        lock.ttl = ms(900);
+        lock.expiry = crate::clock::Expiry::after(at, ms(900)).unwrap();
+        let schedule = Schedule::new(ms(900), 1.0 / 3.0, ms(20), None, at.mono + ms(900), 0);
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                lock: lock.clone(),
+                last_error: None,
+                lost: None,
+                subscribers: Vec::new(),
+                wakers: Vec::new(),
+                slot: None,
+            }),
+        });
+        Keeper {
+            lock,
+            schedule,
+            shared,
+            on_lost: None,
+            lost: false,
+        }
+    }
+
+    /// Issue 20, item 11: after a suspend longer than the validity left,
+    /// the keys are gone on the masters; the schedule must see it at once
+    /// (the boot clock counts the suspend), not wait for the monotonic
+    /// deadline fixed before the suspend.
+    #[test]
+    fn a_suspend_past_the_deadline_is_a_loss_at_once() {
+        use crate::clock::{BootInstant, Stamp};
+        let at = Stamp {
+            mono: Instant::now(),
+            boot: BootInstant::now(),
+        };
+        let mut keeper = kept_for_900ms(at);
+        // 100 ms later on the monotonic clock, 10 s later on the boot clock.
+        let woke = Stamp {
+            mono: at.mono + ms(100),
+            boot: at.boot.checked_add(Duration::from_secs(10)).unwrap(),
+        };
+        assert_eq!(keeper.poll(woke), KeepStep::Idle, "lost at once");
+        assert!(
+            matches!(
+                keeper.shared.state().lost,
+                Some(Lost {
+                    reason: LostReason::Expired,
+                    ..
+                })
+            ),
+            "{:?}",
+            keeper.shared.state().lost
+        );
+        // Without a suspend, the same instant waits for the first extension.
+        let mut keeper = kept_for_900ms(at);
+        let awake = Stamp {
+            mono: at.mono + ms(100),
+            boot: at.boot.checked_add(ms(100)).unwrap(),
+        };
+        assert_eq!(keeper.poll(awake), KeepStep::Wait(at.mono + ms(300)));
+    }
+
+    /// Issue 20, item 1, for kept locks: an extension shortens the lock the
+    /// holder sees before it is sent, so that a loop that never hears back
+    /// leaves no claim beyond what the keys keep.
+    #[test]
+    fn an_extension_to_a_shorter_ttl_shortens_the_holders_lock_before_it_is_sent() {
+        use crate::clock::{BootInstant, Stamp};
+        let at = Stamp {
+            mono: Instant::now(),
+            boot: BootInstant::now(),
+        };
+        let mut keeper = kept_for_900ms(at);
+        let config = Config::new(["redis://127.0.0.1:1"]).unwrap();
+        let sent = keeper.start_extension(&config, ms(100), at).unwrap();
+        let span = config.validity_span(ms(100)).unwrap();
+        assert!(sent.expiry.deadline(at) <= at.mono + span);
+        assert!(keeper.shared.state().lock.expiry.deadline(at) <= at.mono + span);
+        // A TTL the client refuses sends nothing and changes nothing.
+        let before = keeper.shared.state().lock.clone();
+        assert!(keeper.start_extension(&config, Duration::ZERO, at).is_err());
+        assert_eq!(keeper.shared.state().lock, before);
     }
 }

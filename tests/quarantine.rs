@@ -157,3 +157,93 @@ fn a_ttl_over_the_quarantine_maximum_is_refused_before_anything_is_sent() {
         "{got:?}"
     );
 }
+
+/// Issue 20, item 2. A lock kept alive by extends for longer than the
+/// max TTL after its acquire, when one master's name starts reaching
+/// another, long-running server: that server may hold none of our keys,
+/// so its answers must not count for a max TTL, exactly as after a grant
+/// by SET. Before extends counted as grants, the quarantine looked at the
+/// acquire's grant only, older than the max TTL by then, and counted the
+/// new server's vote at once.
+#[test]
+fn a_master_replaced_while_extends_keep_our_lock_is_quarantined() {
+    use std::net::SocketAddr;
+    use std::sync::{Arc, Mutex};
+
+    let mut masters = cluster(3);
+    let spare = common::master();
+    // Long-running, all of them: only the swap may quarantine.
+    let all_up = || {
+        masters
+            .iter()
+            .chain(std::iter::once(&spare))
+            .all(|s| Duration::from_secs(common::uptime(s).saturating_sub(1)) >= MAX_TTL)
+    };
+    assert!(
+        common::eventually(MAX_TTL + Duration::from_secs(10), all_up),
+        "masters never reached the max TTL of uptime"
+    );
+    // Master 1 is named `swapped.test`, which the test's resolver points
+    // at master 1, then at the spare.
+    let target: Arc<Mutex<SocketAddr>> = Arc::new(Mutex::new(masters[1].addr()));
+    let answer = Arc::clone(&target);
+    let mut config = redlock_mio::Config::new([
+        masters[0].url(),
+        format!("redis://swapped.test:{}", masters[1].port()),
+        masters[2].url(),
+    ])
+    .unwrap_or_else(|e| panic!("{e}"));
+    config.per_instance_timeout = Duration::from_secs(1);
+    config.quarantine = Some(MAX_TTL);
+    config.resolver = redlock_mio::Resolver::new(move |_, _| {
+        Ok(vec![*answer.lock().unwrap_or_else(|e| e.into_inner())])
+    });
+    let mut a = Redlock::new(config).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(a.warm_up(Duration::from_secs(5)), 3);
+    let acquired = Instant::now();
+    let mut lock = a
+        .try_acquire("kept", MAX_TTL)
+        .unwrap_or_else(|e| panic!("acquire: {e}"));
+    // Kept alive by extends until the acquire is more than a max TTL ago.
+    while acquired.elapsed() <= MAX_TTL + Duration::from_millis(500) {
+        a.extend(&mut lock, MAX_TTL)
+            .unwrap_or_else(|e| panic!("extend: {e}"));
+        // Pacing, not waiting for a condition.
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // The name now reaches the spare: the old server goes away, and the
+    // reconnect looks the name up again.
+    *target.lock().unwrap_or_else(|e| e.into_inner()) = spare.addr();
+    masters[1].kill().unwrap_or_else(|e| panic!("{e}"));
+    // Another resource, held elsewhere on masters 0 and 2, shows master
+    // 1's vote in the refusal once it has reconnected (to the spare).
+    for i in [0, 2] {
+        common::connect(&masters[i]).cmd(&[
+            redlock_mio::resp::Arg::Bytes(b"SET"),
+            redlock_mio::resp::Arg::Bytes(b"probe"),
+            redlock_mio::resp::Arg::Bytes(b"someone-else"),
+        ]);
+    }
+    let mut vote = None;
+    let reconnected = common::eventually(Duration::from_secs(20), || {
+        match a.try_acquire("probe", MAX_TTL) {
+            Err(Error::Held(failure) | Error::NoQuorum(failure)) => {
+                vote = failure.votes.get(1).map(|v| v.vote.clone());
+            }
+            other => panic!("master 0 and 2 hold `probe` for someone else: {other:?}"),
+        }
+        matches!(
+            vote,
+            Some(Vote::Granted | Vote::Refused | Vote::Failed(Cause::Quarantined(_)))
+        )
+    });
+    assert!(
+        reconnected,
+        "master 1's name never reached the spare: {vote:?}"
+    );
+    assert!(
+        matches!(vote, Some(Vote::Failed(Cause::Quarantined(left))) if left <= MAX_TTL),
+        "a new server behind a name that granted our extend {:?} ago must be quarantined: {vote:?}",
+        acquired.elapsed()
+    );
+}
