@@ -203,6 +203,13 @@ impl Engine {
         self.channels.handle_released(resource, token);
     }
 
+    /// A waiter's failed attempt on `resource` is being undone (the
+    /// cleanup release of `token`): the masters' messages for it say
+    /// nothing of the holder's lock, and wake nobody.
+    pub(crate) fn handle_cleanup(&mut self, resource: &[u8], token: crate::token::Token) {
+        self.channels.handle_cleanup(resource, token);
+    }
+
     /// The next resource released since the last call.
     pub(crate) fn poll_notified(&mut self) -> Option<Bytes> {
         self.channels.poll_notified()

@@ -654,10 +654,17 @@ impl Acquire {
     /// - Refused by a quorum: wait for a release, or until enough keys
     ///   have expired for a quorum to be free, as the refusing masters'
     ///   remaining times say (the retry delay where they did not say).
-    /// - Refused by fewer (votes split between racing waiters, whose
-    ///   cleanups free the keys at once): a random back-off of up to two
-    ///   round trips, notifications ignored, so that the racers fall out
-    ///   of step.
+    /// - Refused by fewer, with the failed masters counted as refusals
+    ///   still fewer than a quorum (votes split between racing waiters,
+    ///   whose cleanups free the keys at once): a random back-off of up to
+    ///   two round trips, notifications ignored, so that the racers fall
+    ///   out of step.
+    /// - Refused by fewer, but a quorum with the failed masters: a holder
+    ///   may have its quorum there (a failed master cannot say it holds
+    ///   no key), so this is a held lock, not a split, and it is waited
+    ///   for as one, the failed masters counted as holding: retrying at
+    ///   round-trip rate would only split the votes of every waiter of
+    ///   every process until the holder's keys expire.
     /// - Out of waiting time: finish.
     fn next_wait(
         &mut self,
@@ -683,14 +690,20 @@ impl Acquire {
         let n = votes.len();
         let q = round.quorum();
         let refused = round.refused(0);
-        if refused < q {
+        let failed = round.failed(0);
+        if refused + failed < q {
             let round_trip = now.saturating_duration_since(started.mono);
             let backoff = ctx.jitter.between(Duration::ZERO, round_trip * 2);
             return Some(After::Sleep(cap(now + backoff)));
         }
         // The lock is free once `needed` of the refusing masters' keys
-        // have expired, beside the masters that did not refuse.
-        let needed = q - (n - refused);
+        // have expired, beside the masters that neither refused nor failed
+        // (a failed master may hold the key: it counts as holding). When
+        // the failures leave too few masters for that, the last refuser's
+        // expiry is the most the refusals can tell.
+        let needed = q
+            .saturating_sub(n - refused - failed)
+            .clamp(1, refused.max(1));
         let mut left = [0i64; 16];
         let mut count = 0;
         for (vote, value) in votes.iter().zip(round.values(0)) {

@@ -191,6 +191,17 @@ impl Channels {
         }
     }
 
+    /// A local waiter's failed attempt on `resource` is undone by a
+    /// release of `token`: the masters will publish it, but it frees only
+    /// keys that attempt took, never the holder's, so its messages move
+    /// no epoch on (a waiter woken by its own cleanup would try again at
+    /// once, into the same refusal, for as long as the lock is held).
+    pub(crate) fn handle_cleanup(&mut self, resource: &[u8], token: Token) {
+        if let Some(channel) = self.table.get_mut(resource) {
+            channel.last = Some(token);
+        }
+    }
+
     /// The next resource released since the last call.
     pub(crate) fn poll_notified(&mut self) -> Option<Bytes> {
         let resource = self.notified.pop_front()?;

@@ -1021,9 +1021,9 @@ struct EventLoop {
 /// When a waiter woken by a release at `now` tries: after a random delay
 /// within [`Config::wake_spread`], so that the waiters of several
 /// processes woken together do not split the masters' votes, shorter the
-/// longer it has waited (since `waiting_since`), down to nothing at
-/// 20 ms, so that the waiter that has waited longest tends to send its
-/// attempt first.
+/// longer it has waited (since `waiting_since`), down to a quarter of the
+/// spread at 20 ms, so that the waiter that has waited longest tends to
+/// send its attempt first.
 fn wake_at(
     jitter: &mut SplitMix64,
     spread: Duration,
@@ -1035,7 +1035,7 @@ fn wake_at(
         .unwrap_or_default()
         .min(AGE_PRIORITY);
     let share = 1.0 - age.as_secs_f64() / AGE_PRIORITY.as_secs_f64();
-    now + jitter.between(Duration::ZERO, spread.mul_f64(share))
+    now + jitter.between(Duration::ZERO, spread.mul_f64(share.max(MIN_SPREAD_SHARE)))
 }
 
 /// The jobs' timers: when each waiting job goes on (to retry, to stop
@@ -1070,8 +1070,15 @@ impl Timers {
     }
 }
 
-/// Past this wait, a woken waiter tries at once (see [`wake_at`]).
+/// Past this wait, a woken waiter's delay is the least share of the
+/// spread (see [`wake_at`]).
 const AGE_PRIORITY: Duration = Duration::from_millis(20);
+
+/// The least share of [`Config::wake_spread`] a woken waiter's delay is
+/// drawn from, however long it has waited: the waiters of several
+/// processes that have all waited long are still spread apart, or they
+/// would all try at once and split the votes.
+const MIN_SPREAD_SHARE: f64 = 0.25;
 
 /// How long the loop, once its last handle is gone, waits for late
 /// replies and cleanup releases.
@@ -1517,6 +1524,11 @@ impl EventLoop {
                     return;
                 }
                 Step::Send(requests) => {
+                    if let Some(resource) = &running.waits_for {
+                        for request in requests {
+                            engine.handle_cleanup(resource, request.token);
+                        }
+                    }
                     driver.prepare(engine, now);
                     let id = engine.start(requests, now, Duration::ZERO, Wait::Decision);
                     engine.finish(id);
