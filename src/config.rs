@@ -138,7 +138,8 @@ pub struct Config {
     /// 1024 is a lag of about 100 ms, twice the default per-instance
     /// timeout, past which the master's votes time out anyway; raise it for
     /// large batches ([`Redlock::try_acquire_batch`](crate::Redlock::try_acquire_batch) puts one request per
-    /// resource in flight). At least 32.
+    /// resource in flight, and a batch may have at most half of this
+    /// bound: [`ConfigError::BatchTooLarge`]). At least 32.
     ///
     /// [`Cause::TooFarBehind`]: crate::Cause::TooFarBehind
     pub max_in_flight: usize,
@@ -251,6 +252,22 @@ impl Config {
         }
     }
 
+    /// The most resources (or locks) one batch may have: half of
+    /// [`Config::max_in_flight`], the shared client's admission limit, so
+    /// that a batch never pushes a connection others use past its bound.
+    pub(crate) fn max_batch(&self) -> usize {
+        self.max_in_flight / 2
+    }
+
+    /// `len` if a batch of that many fits [`Config::max_batch`].
+    pub(crate) fn checked_batch(&self, len: usize) -> Result<usize, ConfigError> {
+        let max = self.max_batch();
+        if len > max {
+            return Err(ConfigError::BatchTooLarge { len, max });
+        }
+        Ok(len)
+    }
+
     pub(crate) fn check(&self) -> Result<(), ConfigError> {
         if self.servers.is_empty() {
             return Err(ConfigError::NoServers);
@@ -305,6 +322,16 @@ pub enum ConfigError {
     /// [`Config::max_in_flight`] under 32: no room for a connection's
     /// handshake and a batch.
     InFlightTooSmall,
+    /// A batch of more resources (or locks) than half of
+    /// [`Config::max_in_flight`], the most one operation may put in flight
+    /// on a connection that others share: it is refused before anything is
+    /// sent, and nothing else is affected.
+    BatchTooLarge {
+        /// How many resources or locks the batch has.
+        len: usize,
+        /// The most a batch may have: `max_in_flight / 2`.
+        max: usize,
+    },
     /// The TLS settings cannot be used: a CA, certificate or key file
     /// that is missing or holds no usable PEM item, a certificate without
     /// its key, no root certificate to trust.
@@ -344,6 +371,12 @@ impl fmt::Display for ConfigError {
             ConfigError::InFlightTooSmall => {
                 write!(f, "max_in_flight must be at least {MIN_IN_FLIGHT}")
             }
+            ConfigError::BatchTooLarge { len, max } => write!(
+                f,
+                "a batch of {len} is over the limit of {max} (half of Config::max_in_flight): \
+                 raise max_in_flight to at least {}, or split the batch",
+                len.saturating_mul(2)
+            ),
             ConfigError::Tls(problem) => write!(f, "TLS settings: {problem}"),
             ConfigError::SameServer { first, second } => write!(
                 f,

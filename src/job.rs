@@ -896,7 +896,8 @@ impl Batch {
     /// a reused list, cleared first.
     ///
     /// # Errors
-    /// A TTL the client refuses.
+    /// A TTL the client refuses; more resources than
+    /// [`Config::max_batch`] (nothing is sent).
     pub(crate) fn acquire<I>(
         ctx: &mut Ctx<'_>,
         mut requests: Vec<Request>,
@@ -918,10 +919,13 @@ impl Batch {
                 arg: millis(ttl),
             });
         }
+        ctx.config.checked_batch(requests.len())?;
         Ok(Batch::new(ctx, requests, ttl, now))
     }
 
-    /// A release of each of `locks`; `requests` is a reused list.
+    /// A release of each of `locks`; `requests` is a reused list. More
+    /// locks than [`Config::max_batch`] are refused, each with that error,
+    /// before anything is sent.
     pub(crate) fn release(
         ctx: &Ctx<'_>,
         mut requests: Vec<Request>,
@@ -929,6 +933,11 @@ impl Batch {
         now: Instant,
     ) -> Batch {
         requests.clear();
+        if let Err(error) = ctx.config.checked_batch(locks.len()) {
+            let mut refused = Batch::new(ctx, requests, Duration::ZERO, now);
+            refused.releases = Some(vec![Err(Error::Config(error)); locks.len()]);
+            return refused;
+        }
         requests.extend(locks.iter().map(|lock| Request {
             op: release_op(&lock.keys),
             keys: lock.keys.clone(),

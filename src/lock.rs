@@ -557,7 +557,10 @@ impl Redlock {
     ///
     /// # Errors
     /// The outer error is [`Error::Config`] for a TTL under 1 ms or over
-    /// [`MAX_TTL_MS`](crate::MAX_TTL_MS); each inner result is as [`Redlock::try_acquire`]'s.
+    /// [`MAX_TTL_MS`](crate::MAX_TTL_MS), or
+    /// [`ConfigError::BatchTooLarge`] for more resources than half of
+    /// [`Config::max_in_flight`] (nothing is sent); each inner result is as
+    /// [`Redlock::try_acquire`]'s.
     pub fn try_acquire_batch<I>(
         &mut self,
         resources: I,
@@ -584,7 +587,9 @@ impl Redlock {
 
     /// Releases each of `locks` on every master, all in one pass: one write
     /// per master, one quorum decision per lock, one result per lock in the
-    /// order given (each as [`Redlock::release`]'s).
+    /// order given (each as [`Redlock::release`]'s). More locks than half
+    /// of [`Config::max_in_flight`] are refused before anything is sent,
+    /// each result [`ConfigError::BatchTooLarge`].
     pub fn release_batch(&mut self, locks: &[Lock]) -> Vec<Result<(), Error>> {
         let requests = std::mem::take(&mut self.batch);
         let batch = Batch::release(&self.ctx(), requests, locks, Instant::now());

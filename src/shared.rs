@@ -504,13 +504,18 @@ impl SharedRedlock {
         I: IntoIterator,
         I::Item: Into<Bytes>,
     {
-        let resources = resources.into_iter().map(Into::into).collect();
+        let resources: Vec<Bytes> = resources.into_iter().map(Into::into).collect();
+        // Refused here, not queued behind others to be refused later.
+        self.handle.config.checked_batch(resources.len())?;
         self.wait(Order::AcquireBatch { resources, ttl }, locks_of)
     }
 
     /// Releases each of `locks` in one round; see
     /// [`Redlock::release_batch`](crate::Redlock::release_batch).
     pub fn release_batch(&self, locks: &[Lock]) -> Vec<Result<(), Error>> {
+        if let Err(error) = self.handle.config.checked_batch(locks.len()) {
+            return vec![Err(Error::Config(error)); locks.len()];
+        }
         let locks = locks.to_vec();
         self.wait(Order::ReleaseBatch { locks }, releases_of)
     }
@@ -950,6 +955,8 @@ struct Kept {
     /// Told to stop while extending: release once the extension ends, and
     /// hand the result to this caller.
     stopping: Option<Arc<Completion>>,
+    /// Its extension waits for room, in [`EventLoop::kept_admitting`].
+    admitting: bool,
 }
 
 /// A blocking call's attempt to run on its own thread.
@@ -1008,6 +1015,9 @@ struct EventLoop {
     inbox: Vec<Submission>,
     /// Orders waiting for room in the connections' in-flight queues.
     admitting: VecDeque<Submission>,
+    /// Kept locks whose extension waits for room: (slot, generation).
+    /// They go before the orders: an extension is due.
+    kept_admitting: VecDeque<(usize, u64)>,
     /// Set once two masters turned out to be one server.
     same_server: Option<ConfigError>,
     /// Kept locks, by slot.
@@ -1108,6 +1118,7 @@ impl EventLoop {
             subscribing: Vec::new(),
             inbox: Vec::with_capacity(256),
             admitting: VecDeque::with_capacity(256),
+            kept_admitting: VecDeque::new(),
             same_server: None,
             kept: Vec::new(),
             free_kept: Vec::new(),
@@ -1138,7 +1149,9 @@ impl EventLoop {
 
     /// Nothing in flight, nothing waiting: a caller may use the engine.
     fn is_idle(&self) -> bool {
-        self.jobs.len() == self.free_jobs.len() && self.admitting.is_empty()
+        self.jobs.len() == self.free_jobs.len()
+            && self.admitting.is_empty()
+            && self.kept_admitting.is_empty()
     }
 
     /// One turn: takes the queue's orders, starts what it can, writes,
@@ -1172,10 +1185,10 @@ impl EventLoop {
         let mut inbox = std::mem::take(&mut self.inbox);
         for submission in inbox.drain(..) {
             match submission.order {
-                // Keeping and releasing kept locks is never held back: a
-                // kept lock's extension must not wait behind a burst.
+                // Taking a lock to keep sends nothing by itself; its
+                // extensions are admitted ahead of the orders (see
+                // `admit`), and its release is an order like any other.
                 Order::Keep { keeper } => self.keep(*keeper, now),
-                Order::Unkeep { shared } => self.unkeep(&shared, submission.completion, now),
                 order => self.admitting.push_back(Submission {
                     order,
                     completion: submission.completion,
@@ -1349,12 +1362,27 @@ impl EventLoop {
     /// master lagging alone, which the connection drops as too far behind.
     fn admit(&mut self, now: Instant) {
         let limit = self.config.max_in_flight / 2;
+        let patience = self.config.per_instance_timeout;
+        while let Some(&(slot, generation)) = self.kept_admitting.front() {
+            if !self.engine.has_room(1, limit, now, patience) {
+                return;
+            }
+            self.kept_admitting.pop_front();
+            if let Some(Some(kept)) = self.kept.get_mut(slot)
+                && kept.generation == generation
+            {
+                kept.admitting = false;
+                self.drive_kept(slot, now);
+            }
+        }
         while let Some(submission) = self.admitting.front() {
+            // A batch over the limit is refused when it is made a job.
             let k = match &submission.order {
                 Order::AcquireBatch { resources, .. } => resources.len(),
                 Order::ReleaseBatch { locks } => locks.len(),
                 _ => 1,
-            };
+            }
+            .min(limit);
             if !self
                 .engine
                 .has_room(k, limit, now, self.config.per_instance_timeout)
@@ -1698,6 +1726,7 @@ impl EventLoop {
             generation: self.generations,
             extending: false,
             stopping: None,
+            admitting: false,
         });
         let slot = match self.free_kept.pop() {
             Some(slot) => {
@@ -1733,6 +1762,18 @@ impl EventLoop {
                     return;
                 }
                 KeepStep::Extend(ttl) => {
+                    // Through the admission every order goes through: a
+                    // burst of extensions falling due together must not
+                    // push a connection others use past its bound.
+                    let limit = self.config.max_in_flight / 2;
+                    let patience = self.config.per_instance_timeout;
+                    if !self.engine.has_room(1, limit, now, patience) {
+                        if !kept.admitting {
+                            kept.admitting = true;
+                            self.kept_admitting.push_back((slot, kept.generation));
+                        }
+                        return;
+                    }
                     let ctx = Ctx {
                         config: &self.config,
                         names: &self.names,
@@ -1756,7 +1797,10 @@ impl EventLoop {
                         }
                         // Refused before anything was sent (the cap, say):
                         // the schedule decides again.
-                        Err(error) => kept.keeper.handle_extended(lock, Err(error), now),
+                        Err(error) => {
+                            kept.keeper
+                                .handle_extended(lock, Err(error), now, ctx.jitter)
+                        }
                     }
                 }
             }
@@ -1770,7 +1814,8 @@ impl EventLoop {
         };
         kept.extending = false;
         if let Output::Extended(lock, result) = output {
-            kept.keeper.handle_extended(lock, result, now);
+            kept.keeper
+                .handle_extended(lock, result, now, &mut self.jitter);
         }
         match kept.stopping.take() {
             Some(completion) => self.release_kept(slot, completion, now),

@@ -24,7 +24,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use crate::clock::Stamp;
-use crate::job::Extend;
+use crate::job::{Extend, SplitMix64};
 use crate::token::Token;
 use crate::{Config, ConfigError, Error, Lock, SharedRedlock};
 
@@ -650,7 +650,17 @@ impl Keeper {
 
     /// An extension attempt ended: `lock` is the lock as it left it
     /// (extended, or shortened by a failure).
-    pub(crate) fn handle_extended(&mut self, lock: Lock, result: Result<(), Error>, now: Instant) {
+    /// A failed attempt's retry comes a random part of the retry gap early
+    /// (drawn from `jitter`): the kept locks that one shared failure (a
+    /// dropped connection) failed together do not all retry at one
+    /// instant.
+    pub(crate) fn handle_extended(
+        &mut self,
+        lock: Lock,
+        result: Result<(), Error>,
+        now: Instant,
+        jitter: &mut SplitMix64,
+    ) {
         self.lock = lock;
         match result {
             Ok(()) => self
@@ -659,6 +669,8 @@ impl Keeper {
             Err(error) => {
                 self.schedule.handle_shortened(self.lock.deadline());
                 self.schedule.handle_failed(error, now);
+                let early = jitter.between(Duration::ZERO, self.schedule.retry_gap / 2);
+                self.schedule.spread_retry(early);
             }
         }
         let mut state = self.shared.state();
@@ -817,7 +829,15 @@ impl Schedule {
         self.deadline = self.deadline.min(deadline);
     }
 
-    /// An extension attempt failed at `now`.
+    /// Moves a pending retry `early` (at most half the retry gap) earlier.
+    fn spread_retry(&mut self, early: Duration) {
+        let early = early.min(self.retry_gap / 2);
+        if let Some(at) = self.retry_at {
+            self.retry_at = Some(at.checked_sub(early).unwrap_or(at));
+        }
+    }
+
+    /// An extension attempt failed at `now`: retry a retry gap later.
     fn handle_failed(&mut self, error: Error, now: Instant) {
         match error {
             Error::NotHeld(_) => self.final_reason = Some(LostReason::Failed(error)),
@@ -1188,5 +1208,37 @@ mod tests {
         let before = keeper.shared.state().lock.clone();
         assert!(keeper.start_extension(&config, Duration::ZERO, at).is_err());
         assert_eq!(keeper.shared.state().lock, before);
+    }
+
+    /// Issue 20, item 3: kept locks that one shared failure (a dropped
+    /// connection) failed at one instant retry at different instants,
+    /// each within the second half of the retry gap.
+    #[test]
+    fn retries_after_one_shared_failure_are_spread() {
+        use crate::clock::{BootInstant, Stamp};
+        let at = Stamp {
+            mono: Instant::now(),
+            boot: BootInstant::now(),
+        };
+        let mut jitter = SplitMix64(42);
+        let retries: Vec<Instant> = (0..16)
+            .map(|_| {
+                let mut keeper = kept_for_900ms(at);
+                let lock = keeper.lock.clone();
+                keeper.handle_extended(lock, Err(Error::NoQuorum(failure())), at.mono, &mut jitter);
+                keeper.schedule.retry_at.unwrap()
+            })
+            .collect();
+        let gap = kept_for_900ms(at).schedule.retry_gap;
+        assert!(
+            retries
+                .iter()
+                .all(|r| *r >= at.mono + gap / 2 && *r <= at.mono + gap),
+            "{retries:?}"
+        );
+        let mut distinct = retries.clone();
+        distinct.sort();
+        distinct.dedup();
+        assert!(distinct.len() > 8, "{retries:?}");
     }
 }
