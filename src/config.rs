@@ -182,6 +182,12 @@ pub struct Config {
     /// wrong by a few milliseconds. Default zero.
     #[cfg(feature = "test-knobs")]
     pub overstate_validity: Duration,
+    /// Test knob, present only with the `test-knobs` feature: the shared
+    /// client's event loop panics when it starts an operation on this
+    /// resource, so that `tests/loop_stops.rs` can show what callers see
+    /// when the loop ends by a panic. Default none.
+    #[cfg(feature = "test-knobs")]
+    pub panic_on_resource: Option<bytes::Bytes>,
 }
 
 impl Config {
@@ -226,6 +232,8 @@ impl Config {
             tls: TlsConfig::default(),
             #[cfg(feature = "test-knobs")]
             overstate_validity: Duration::ZERO,
+            #[cfg(feature = "test-knobs")]
+            panic_on_resource: None,
         })
     }
 
@@ -278,13 +286,44 @@ impl Config {
         if self.per_instance_timeout.is_zero() || self.connect_timeout.is_zero() {
             return Err(ConfigError::ZeroTimeout);
         }
-        if self.retry.attempts == 0 {
-            return Err(ConfigError::ZeroAttempts);
-        }
+        self.retry.check()?;
         if self.max_in_flight < MIN_IN_FLIGHT {
             return Err(ConfigError::InFlightTooSmall);
         }
+        let durations = [
+            ("per_instance_timeout", Some(self.per_instance_timeout)),
+            ("connect_timeout", Some(self.connect_timeout)),
+            ("reconnect_backoff_max", Some(self.reconnect_backoff_max)),
+            ("quarantine", self.quarantine),
+            ("wake_spread", Some(self.wake_spread)),
+        ];
+        for (setting, duration) in durations {
+            check_duration(setting, duration)?;
+        }
         Ok(())
+    }
+}
+
+impl Retry {
+    /// A policy that can work: at least one attempt, and waits the clock
+    /// can count ([`MAX_DURATION`]).
+    pub(crate) fn check(&self) -> Result<(), ConfigError> {
+        if self.attempts == 0 {
+            return Err(ConfigError::ZeroAttempts);
+        }
+        check_duration("retry delay", Some(self.delay))?;
+        check_duration("retry max_wait", self.max_wait)
+    }
+}
+
+/// The longest duration a setting may have: a year. Longer ones would be
+/// added to the clock by the event loop, where an overflow would stop it.
+pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+
+fn check_duration(setting: &'static str, duration: Option<Duration>) -> Result<(), ConfigError> {
+    match duration {
+        Some(d) if d > MAX_DURATION => Err(ConfigError::DurationTooLarge(setting)),
+        _ => Ok(()),
     }
 }
 
@@ -322,6 +361,9 @@ pub enum ConfigError {
     /// [`Config::max_in_flight`] under 32: no room for a connection's
     /// handshake and a batch.
     InFlightTooSmall,
+    /// The named duration (a setting, or a retry policy's) is over
+    /// [`MAX_DURATION`].
+    DurationTooLarge(&'static str),
     /// A batch of more resources (or locks) than half of
     /// [`Config::max_in_flight`], the most one operation may put in flight
     /// on a connection that others share: it is refused before anything is
@@ -371,6 +413,11 @@ impl fmt::Display for ConfigError {
             ConfigError::InFlightTooSmall => {
                 write!(f, "max_in_flight must be at least {MIN_IN_FLIGHT}")
             }
+            ConfigError::DurationTooLarge(setting) => write!(
+                f,
+                "{setting} is over the longest duration a setting may have ({} days)",
+                MAX_DURATION.as_secs() / 86_400
+            ),
             ConfigError::BatchTooLarge { len, max } => write!(
                 f,
                 "a batch of {len} is over the limit of {max} (half of Config::max_in_flight): \
@@ -422,5 +469,35 @@ mod tests {
             Err(ConfigError::TtlTooLarge)
         );
         assert_eq!(checked_ttl(Duration::MAX), Err(ConfigError::TtlTooLarge));
+    }
+
+    /// Issue 20, item 7: a duration the event loop would add to the clock
+    /// past its range (a panic on its thread) is refused up front, at the
+    /// limit and one past it.
+    #[test]
+    fn every_duration_the_loop_adds_to_the_clock_is_bounded() {
+        type Set = fn(&mut Config, Duration);
+        let settings: [(&str, Set); 7] = [
+            ("per_instance_timeout", |c, d| c.per_instance_timeout = d),
+            ("connect_timeout", |c, d| c.connect_timeout = d),
+            ("reconnect_backoff_max", |c, d| c.reconnect_backoff_max = d),
+            ("quarantine", |c, d| c.quarantine = Some(d)),
+            ("wake_spread", |c, d| c.wake_spread = d),
+            ("retry delay", |c, d| c.retry.delay = d),
+            ("retry max_wait", |c, d| c.retry.max_wait = Some(d)),
+        ];
+        for (name, set) in settings {
+            let mut config = Config::new(["redis://127.0.0.1:1"]).unwrap();
+            set(&mut config, MAX_DURATION);
+            assert_eq!(config.check(), Ok(()), "{name} at the limit");
+            for over in [MAX_DURATION + Duration::from_nanos(1), Duration::MAX] {
+                set(&mut config, over);
+                assert_eq!(
+                    config.check(),
+                    Err(ConfigError::DurationTooLarge(name)),
+                    "{name} past the limit"
+                );
+            }
+        }
     }
 }

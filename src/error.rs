@@ -98,6 +98,11 @@ pub enum Error {
     ExtensionLimit(u32),
     /// The OS refused a poll instance or random bytes.
     Os(io::ErrorKind),
+    /// The shared client's event loop has stopped: it ended after its last
+    /// handle was dropped, or a panic on its thread ended it (the message
+    /// says which). Nothing more is sent; every operation under way or
+    /// submitted later ends with this error at once.
+    Stopped(Arc<str>),
 }
 
 impl Error {
@@ -143,6 +148,7 @@ impl fmt::Display for Error {
             ),
             Error::ExtensionLimit(max) => write!(f, "lock already extended {max} times"),
             Error::Os(kind) => write!(f, "operating system error: {kind}"),
+            Error::Stopped(why) => write!(f, "the client's event loop has stopped: {why}"),
         }
     }
 }

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use crate::clock::{Expiry, Stamp};
-use crate::config::{Config, ConfigError, Retry};
+use crate::config::{Config, Retry};
 use crate::conn::{Keys, Op, Request};
 use crate::engine::Wait;
 use crate::error::{Error, Failure, MasterVote};
@@ -83,6 +83,9 @@ pub(crate) enum Output {
     Locks(Vec<Result<Lock, Error>>),
     /// A batch release's, one per lock.
     Releases(Vec<Result<(), Error>>),
+    /// Any operation's, when it ended without its own output: the shared
+    /// client's event loop stopped while it was under way.
+    Failed(Error),
 }
 
 /// One caller's operation.
@@ -148,6 +151,20 @@ impl Job {
             Job::Release(job) => job.handle_round(ctx, round, ended),
             Job::AcquireBatch(job) => job.handle_acquired(ctx, round, started, ended),
             Job::ReleaseBatch(job) => job.handle_released(ctx, round, ended),
+        }
+    }
+
+    /// The output of a job that cannot go on (its client's event loop
+    /// stopped): `error` for each of its results; an extend's lock as it
+    /// stands (shortened before it was sent).
+    pub(crate) fn stopped(&self, error: &Error) -> Output {
+        match self {
+            Job::Acquire(_) | Job::AcquireBatch(_) => Output::Lock(Err(error.clone())),
+            Job::Extend(job) => Output::Extended(job.lock.clone(), Err(error.clone())),
+            Job::Release(_) => Output::Released(Err(error.clone())),
+            Job::ReleaseBatch(job) => {
+                Output::Releases(vec![Err(error.clone()); job.requests.len()])
+            }
         }
     }
 
@@ -370,9 +387,7 @@ impl Acquire {
         now: Instant,
     ) -> Result<Acquire, Error> {
         let ttl = ctx.config.checked_ttl(ttl)?;
-        if retry.attempts == 0 {
-            return Err(ConfigError::ZeroAttempts.into());
-        }
+        retry.check()?;
         // A fenced acquire's requests also name the fence key and the
         // master's fencing state; its lock, like its release, names the
         // lock key alone.
@@ -704,35 +719,46 @@ impl Acquire {
         let needed = q
             .saturating_sub(n - refused - failed)
             .clamp(1, refused.max(1));
-        let mut left = [0i64; 16];
-        let mut count = 0;
-        for (vote, value) in votes.iter().zip(round.values(0)) {
-            if *vote != Vote::Refused {
-                continue;
-            }
-            match value {
-                Some(v) if *v < 0 => {
-                    if let Some(slot) = left.get_mut(count) {
-                        *slot = -*v;
-                        count += 1;
-                    }
-                }
-                // No expiry, or none known: the retry delay decides.
-                _ => {}
-            }
-        }
-        let left = &mut left[..count];
-        left.sort_unstable();
-        let expiry = match left.get(needed.wrapping_sub(1)) {
-            Some(ms) => {
-                // Redis expires a key within a millisecond of its PTTL.
-                Duration::from_millis(ms.unsigned_abs() + 1)
-            }
-            _ => ctx.jitter.between(self.retry.delay / 2, self.retry.delay),
+        let expiry = match holder_expiry(votes, round.values(0), needed) {
+            Some(expiry) => expiry,
+            None => ctx.jitter.between(self.retry.delay / 2, self.retry.delay),
         };
         let spread = ctx.jitter.between(Duration::ZERO, ctx.config.wake_spread);
-        Some(After::Await(cap(now + expiry + spread)))
+        // Past the clock's range (a reply no key can have): as far as the
+        // wait may last.
+        let at = now
+            .checked_add(expiry)
+            .and_then(|at| at.checked_add(spread))
+            .or(self.wait_until)
+            .unwrap_or(now);
+        Some(After::Await(cap(at)))
     }
+}
+
+/// How long until `needed` of the refusing masters' keys have expired, as
+/// their replies say (minus the key's PTTL, from the waiting script), or
+/// `None` when fewer of them said. Whatever a master sent, nothing here
+/// overflows: a reply is data, never a reason to panic.
+fn holder_expiry(votes: &[Vote], values: &[Option<i64>], needed: usize) -> Option<Duration> {
+    let mut left = [0u64; 16];
+    let mut count = 0;
+    for (vote, value) in votes.iter().zip(values) {
+        match (vote, value) {
+            (Vote::Refused, Some(v)) if *v < 0 => {
+                if let Some(slot) = left.get_mut(count) {
+                    *slot = v.unsigned_abs();
+                    count += 1;
+                }
+            }
+            // No expiry, or none known: the retry delay decides.
+            _ => {}
+        }
+    }
+    let left = &mut left[..count];
+    left.sort_unstable();
+    let ms = left.get(needed.checked_sub(1)?)?;
+    // Redis expires a key within a millisecond of its PTTL.
+    Some(Duration::from_millis(ms.saturating_add(1)))
 }
 
 /// An extend of one lock.
@@ -1203,5 +1229,44 @@ impl SplitMix64 {
             self.next() % (span + 1)
         };
         low + Duration::from_nanos(offset)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 20, item 7: the waiting script's reply is a master's data; an
+    /// `i64::MIN` (minus a PTTL no key has) must not overflow, in a debug
+    /// build or any other.
+    #[test]
+    fn a_holders_expiry_is_read_without_overflow_whatever_a_master_sent() {
+        let refused = [Vote::Refused, Vote::Refused, Vote::Granted];
+        type Case = (&'static str, [Option<i64>; 3], usize, Option<Duration>);
+        let cases: [Case; 5] = [
+            (
+                "the first of two keys to expire",
+                [Some(-3000), Some(-1000), None],
+                1,
+                Some(Duration::from_millis(1001)),
+            ),
+            (
+                "the second of two",
+                [Some(-3000), Some(-1000), None],
+                2,
+                Some(Duration::from_millis(3001)),
+            ),
+            (
+                "i64::MIN",
+                [Some(i64::MIN), Some(-5), None],
+                2,
+                Some(Duration::from_millis(1 << 63) + Duration::from_millis(1)),
+            ),
+            ("no PTTL said", [Some(0), None, Some(-7)], 1, None),
+            ("none needed", [Some(-1), Some(-1), None], 0, None),
+        ];
+        for (name, values, needed, want) in cases {
+            assert_eq!(holder_expiry(&refused, &values, needed), want, "{name}");
+        }
     }
 }

@@ -96,7 +96,7 @@ mod watchdog;
 mod metrics;
 
 pub use addr::{AddrError, Endpoint, Secret, ServerAddr};
-pub use config::{Config, ConfigError, MAX_TTL_MS, Retry, TlsConfig};
+pub use config::{Config, ConfigError, MAX_DURATION, MAX_TTL_MS, Retry, TlsConfig};
 pub use conn::{Cause, HandshakeStep};
 pub use error::{Error, Failure, MasterVote};
 pub use lock::{Lock, LockGuard, Redlock};

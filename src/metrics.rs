@@ -137,7 +137,7 @@ impl Outcome {
             Error::FenceRefused(_) => Outcome::FenceRefused,
             Error::ExtensionLimit(_) => Outcome::ExtensionLimit,
             Error::Config(_) => Outcome::Config,
-            Error::Os(_) => Outcome::Os,
+            Error::Os(_) | Error::Stopped(_) => Outcome::Os,
         }
     }
 
@@ -212,6 +212,16 @@ macro_rules! outcome_key {
 static METADATA: Metadata<'static> =
     Metadata::new(module_path!(), Level::INFO, Some(module_path!()));
 
+/// Runs `record`, which calls the application's recorder or subscriber:
+/// a panic there is the application's, caught here (its panic hook still
+/// reports it), so that it costs a metric, never the event loop that every
+/// caller of the client waits on.
+#[cfg(any(feature = "metrics", feature = "tracing"))]
+#[inline(always)]
+fn guarded<T>(record: impl FnOnce() -> T) -> Option<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(record)).ok()
+}
+
 #[cfg(feature = "metrics")]
 fn counter(key: &Key) -> metrics::Counter {
     metrics::with_recorder(|r| r.register_counter(key, &METADATA))
@@ -240,7 +250,7 @@ pub(crate) fn acquired(
     now: Instant,
 ) {
     #[cfg(feature = "metrics")]
-    {
+    guarded(|| {
         let outcome = Outcome::of(result);
         counter(outcome_key!(ACQUIRES, "outcome", outcome)).increment(1);
         let duration = now.saturating_duration_since(first);
@@ -252,7 +262,7 @@ pub(crate) fn acquired(
             histogram(static_key!(ACQUIRE_WAIT)).record(wait.as_secs_f64());
             gauge(static_key!(HELD)).increment(1.0);
         }
-    }
+    });
 }
 
 /// An extension ended with `result`.
@@ -260,7 +270,7 @@ pub(crate) fn acquired(
 #[inline(always)]
 pub(crate) fn extended(result: &Result<(), Error>) {
     #[cfg(feature = "metrics")]
-    counter(outcome_key!(EXTENDS, "outcome", Outcome::of(result))).increment(1);
+    guarded(|| counter(outcome_key!(EXTENDS, "outcome", Outcome::of(result))).increment(1));
 }
 
 /// A release ended with `result`: the lock is not held any more, however
@@ -269,10 +279,10 @@ pub(crate) fn extended(result: &Result<(), Error>) {
 #[inline(always)]
 pub(crate) fn released(result: &Result<(), Error>) {
     #[cfg(feature = "metrics")]
-    {
+    guarded(|| {
         counter(outcome_key!(RELEASES, "outcome", Outcome::of(result))).increment(1);
         gauge(static_key!(HELD)).decrement(1.0);
-    }
+    });
 }
 
 /// The loop released `count` locks that an acquire took for a caller who
@@ -281,7 +291,7 @@ pub(crate) fn released(result: &Result<(), Error>) {
 #[inline(always)]
 pub(crate) fn released_unclaimed(count: usize) {
     #[cfg(feature = "metrics")]
-    gauge(static_key!(HELD)).decrement(count as f64);
+    guarded(|| gauge(static_key!(HELD)).decrement(count as f64));
 }
 
 /// The watchdog gave a kept lock up.
@@ -289,7 +299,7 @@ pub(crate) fn released_unclaimed(count: usize) {
 #[inline(always)]
 pub(crate) fn lost(reason: &LostReason) {
     #[cfg(feature = "metrics")]
-    counter(outcome_key!(LOST, "reason", Outcome::of_loss(reason))).increment(1);
+    guarded(|| counter(outcome_key!(LOST, "reason", Outcome::of_loss(reason))).increment(1));
 }
 
 /// The label of each kind of [`Cause`], in [`cause_index`] order.
@@ -391,7 +401,7 @@ impl Masters {
     pub(crate) fn handle_failure(&self, i: usize, cause: &Cause) {
         #[cfg(feature = "metrics")]
         if let Some(key) = self.failures.get(i * CAUSES.len() + cause_index(cause)) {
-            counter(key).increment(1);
+            guarded(|| counter(key).increment(1));
         }
     }
 
@@ -409,12 +419,14 @@ impl Masters {
             let quarantined = conn.quarantine_left(now).is_some();
             if quarantined != *counted {
                 *counted = quarantined;
-                let gauge = gauge(key);
-                if quarantined {
-                    gauge.increment(1.0);
-                } else {
-                    gauge.decrement(1.0);
-                }
+                guarded(|| {
+                    let gauge = gauge(key);
+                    if quarantined {
+                        gauge.increment(1.0);
+                    } else {
+                        gauge.decrement(1.0);
+                    }
+                });
             }
         }
     }
@@ -426,7 +438,7 @@ impl Drop for Masters {
     fn drop(&mut self) {
         for (key, counted) in self.quarantine.iter().zip(&self.quarantined) {
             if *counted {
-                gauge(key).decrement(1.0);
+                guarded(|| gauge(key).decrement(1.0));
             }
         }
     }
@@ -456,13 +468,16 @@ impl OpSpan {
         #[cfg(feature = "tracing")]
         let span = {
             let (op, resource) = job.describe();
-            OpSpan {
-                span: tracing::debug_span!(
+            let span = guarded(|| {
+                tracing::debug_span!(
                     "redlock",
                     op,
                     resource = resource.map(tracing::field::debug),
                     outcome = tracing::field::Empty
-                ),
+                )
+            });
+            OpSpan {
+                span: span.unwrap_or_else(tracing::Span::none),
             }
         };
         #[cfg(not(feature = "tracing"))]
@@ -489,6 +504,7 @@ impl OpSpan {
         {
             // A batch's outcome is its first failure's, else `ok`.
             let outcome = match output {
+                Output::Failed(error) => Outcome::of_error(error),
                 Output::Lock(result) => Outcome::of(result),
                 Output::Extended(_, result) | Output::Released(result) => Outcome::of(result),
                 Output::Locks(results) => results
@@ -500,7 +516,7 @@ impl OpSpan {
                     .find_map(|r| r.as_ref().err())
                     .map_or(Outcome::Ok, Outcome::of_error),
             };
-            self.span.record("outcome", outcome.label());
+            guarded(|| self.span.record("outcome", outcome.label()));
         }
     }
 }

@@ -30,6 +30,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::future::Future;
 use std::io;
+use std::panic::{self, AssertUnwindSafe};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
@@ -108,7 +109,7 @@ struct Handle {
 /// Where callers leave operations for the loop.
 #[derive(Debug)]
 struct Queue {
-    orders: Mutex<Vec<Submission>>,
+    orders: Mutex<Orders>,
     waker: mio::Waker,
     /// Set by a caller that woke the loop, cleared by the loop before it
     /// takes the queue: one wake-up per batch of submissions.
@@ -133,11 +134,55 @@ struct Queue {
     ready: Condvar,
 }
 
+/// The orders the loop has yet to take, and whether it takes any more.
+#[derive(Debug)]
+struct Orders {
+    list: Vec<Submission>,
+    /// Set, under the lock, when the loop takes no more orders: every
+    /// order submitted before was taken, and a later one is refused to its
+    /// submitter (see [`Queue::submit`]).
+    ended: Option<Error>,
+}
+
 /// One operation submitted, and where its caller waits.
 #[derive(Debug)]
 struct Submission {
     order: Order,
-    completion: Arc<Completion>,
+    completion: Promise,
+}
+
+/// The loop's hold on a caller's [`Completion`]: handing the output over
+/// consumes it. Dropped without an output (a panic unwinding the loop's
+/// turn with the submission in hand), it ends the caller's wait with
+/// [`Error::Stopped`]: no caller waits forever for a loop that is gone.
+#[derive(Debug)]
+struct Promise(Option<Arc<Completion>>);
+
+impl Promise {
+    fn new(completion: Arc<Completion>) -> Promise {
+        Promise(Some(completion))
+    }
+
+    /// Hands `output` to the caller; see [`Completion::complete`].
+    fn complete(mut self, output: Output) -> Option<Output> {
+        match self.0.take() {
+            Some(completion) => completion.complete(output),
+            None => Some(output),
+        }
+    }
+
+    fn is_abandoned(&self) -> bool {
+        self.0.as_ref().is_some_and(|c| c.is_abandoned())
+    }
+}
+
+impl Drop for Promise {
+    fn drop(&mut self) {
+        if let Some(completion) = self.0.take() {
+            let why = Arc::from("a panic on its thread");
+            let _ = completion.complete(Output::Failed(Error::Stopped(why)));
+        }
+    }
 }
 
 /// An operation as a caller asks for it; the loop makes it a [`Job`].
@@ -274,6 +319,9 @@ pub struct Pending<T> {
     completion: Arc<Completion>,
     /// For releasing an output that arrived after the caller went away.
     queue: Arc<Queue>,
+    /// For releasing such an output once the loop takes no more orders:
+    /// its connections stay open while a future may still need them.
+    core: Arc<Mutex<EventLoop>>,
     extract: fn(Output) -> T,
     done: bool,
 }
@@ -320,12 +368,18 @@ impl<T> Drop for Pending<T> {
             Some(Output::Locks(results)) => results.into_iter().flatten().collect(),
             _ => return,
         };
-        if !locks.is_empty() {
-            // Nobody waits for this release: its completion is dropped.
-            self.queue.submit(
-                Order::ReleaseBatch { locks },
-                Arc::new(Completion::default()),
-            );
+        if locks.is_empty() {
+            return;
+        }
+        // Nobody waits for this release: its completion is dropped.
+        let order = Order::ReleaseBatch { locks };
+        if let Err((Order::ReleaseBatch { locks }, _)) =
+            self.queue.submit(order, Arc::new(Completion::default()))
+        {
+            // The loop has ended: the release is sent from here, on the
+            // connections it left, without waiting for the answers.
+            let mut core = self.core.lock().unwrap_or_else(PoisonError::into_inner);
+            core.release_unclaimed(locks);
         }
     }
 }
@@ -355,7 +409,10 @@ impl SharedRedlock {
         config.check()?;
         let event_loop = EventLoop::new(config.clone())?;
         let queue = Arc::new(Queue {
-            orders: Mutex::new(Vec::with_capacity(256)),
+            orders: Mutex::new(Orders {
+                list: Vec::with_capacity(256),
+                ended: None,
+            }),
             waker: event_loop.driver.waker().map_err(|e| Error::Os(e.kind()))?,
             woken: AtomicBool::new(false),
             closed: AtomicBool::new(false),
@@ -516,8 +573,10 @@ impl SharedRedlock {
         if let Err(error) = self.handle.config.checked_batch(locks.len()) {
             return vec![Err(Error::Config(error)); locks.len()];
         }
+        let n = locks.len();
         let locks = locks.to_vec();
         self.wait(Order::ReleaseBatch { locks }, releases_of)
+            .unwrap_or_else(|error| vec![Err(error); n])
     }
 
     /// Releases `lock` on every master; see
@@ -540,7 +599,7 @@ impl SharedRedlock {
             lock: lock.clone(),
             ttl,
         };
-        let (standing, result) = self.wait(order, extended_of).ok_or_else(lost)?;
+        let (standing, result) = self.wait(order, extended_of)?;
         *lock = standing;
         result
     }
@@ -612,8 +671,7 @@ impl SharedRedlock {
         };
         let (standing, result) = self
             .submit(order, Arc::new(Completion::default()), extended_of)
-            .await
-            .ok_or_else(lost)?;
+            .await?;
         *lock = standing;
         result
     }
@@ -656,14 +714,18 @@ impl SharedRedlock {
     }
 
     /// Hands a kept lock to the loop.
-    pub(crate) fn submit_keep(&self, keeper: Keeper) {
+    ///
+    /// # Errors
+    /// [`Error::Stopped`] once the loop takes no more orders.
+    pub(crate) fn submit_keep(&self, keeper: Keeper) -> Result<(), Error> {
         // Nobody waits for it: the holder reads the shared state.
-        self.handle.queue.submit(
-            Order::Keep {
-                keeper: Box::new(keeper),
-            },
-            Arc::new(Completion::default()),
-        );
+        let order = Order::Keep {
+            keeper: Box::new(keeper),
+        };
+        self.handle
+            .queue
+            .submit(order, Arc::new(Completion::default()))
+            .map_err(|(_, error)| error)
     }
 
     /// Stops keeping a lock and releases it, waiting for the release.
@@ -689,10 +751,13 @@ impl SharedRedlock {
         extract: fn(Output) -> T,
     ) -> Pending<T> {
         let queue = &self.handle.queue;
-        queue.submit(order, Arc::clone(&completion));
+        if let Err((order, error)) = queue.submit(order, Arc::clone(&completion)) {
+            completion.complete(order.refused(error));
+        }
         Pending {
             completion,
             queue: Arc::clone(queue),
+            core: Arc::clone(&self.handle.core),
             extract,
             done: false,
         }
@@ -714,6 +779,9 @@ impl SharedRedlock {
         let Ok(mut core) = self.handle.core.try_lock() else {
             return Inline::Busy(order);
         };
+        if let Some(error) = &core.stopped {
+            return Inline::Done(order.refused(error.clone()));
+        }
         if !core.is_idle() {
             return Inline::Busy(order);
         }
@@ -737,7 +805,7 @@ impl SharedRedlock {
             }
             Ran::Waiting(job, span) => {
                 let completion = blocking_completion();
-                let waiter = Waiter::Caller(Arc::clone(&completion));
+                let waiter = Waiter::Caller(Promise::new(Arc::clone(&completion)));
                 core.spawn_with(job, waiter, span, Instant::now());
                 drop(core);
                 self.handle.queue.nudge();
@@ -750,19 +818,54 @@ impl SharedRedlock {
 }
 
 impl Queue {
+    fn orders(&self) -> MutexGuard<'_, Orders> {
+        self.orders.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// Leaves `order` for the loop and wakes it, unless a wake-up is
     /// already on its way.
-    fn submit(&self, order: Order, completion: Arc<Completion>) {
-        let mut orders = self.orders.lock().unwrap_or_else(PoisonError::into_inner);
-        orders.push(Submission { order, completion });
+    ///
+    /// # Errors
+    /// The loop takes no more orders (it has ended, or stopped): the
+    /// order comes back, with the error it ends with.
+    // Returned whole, not boxed: a submission allocates nothing.
+    #[allow(clippy::result_large_err)]
+    fn submit(&self, order: Order, completion: Arc<Completion>) -> Result<(), (Order, Error)> {
+        let mut orders = self.orders();
+        if let Some(error) = &orders.ended {
+            return Err((order, error.clone()));
+        }
+        orders.list.push(Submission {
+            order,
+            completion: Promise::new(completion),
+        });
         let idle = self.idle.load(Ordering::Acquire);
         drop(orders);
         self.wake(idle);
+        Ok(())
+    }
+
+    /// Ends the queue with `error` unless orders are waiting in it (they
+    /// need one more turn). Returns whether it ended.
+    fn end_if_empty(&self, error: Error) -> bool {
+        let mut orders = self.orders();
+        if !orders.list.is_empty() {
+            return false;
+        }
+        orders.ended.get_or_insert(error);
+        true
+    }
+
+    /// Ends the queue with `error`, and hands back the orders left in it.
+    fn end(&self, error: Error) -> Vec<Submission> {
+        let mut orders = self.orders();
+        orders.ended.get_or_insert(error);
+        std::mem::take(&mut orders.list)
     }
 
     /// Wakes the loop to look at jobs a caller handed it directly.
     fn nudge(&self) {
-        let orders = self.orders.lock().unwrap_or_else(PoisonError::into_inner);
+        let orders = self.orders();
         self.nudged.store(true, Ordering::Release);
         let idle = self.idle.load(Ordering::Acquire);
         drop(orders);
@@ -783,11 +886,11 @@ impl Queue {
     /// an order comes, a caller hands it a job, the last handle goes, or
     /// `until`.
     fn wait_idle(&self, until: Option<Instant>) {
-        let mut orders = self.orders.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut orders = self.orders();
         self.idle.store(true, Ordering::Release);
         self.waiting_untimed
             .store(until.is_none(), Ordering::Release);
-        while orders.is_empty()
+        while orders.list.is_empty()
             && !self.closed.load(Ordering::Acquire)
             && !self.nudged.swap(false, Ordering::AcqRel)
         {
@@ -816,11 +919,7 @@ impl Queue {
 impl Drop for Handle {
     fn drop(&mut self) {
         {
-            let _orders = self
-                .queue
-                .orders
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
+            let _orders = self.queue.orders();
             self.queue.closed.store(true, Ordering::Release);
         }
         self.queue.ready.notify_one();
@@ -837,6 +936,21 @@ impl Drop for Handle {
             && thread.thread().id() != thread::current().id()
         {
             let _ = thread.join();
+        }
+    }
+}
+
+impl Order {
+    /// The output of this order refused before it became a job (the loop
+    /// takes no more orders): `error` for each of its results.
+    fn refused(self, error: Error) -> Output {
+        match self {
+            Order::Acquire { .. } | Order::AcquireBatch { .. } => Output::Lock(Err(error)),
+            Order::Extend { lock, .. } => Output::Extended(lock, Err(error)),
+            Order::ReleaseBatch { locks } => Output::Releases(vec![Err(error); locks.len()]),
+            Order::Release { .. } | Order::Unkeep { .. } | Order::Keep { .. } => {
+                Output::Released(Err(error))
+            }
         }
     }
 }
@@ -858,6 +972,7 @@ fn lost() -> Error {
 fn lock_of(output: Output) -> Result<Lock, Error> {
     match output {
         Output::Lock(result) => result,
+        Output::Failed(error) => Err(error),
         _ => Err(lost()),
     }
 }
@@ -865,29 +980,32 @@ fn lock_of(output: Output) -> Result<Lock, Error> {
 fn released_of(output: Output) -> Result<(), Error> {
     match output {
         Output::Released(result) => result,
+        Output::Failed(error) => Err(error),
         _ => Err(lost()),
     }
 }
 
-fn extended_of(output: Output) -> Option<(Lock, Result<(), Error>)> {
+fn extended_of(output: Output) -> Result<(Lock, Result<(), Error>), Error> {
     match output {
-        Output::Extended(lock, result) => Some((lock, result)),
-        _ => None,
+        Output::Extended(lock, result) => Ok((lock, result)),
+        Output::Failed(error) => Err(error),
+        _ => Err(lost()),
     }
 }
 
 fn locks_of(output: Output) -> Result<Vec<Result<Lock, Error>>, Error> {
     match output {
         Output::Locks(results) => Ok(results),
-        Output::Lock(Err(error)) => Err(error),
+        Output::Lock(Err(error)) | Output::Failed(error) => Err(error),
         _ => Err(lost()),
     }
 }
 
-fn releases_of(output: Output) -> Vec<Result<(), Error>> {
+fn releases_of(output: Output) -> Result<Vec<Result<(), Error>>, Error> {
     match output {
-        Output::Releases(results) => results,
-        _ => Vec::new(),
+        Output::Releases(results) => Ok(results),
+        Output::Failed(error) => Err(error),
+        _ => Err(lost()),
     }
 }
 
@@ -930,7 +1048,7 @@ impl Running {
 #[derive(Debug)]
 enum Waiter {
     /// A caller, blocking or async.
-    Caller(Arc<Completion>),
+    Caller(Promise),
     /// The kept lock in this slot of the loop's table (an extension).
     Keeper(usize),
 }
@@ -954,7 +1072,7 @@ struct Kept {
     extending: bool,
     /// Told to stop while extending: release once the extension ends, and
     /// hand the result to this caller.
-    stopping: Option<Arc<Completion>>,
+    stopping: Option<Promise>,
     /// Its extension waits for room, in [`EventLoop::kept_admitting`].
     admitting: bool,
 }
@@ -1026,6 +1144,10 @@ struct EventLoop {
     /// When each kept lock next needs the loop: (when, slot, generation).
     keep_timers: BinaryHeap<Reverse<(Instant, usize, u64)>>,
     generations: u64,
+    /// When the last handle went: from then on no job retries.
+    closing_since: Option<Instant>,
+    /// Set when a panic ended the loop: nothing runs on this state again.
+    stopped: Option<Error>,
 }
 
 /// When a waiter woken by a release at `now` tries: after a random delay
@@ -1124,6 +1246,8 @@ impl EventLoop {
             free_kept: Vec::new(),
             keep_timers: BinaryHeap::new(),
             generations: 0,
+            closing_since: None,
+            stopped: None,
             config,
         })
     }
@@ -1132,17 +1256,61 @@ impl EventLoop {
     /// in flight is done. With nothing in flight it lets go of its state
     /// and waits on the queue, so that a blocking caller may run its
     /// operation itself.
+    ///
+    /// A panic in a turn (a bug, or user code the loop calls that is not
+    /// guarded where it is called) ends the loop, never silently: every
+    /// operation under way and every one submitted later ends at once
+    /// with [`Error::Stopped`], and every kept lock reports its loss.
     fn run(core: &Mutex<EventLoop>, queue: &Queue) {
-        let mut closing_since: Option<Instant> = None;
         loop {
             let mut this = core.lock().unwrap_or_else(PoisonError::into_inner);
-            match this.turn(queue, &mut closing_since) {
-                Turn::Again => {}
-                Turn::Idle(until) => {
+            match panic::catch_unwind(AssertUnwindSafe(|| this.turn(queue))) {
+                Ok(Turn::Again) => {}
+                Ok(Turn::Idle(until)) => {
                     drop(this);
                     queue.wait_idle(until);
                 }
-                Turn::Exit => return,
+                Ok(Turn::Exit) => return,
+                Err(payload) => {
+                    let why = match payload.downcast_ref::<&str>() {
+                        Some(text) => format!("a panic on its thread: {text}"),
+                        None => match payload.downcast_ref::<String>() {
+                            Some(text) => format!("a panic on its thread: {text}"),
+                            None => "a panic on its thread".to_owned(),
+                        },
+                    };
+                    this.stop(queue, Error::Stopped(Arc::from(why)));
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Ends everything after a panic: the orders left in the queue, those
+    /// waiting for room and every job end with `error`; kept locks report
+    /// their loss; later orders are refused with it.
+    fn stop(&mut self, queue: &Queue, error: Error) {
+        self.stopped = Some(error.clone());
+        let orders = queue.end(error.clone());
+        for Submission { order, completion } in orders.into_iter().chain(self.admitting.drain(..)) {
+            if let Order::Keep { keeper } = order {
+                let mut keeper = *keeper;
+                keeper.handle_stopped(error.clone(), Stamp::now());
+                continue;
+            }
+            completion.complete(order.refused(error.clone()));
+        }
+        for running in self.jobs.iter_mut().filter_map(Option::take) {
+            if let Waiter::Caller(completion) = running.waiter {
+                completion.complete(running.job.stopped(&error));
+            }
+        }
+        for kept in self.kept.iter_mut().filter_map(Option::take) {
+            let mut keeper = kept.keeper;
+            keeper.handle_stopped(error.clone(), Stamp::now());
+            keeper.shared().set_slot(None);
+            if let Some(completion) = kept.stopping {
+                completion.complete(Output::Released(Err(error.clone())));
             }
         }
     }
@@ -1157,25 +1325,26 @@ impl EventLoop {
     /// One turn: takes the queue's orders, starts what it can, writes,
     /// then waits in epoll and handles what came, unless nothing is in
     /// flight ([`Turn::Idle`]).
-    fn turn(&mut self, queue: &Queue, closing_since: &mut Option<Instant>) -> Turn {
+    fn turn(&mut self, queue: &Queue) -> Turn {
         let now = Instant::now();
         // Read before the queue is taken: once closed is seen, every order
         // a handle submitted is in this turn's queue.
         let closed = queue.closed.load(Ordering::Acquire);
         queue.woken.store(false, Ordering::Release);
         {
-            let mut orders = queue.orders.lock().unwrap_or_else(PoisonError::into_inner);
-            std::mem::swap(&mut *orders, &mut self.inbox);
+            let mut orders = queue.orders();
+            std::mem::swap(&mut orders.list, &mut self.inbox);
         }
-        if closed && closing_since.is_none() {
-            *closing_since = Some(now);
+        if closed && self.closing_since.is_none() {
+            self.closing_since = Some(now);
             // No retries once closing: each job ends with its current
-            // round.
+            // round, and one waiting (to retry, for a release, for its
+            // turn) ends now, not at its retry delay or key's expiry.
+            // Orders admitted from now on are made so too (`start`).
             for (index, running) in self.jobs.iter_mut().enumerate() {
                 let Some(running) = running else { continue };
                 running.job.abandon();
-                // Waiters end at once, not at their key's expiry.
-                if running.waits_for.is_some() {
+                if !running.in_round {
                     self.timers.set(running, index, now);
                 }
             }
@@ -1201,19 +1370,26 @@ impl EventLoop {
             self.wake_abandoned(now);
         }
         self.wake_sleepers(now);
-        self.check_subscribing(now, closing_since.is_some());
+        self.check_subscribing(now, self.closing_since.is_some());
         self.wake_waiters(now);
         self.fire_keep_timers(now);
         self.driver.send(&mut self.engine);
         let idle = self.is_idle();
         let next_keep = self.keep_timers.peek().map(|Reverse((at, _, _))| *at);
         if idle {
-            if let Some(since) = *closing_since {
+            if let Some(since) = self.closing_since {
                 // Everything answered; late replies and cleanup within the
                 // grace period.
                 let deadline = since + shutdown_grace(&self.config);
                 self.driver.settle(&mut self.engine, deadline);
-                return Turn::Exit;
+                // Orders submitted since this turn took the queue (the
+                // releases of dropped futures' locks) take one more turn;
+                // with none, later ones are refused to their submitters.
+                let ended = Error::Stopped(Arc::from("its last handle was dropped"));
+                if queue.end_if_empty(ended) {
+                    return Turn::Exit;
+                }
+                return Turn::Again;
             }
             if self.engine.in_flight() == 0 {
                 return Turn::Idle(next_keep);
@@ -1405,6 +1581,18 @@ impl EventLoop {
         };
         match self.make_job(order, now) {
             Ok(mut job) => {
+                #[cfg(feature = "test-knobs")]
+                if job
+                    .resource()
+                    .is_some_and(|r| self.config.panic_on_resource.as_deref() == Some(r.as_ref()))
+                {
+                    panic!("test knob: panic_on_resource");
+                }
+                // Closing: one attempt, no retries, as for the jobs under
+                // way when the last handle went.
+                if self.closing_since.is_some() {
+                    job.abandon();
+                }
                 // Behind the local waiters already there, not racing them.
                 if job
                     .resource()
@@ -1843,7 +2031,7 @@ impl EventLoop {
 
     /// Stops keeping a lock and releases it for `completion`; after the
     /// extension in flight, if one is.
-    fn unkeep(&mut self, shared: &Arc<KeepShared>, completion: Arc<Completion>, now: Instant) {
+    fn unkeep(&mut self, shared: &Arc<KeepShared>, completion: Promise, now: Instant) {
         let Some(slot) = shared.slot() else {
             // Never kept (or already released): nothing to release.
             completion.complete(Output::Released(Ok(())));
@@ -1859,7 +2047,7 @@ impl EventLoop {
     }
 
     /// Forgets kept lock `slot` and releases it for `completion`.
-    fn release_kept(&mut self, slot: usize, completion: Arc<Completion>, now: Instant) {
+    fn release_kept(&mut self, slot: usize, completion: Promise, now: Instant) {
         let Some(kept) = self.kept.get_mut(slot).and_then(Option::take) else {
             return;
         };
@@ -1876,6 +2064,21 @@ impl EventLoop {
             now,
         );
         self.spawn(Job::Release(release), Waiter::Caller(completion), now);
+    }
+
+    /// Locks whose future was dropped after the loop ended: their release
+    /// is sent on the connections the loop left, nobody waiting for the
+    /// answers (at least one attempt, rather than keys left for a TTL).
+    fn release_unclaimed(&mut self, locks: Vec<Lock>) {
+        if self.stopped.is_some() {
+            // A panic ended the loop mid-turn: its state is not to be
+            // trusted with a write.
+            return;
+        }
+        let now = Instant::now();
+        let output = Output::Locks(locks.into_iter().map(Ok).collect());
+        self.release_abandoned(output, now);
+        self.driver.send(&mut self.engine);
     }
 
     /// An acquire whose caller went away took locks: release them on every

@@ -510,7 +510,7 @@ impl SharedRedlock {
             on_lost: options.on_lost,
             lost: false,
         };
-        self.submit_keep(keeper);
+        self.submit_keep(keeper)?;
         Ok(watchdog)
     }
 }
@@ -625,6 +625,13 @@ impl Keeper {
     /// What the holder shares with the loop.
     pub(crate) fn shared(&self) -> &Arc<Shared> {
         &self.shared
+    }
+
+    /// The loop that kept the lock has stopped (`error` says why): the loss
+    /// is reported at once, as a failed extension that cannot be retried.
+    pub(crate) fn handle_stopped(&mut self, error: Error, now: Stamp) {
+        self.schedule.final_reason = Some(LostReason::Failed(error));
+        let _ = self.poll(now);
     }
 
     /// An extension to `ttl` starts at `now`: the lock it extends, its

@@ -73,3 +73,91 @@ fn a_dropped_extend_leaves_the_lock_no_longer_than_the_keys() {
         lock.remaining()
     );
 }
+
+/// Runs `f` on a thread of its own and waits up to `limit` for it: what a
+/// hung call would otherwise do to the whole test run.
+fn within<T: Send + 'static>(limit: Duration, f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+    let (done, result) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(f());
+    });
+    result.recv_timeout(limit).ok()
+}
+
+/// Issue 20, item 6. Acquires submitted just before the last handle goes,
+/// waiting for a lock another client holds with `Retry::until(1 h)`: the
+/// drop must not block for the hour. Every order ends at shutdown, those
+/// the loop takes as it closes included: one attempt, no retries.
+///
+/// To have the loop take those orders in the turn that sees the close, a
+/// blocking call holds the loop's state meanwhile: it runs on its own
+/// thread (the loop is idle) and waits for two stopped masters.
+#[test]
+fn dropping_the_last_handle_ends_the_orders_submitted_just_before() {
+    let mut masters = cluster(3);
+    for m in masters.iter() {
+        connect(m).cmd(&[
+            Arg::Bytes(b"SET"),
+            Arg::Bytes(b"held"),
+            Arg::Bytes(b"someone-else"),
+            Arg::Bytes(b"PX"),
+            Arg::Int(600_000),
+        ]);
+    }
+    let mut config = config(&masters.urls());
+    config.per_instance_timeout = Duration::from_secs(2);
+    let redlock = SharedRedlock::new(config).unwrap_or_else(|e| panic!("{e}"));
+    assert!(redlock.try_acquire("warm", Duration::from_secs(10)).is_ok());
+    masters[1].pause().unwrap_or_else(|e| panic!("{e}"));
+    masters[2].pause().unwrap_or_else(|e| panic!("{e}"));
+    let inline = redlock.clone();
+    let busy = std::thread::spawn(move || inline.try_acquire("busy", Duration::from_secs(10)));
+    // Its SET reached master 0: it is in its round, holding the loop.
+    assert!(eventually(Duration::from_secs(20), || pttl(
+        &masters[0],
+        "busy"
+    ) > 0));
+    let hour = redlock_mio::Retry::until(Duration::from_secs(3600));
+    let waiting: Vec<_> = (0..20)
+        .map(|_| redlock.acquire_with_async("held", Duration::from_secs(10), &hour))
+        .collect();
+    let dropped = within(Duration::from_secs(60), move || drop(redlock));
+    masters[1].resume().unwrap_or_else(|e| panic!("{e}"));
+    masters[2].resume().unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        dropped.is_some(),
+        "dropping the last handle blocked on an hour-long wait"
+    );
+    assert!(busy.join().is_ok());
+    for future in waiting {
+        let Poll::Ready(got) = poll_once(future) else {
+            panic!("an order still pending after the loop ended");
+        };
+        assert!(got.is_err(), "someone else holds it: {got:?}");
+    }
+}
+
+/// Issue 20, item 6. An acquire wins, its future is never polled again,
+/// the last handle goes (the loop ends), then the future is dropped: the
+/// lock it won must get a release attempt, not be left for its whole TTL
+/// (60 s here). Before, the release went to a queue nobody read.
+#[test]
+fn a_won_lock_whose_future_is_dropped_after_the_loop_ended_is_released() {
+    let masters = cluster(3);
+    let redlock = SharedRedlock::new(config(&masters.urls())).unwrap_or_else(|e| panic!("{e}"));
+    let won = redlock.try_acquire_async("won", Duration::from_secs(60));
+    let set = eventually(Duration::from_secs(20), || {
+        masters.iter().all(|m| pttl(m, "won") > 0)
+    });
+    assert!(set, "the acquire never took the lock");
+    drop(redlock);
+    drop(won);
+    let released = eventually(Duration::from_secs(20), || {
+        masters.iter().all(|m| pttl(m, "won") == -2)
+    });
+    assert!(
+        released,
+        "the lock is left for its TTL: PTTL {:?}",
+        masters.iter().map(|m| pttl(m, "won")).collect::<Vec<_>>()
+    );
+}
