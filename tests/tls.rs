@@ -1,6 +1,7 @@
 //! TLS to the masters (`rediss://`), against real TLS-only redis-server
 //! masters with certificates made at test time ([`certs::Certs`]):
-//! locking over TLS, TLS and plain masters in one quorum, every way a
+//! locking over TLS, TLS and plain masters in one quorum, requests larger
+//! than rustls buffers (during the handshake and after it), every way a
 //! handshake can fail (an unknown issuer, an expired certificate, a
 //! certificate for another name, a client certificate missing for a
 //! master that asks for one), TLS settings that cannot work, and two fakes
