@@ -76,7 +76,7 @@ impl Stream {
     fn write_held(&mut self) -> io::Result<()> {
         match self {
             #[cfg(feature = "tls")]
-            Stream::Tls(s) => s.write_records(),
+            Stream::Tls(s) => s.write_records().map(drop),
             _ => Ok(()),
         }
     }
@@ -396,6 +396,9 @@ impl Driver {
                 match stream.write(pending) {
                     Ok(0) => break Some(Cause::Io(io::ErrorKind::WriteZero)),
                     Ok(n) => engine.handle_written(i, n),
+                    // For a TLS session also while its handshake holds all
+                    // it may: the handshake's reply, read as it comes,
+                    // makes room, and the next flush goes on.
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break None,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                     Err(e) => break Some(io_cause(&e)),

@@ -9,9 +9,12 @@
 //! as for plain TCP; the handshake starts with the first write, and the
 //! connection's first flight (AUTH, SELECT, SCRIPT LOAD, INFO and the first
 //! request) is queued in rustls and leaves as soon as the handshake lets
-//! it. A TLS failure (an untrusted, expired or misnamed certificate, a peer
-//! that does not speak TLS) is an I/O error carrying the rustls error, which
-//! the driver turns into [`Cause::Tls`]: one failed vote, never a panic. It
+//! it. rustls holds at most 64 KiB of it, and of records the socket has not
+//! taken: a write it cannot take yet is `WouldBlock`, and the rest waits in
+//! the connection's own buffer, as for a socket that refused it. A TLS
+//! failure (an untrusted, expired or misnamed certificate, a peer that does
+//! not speak TLS) is an I/O error carrying the rustls error, which the
+//! driver turns into [`Cause::Tls`]: one failed vote, never a panic. It
 //! decides nothing else.
 
 use std::io::{self, Read, Write};
@@ -184,27 +187,50 @@ impl TlsStream {
         }
     }
 
-    /// Plaintext write: queued in rustls (which holds it until the
-    /// handshake is done), then as many records as the socket takes.
+    /// Plaintext write: as much of `buf` as rustls takes, then as many
+    /// records as the socket takes. rustls holds at most 64 KiB: of
+    /// plaintext until the handshake is done, of records the socket has not
+    /// taken after it; what it does not take stays with the caller, as
+    /// what a socket refuses does.
+    ///
+    /// # Errors
+    /// `WouldBlock` when rustls took nothing: the records it holds must
+    /// leave first, and the socket's next readiness says when (writable
+    /// once it refused them; readable for the handshake's next flight,
+    /// which frees the plaintext). Never `Ok(0)` for a non-empty `buf`,
+    /// which a caller would take for a broken socket.
     pub(crate) fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let n = self.session.writer().write(buf)?;
-        self.write_records()?;
-        Ok(n)
+        loop {
+            let n = self.session.writer().write(buf)?;
+            let sent = self.write_records()?;
+            if n > 0 || buf.is_empty() {
+                return Ok(n);
+            }
+            // Records the socket just took made room for more plaintext;
+            // with none taken, only the socket or the peer can make some.
+            // Each pass around writes bytes, and rustls makes no new
+            // records without plaintext or input, so this ends.
+            if sent == 0 {
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+        }
     }
 
     /// Writes the records rustls has ready until the socket refuses more;
-    /// what it refuses waits for the next call.
-    pub(crate) fn write_records(&mut self) -> io::Result<()> {
+    /// what it refuses waits for the next call. Returns how many bytes the
+    /// socket took.
+    pub(crate) fn write_records(&mut self) -> io::Result<usize> {
+        let mut sent = 0usize;
         while self.session.wants_write() {
             match self.session.write_tls(&mut self.tcp) {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(_) => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Ok(n) => sent = sent.saturating_add(n),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(e),
             }
         }
-        Ok(())
+        Ok(sent)
     }
 }
 
@@ -213,4 +239,53 @@ impl TlsStream {
 pub(crate) fn cause_of(error: &io::Error) -> Option<Cause> {
     let tls = error.get_ref()?.downcast_ref::<rustls::Error>()?;
     Some(Cause::Tls(tls.to_string().into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::{Ipv4Addr, TcpListener};
+
+    /// A session over a socket to `listener`, which never answers: its
+    /// handshake cannot end.
+    fn unanswered(listener: &TcpListener) -> TlsStream {
+        let addr = listener.local_addr().expect("listener address");
+        let tcp = TcpStream::connect(addr).expect("connect");
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .expect("protocol versions")
+            .with_root_certificates(RootCertStore::empty())
+            .with_no_client_auth();
+        TlsStream::new(tcp, &Arc::new(config), "127.0.0.1").expect("session")
+    }
+
+    #[test]
+    fn a_write_rustls_cannot_take_during_the_handshake_would_block_and_never_writes_zero() {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind");
+        let mut stream = unanswered(&listener);
+        let request = vec![b'x'; 200 * 1024];
+        let mut taken = 0;
+        let refused = loop {
+            match stream.write(&request[taken..]) {
+                Ok(0) => panic!("Ok(0) after {taken} bytes: a caller reads it as a broken socket"),
+                Ok(n) => taken += n,
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(refused.kind(), io::ErrorKind::WouldBlock, "{refused}");
+        assert!(
+            0 < taken && taken < request.len(),
+            "rustls took {taken} of {} bytes before the handshake",
+            request.len()
+        );
+        // Asked again, with nothing changed: the same answer, at once.
+        let again = stream.write(&request[taken..]).map_err(|e| e.kind());
+        assert_eq!(again, Err(io::ErrorKind::WouldBlock));
+        assert_eq!(
+            stream.write(&[]).map_err(|e| e.kind()),
+            Ok(0),
+            "an empty write"
+        );
+    }
 }

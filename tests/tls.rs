@@ -1,6 +1,7 @@
 //! TLS to the masters (`rediss://`), against real TLS-only redis-server
 //! masters with certificates made at test time ([`certs::Certs`]):
-//! locking over TLS, TLS and plain masters in one quorum, every way a
+//! locking over TLS, TLS and plain masters in one quorum, requests larger
+//! than rustls buffers (during the handshake and after it), every way a
 //! handshake can fail (an unknown issuer, an expired certificate, a
 //! certificate for another name, a client certificate missing for a
 //! master that asks for one), TLS settings that cannot work, and two fakes
@@ -276,6 +277,185 @@ fn the_shared_client_locks_over_tls_from_many_threads() {
         .try_acquire("tls:shared:held", TTL)
         .unwrap_or_else(|e| panic!("acquire: {e}"));
     wait_held(&masters, "tls:shared:held", lock.token());
+    client
+        .release(&lock)
+        .unwrap_or_else(|e| panic!("release: {e}"));
+    wait_all_empty(&masters);
+}
+
+/// Settings for requests larger than rustls buffers (64 KiB of plaintext
+/// while the handshake is under way, and 64 KiB of records the socket has
+/// not taken after it): room for a [`BIG_BATCH`] in flight, so that the
+/// test is of TLS and not of admission; a per-instance timeout that a
+/// loaded machine encrypting hundreds of KiB per master stays within; and
+/// a stall limit (the connect timeout) far past the time a paused master's
+/// requests wait, with a shared client's idle loop looking at them once a
+/// per-instance timeout.
+fn big_config(urls: &[String], tls: TlsConfig) -> Config {
+    let mut config = config(urls, tls);
+    config.per_instance_timeout = Duration::from_secs(2);
+    config.connect_timeout = Duration::from_secs(60);
+    config.max_in_flight = 4 * BIG_BATCH;
+    config
+}
+
+/// Resources in the large batch: each `SET` is about 170 bytes, so a
+/// master gets about 170 KiB in one write, more than twice what rustls
+/// buffers.
+const BIG_BATCH: usize = 1000;
+/// Long enough that no key expires during a large request's test.
+const BIG_TTL: Duration = Duration::from_secs(60);
+/// How long a paused master, once resumed, may take to catch up with what
+/// waited for it (a shared client's idle loop looks once a per-instance
+/// timeout).
+const CATCH_UP: Duration = Duration::from_secs(30);
+
+fn big_batch_names() -> Vec<String> {
+    (0..BIG_BATCH)
+        .map(|i| format!("tls:big-batch:a-resource-name-of-some-length-to-fill-the-buffer:{i:06}"))
+        .collect()
+}
+
+/// Waits until every master of `servers` holds exactly `n` keys.
+fn wait_dbsize<'a>(servers: impl IntoIterator<Item = &'a Server>, n: i64) {
+    for server in servers {
+        assert!(
+            eventually(CATCH_UP, || common::dbsize(server) == n),
+            "{} holds {} keys, not {n}",
+            server.url(),
+            common::dbsize(server)
+        );
+    }
+}
+
+/// Every result of a batch is a lock.
+fn all_locked(results: Result<Vec<Result<Lock, Error>>, Error>) -> Vec<Lock> {
+    let results = results.unwrap_or_else(|e| panic!("batch over TLS: {e}"));
+    assert_eq!(results.len(), BIG_BATCH);
+    let (locks, failed): (Vec<_>, Vec<_>) = results.into_iter().partition(Result::is_ok);
+    if let Some(Err(first)) = failed.first() {
+        panic!(
+            "{} of {BIG_BATCH} resources not locked over TLS; the first: {first}",
+            failed.len()
+        );
+    }
+    locks.into_iter().flatten().collect()
+}
+
+/// A fresh client's first write to a master is the connection's first
+/// flight and a batch of [`BIG_BATCH`] acquires, about 170 KiB, queued
+/// while the handshake is still under way (the third master is paused, so
+/// that its handshake cannot end before): rustls takes 64 KiB of it, the
+/// rest waits in the connection's buffer until the handshake ends, and all
+/// of it reaches the master once it is resumed. It used to fail the vote
+/// as `WriteZero`, and drop the connection with the batch.
+#[test]
+fn a_batch_larger_than_rustls_buffers_waits_for_the_handshake() {
+    let certs = Certs::generate();
+    let mut masters = tls_masters(3, &certs, &certs.server);
+    let mut client =
+        Redlock::new(big_config(&masters.urls(), trusting(&certs.ca))).expect("client");
+    masters[2].pause().unwrap_or_else(|e| panic!("{e}"));
+    let locks = all_locked(client.try_acquire_batch(big_batch_names(), BIG_TTL));
+    masters[2].resume().unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(client.settle(CATCH_UP), 0, "requests left unanswered");
+    wait_dbsize(&masters, BIG_BATCH as i64);
+    let released = client.release_batch(&locks);
+    assert!(released.iter().all(Result::is_ok), "{released:?}");
+    assert_eq!(client.settle(CATCH_UP), 0, "releases left unanswered");
+    wait_all_empty(&masters);
+}
+
+/// [`a_batch_larger_than_rustls_buffers_waits_for_the_handshake`] from a
+/// shared client, whose loop thread writes the rest once the handshake
+/// ends.
+#[test]
+fn a_shared_batch_larger_than_rustls_buffers_waits_for_the_handshake() {
+    let certs = Certs::generate();
+    let mut masters = tls_masters(3, &certs, &certs.server);
+    masters[2].pause().unwrap_or_else(|e| panic!("{e}"));
+    let client =
+        SharedRedlock::new(big_config(&masters.urls(), trusting(&certs.ca))).expect("client");
+    let locks = all_locked(client.try_acquire_batch(big_batch_names(), BIG_TTL));
+    masters[2].resume().unwrap_or_else(|e| panic!("{e}"));
+    wait_dbsize(&masters, BIG_BATCH as i64);
+    let released = client.release_batch(&locks);
+    assert!(released.iter().all(Result::is_ok), "{released:?}");
+    wait_all_empty(&masters);
+}
+
+/// Waits until every master of `servers` holds `key` with `token`; the
+/// key is too long to name in a message.
+fn wait_held_big<'a>(servers: impl IntoIterator<Item = &'a Server>, key: &str, token: &Token) {
+    for server in servers {
+        assert!(
+            eventually(CATCH_UP, || get(server, key) == bulk(token.as_str())),
+            "{} does not hold the {}-byte key with the lock's token: {:?}",
+            server.url(),
+            key.len(),
+            get(server, key)
+        );
+    }
+}
+
+/// A resource whose name is 4 MiB: one request far larger than rustls
+/// buffers, and than the kernel's socket buffers take from a paused
+/// master's client.
+fn big_resource() -> String {
+    format!("tls:big:{}", "r".repeat(4 << 20))
+}
+
+/// A connected client's request larger than rustls buffers ([`big_resource`])
+/// to a paused master: the socket takes what the kernel buffers, rustls
+/// holds 64 KiB of records more and takes nothing after that, and the
+/// rest waits in the connection's buffer until the socket is writable
+/// again, once the master is resumed. It used to fail the vote as
+/// `WriteZero`, and drop the connection with the request.
+#[test]
+fn a_request_larger_than_rustls_buffers_waits_for_the_socket() {
+    let certs = Certs::generate();
+    let mut masters = tls_masters(3, &certs, &certs.server);
+    let resource = big_resource();
+    let mut client =
+        Redlock::new(big_config(&masters.urls(), trusting(&certs.ca))).expect("client");
+    assert_eq!(client.warm_up(Duration::from_secs(5)), 3, "connected");
+    masters[2].pause().unwrap_or_else(|e| panic!("{e}"));
+    let lock = client
+        .try_acquire(resource.clone(), BIG_TTL)
+        .unwrap_or_else(|e| panic!("a 4 MiB resource over TLS: {e}"));
+    masters[2].resume().unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(client.settle(CATCH_UP), 0, "requests left unanswered");
+    wait_held_big(&masters, &resource, lock.token());
+    client
+        .release(&lock)
+        .unwrap_or_else(|e| panic!("release: {e}"));
+    assert_eq!(client.settle(CATCH_UP), 0, "releases left unanswered");
+    wait_all_empty(&masters);
+}
+
+/// [`a_request_larger_than_rustls_buffers_waits_for_the_socket`] from a
+/// shared client, connected by a first lock, whose loop thread writes the
+/// rest once the socket is writable.
+#[test]
+fn a_shared_request_larger_than_rustls_buffers_waits_for_the_socket() {
+    let certs = Certs::generate();
+    let mut masters = tls_masters(3, &certs, &certs.server);
+    let resource = big_resource();
+    let client =
+        SharedRedlock::new(big_config(&masters.urls(), trusting(&certs.ca))).expect("client");
+    let lock = client
+        .try_acquire("tls:big:small", BIG_TTL)
+        .unwrap_or_else(|e| panic!("{e}"));
+    wait_held(&masters, "tls:big:small", lock.token());
+    client.release(&lock).unwrap_or_else(|e| panic!("{e}"));
+    wait_all_empty(&masters);
+
+    masters[2].pause().unwrap_or_else(|e| panic!("{e}"));
+    let lock = client
+        .try_acquire(resource.clone(), BIG_TTL)
+        .unwrap_or_else(|e| panic!("a 4 MiB resource over TLS: {e}"));
+    masters[2].resume().unwrap_or_else(|e| panic!("{e}"));
+    wait_held_big(&masters, &resource, lock.token());
     client
         .release(&lock)
         .unwrap_or_else(|e| panic!("release: {e}"));
