@@ -903,7 +903,6 @@ impl Conn {
                 Some(Expect::Reply {
                     tag,
                     request,
-                    sent_at,
                     evaluated,
                     ..
                 }) => {
@@ -913,7 +912,9 @@ impl Conn {
                         && resend(tag, request.op)
                     {
                         // The EVAL carries the script's source (a rare
-                        // path: after SCRIPT FLUSH or a restart).
+                        // path: after SCRIPT FLUSH or a restart). It is a
+                        // new send: the stall limit counts from now, not
+                        // from the EVALSHA it replaces.
                         self.make_room(1024);
                         let before = self.out.len();
                         request.encode_as(&self.scripts, &mut self.out, true);
@@ -921,7 +922,7 @@ impl Conn {
                         self.in_flight.push_back(Expect::Reply {
                             tag,
                             request,
-                            sent_at,
+                            sent_at: now,
                             wire_len,
                             evaluated: true,
                         });

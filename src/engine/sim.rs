@@ -1304,3 +1304,40 @@ fn a_connection_dropped_as_too_far_behind_fails_every_rounds_pending_vote_at_onc
         );
     }
 }
+
+/// Issue 11, item 11: the EVAL that answers a `-NOSCRIPT` is a new send,
+/// and the stall limit counts from it. A release answered `-NOSCRIPT` at
+/// 0.9 of the stall limit, its EVAL not yet answered at 1.1 of it, is no
+/// stalled connection.
+#[test]
+fn an_eval_sent_after_noscript_is_judged_stalled_from_its_own_send() {
+    let stall = timing().stall;
+    let late = u64::try_from((stall * 9 / 10).as_millis()).unwrap();
+    let mut sim = Sim::new(vec![
+        vec![reply(NOSCRIPT, late), reply(ONE, 1000)],
+        vec![reply(ONE, 1)],
+        vec![reply(ONE, 1)],
+    ]);
+    let started = sim.now;
+    let release = sim.request(Op::Release);
+    sim.run(&release);
+    assert_eq!(sim.round().decision(0), Some(Decision::Won));
+    // Idle, but for the late reply: the driver reads it when it comes and
+    // writes the EVAL.
+    sim.now = started + stall * 9 / 10;
+    sim.deliver();
+    sim.transmit();
+    assert_eq!(sim.scripts_sent(0), ["EVALSHA", "EVAL"]);
+    sim.now = started + stall * 11 / 10;
+    sim.engine.handle_timeout(sim.now);
+    assert!(
+        !sim.conn(0).is_down(),
+        "an EVAL sent {:?} ago is not stalled (limit {stall:?})",
+        stall * 2 / 10
+    );
+    assert_eq!(sim.conn(0).in_flight(), 1);
+    // Past the limit counted from the EVAL, it is.
+    sim.now = started + stall * 9 / 10 + stall;
+    sim.engine.handle_timeout(sim.now);
+    assert!(sim.conn(0).is_down());
+}
