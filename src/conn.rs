@@ -6,8 +6,11 @@
 //! waiting is read and dropped, never matched to a later request. It also
 //! owns the handshake (AUTH, SELECT, SCRIPT LOAD, queued in one write), the
 //! `-NOSCRIPT` fallback (EVAL on this connection, invisible to the caller),
-//! stall detection, and the reconnect backoff. It never touches a socket or
-//! reads a clock: the driver moves bytes in and out and passes `now`.
+//! stall detection, the in-flight bound, and the reconnect backoff. A
+//! subscriber connection ([`Role::Subscriber`]) has the same bounds: each
+//! SUBSCRIBE or UNSUBSCRIBE waits in the same FIFO for its confirmations.
+//! It never touches a socket or reads a clock: the driver moves bytes in and
+//! out and passes `now`.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -357,6 +360,13 @@ enum State {
 #[derive(Debug)]
 enum Expect {
     Handshake(HandshakeStep),
+    /// A subscriber's SUBSCRIBE or UNSUBSCRIBE: one confirmation is pushed
+    /// per channel it names, in order.
+    Confirm {
+        sent_at: Instant,
+        /// Confirmations still to come.
+        left: usize,
+    },
     Reply {
         tag: Tag,
         request: Request,
@@ -374,7 +384,8 @@ pub(crate) enum Role {
     Commands,
     /// Release notifications: after AUTH, only SUBSCRIBE and UNSUBSCRIBE
     /// go out, and what comes back is pushed, not answered
-    /// ([`Conn::poll_push`]).
+    /// ([`Conn::poll_push`]). Their confirmations are awaited as replies
+    /// are: the same stall limit and in-flight bound apply.
     Subscriber,
 }
 
@@ -398,6 +409,9 @@ pub(crate) struct Conn {
     scan: FrameScan,
     in_flight: VecDeque<Expect>,
     handshake_left: usize,
+    /// A frame arrived since the connection was made: it reached a live
+    /// master, and a failure now is no reason to back off.
+    heard: bool,
     backoff: Duration,
     /// The master's `run_id`, as last read.
     run_id: Option<Bytes>,
@@ -423,8 +437,9 @@ impl Conn {
     }
 
     /// A connection carrying `role`'s traffic, not yet connected. A
-    /// subscriber's queue and write buffer stay small: it sends one
-    /// command per channel.
+    /// subscriber's queue and write buffer start small, and grow with the
+    /// commands awaiting confirmation, never past
+    /// [`Timing::max_in_flight`] of them (see [`Conn::queue_command`]).
     pub(crate) fn with_role(
         role: Role,
         addr: ServerAddr,
@@ -453,6 +468,7 @@ impl Conn {
             scan: FrameScan::new(),
             in_flight: VecDeque::with_capacity(queue),
             handshake_left: 0,
+            heard: false,
             backoff: timing.backoff_min,
             run_id: None,
             quarantined_until: None,
@@ -475,6 +491,14 @@ impl Conn {
     #[must_use]
     pub(crate) fn poll_connect(&self, now: Instant) -> bool {
         matches!(self.state, State::Down { retry_at, .. } if now >= retry_at)
+    }
+
+    /// While there is no socket, the instant from which one may be opened.
+    pub(crate) fn retry_at(&self) -> Option<Instant> {
+        match self.state {
+            State::Down { retry_at, .. } => Some(retry_at),
+            _ => None,
+        }
     }
 
     /// True while there is no socket.
@@ -502,7 +526,8 @@ impl Conn {
     /// buffers and the in-flight queue. Bounded, whatever the master does:
     /// replies are parsed as they arrive and a partial one cannot exceed the
     /// parser's limits, and the queue, and with it what the write buffer
-    /// can hold, by [`Timing::max_in_flight`] (see [`OUT_CAPACITY`]).
+    /// can hold, by [`Timing::max_in_flight`] (see [`OUT_CAPACITY`]); for
+    /// a subscriber, commands awaiting confirmation count as requests.
     pub(crate) fn buffer_capacity(&self) -> usize {
         self.inbuf.capacity()
             + self.out.capacity()
@@ -521,6 +546,7 @@ impl Conn {
         self.inbuf.clear();
         self.scan.reset();
         self.in_flight.clear();
+        self.heard = false;
         let deadline = now.checked_add(self.timing.connect).unwrap_or(now);
         self.state = State::Connecting { deadline };
         if let Some(password) = &self.addr.password {
@@ -576,11 +602,14 @@ impl Conn {
     }
 
     /// The connection failed: forget everything in flight and schedule the
-    /// reconnect. A connection that had completed its handshake may
-    /// reconnect on next use; one that never did waits out a doubling
-    /// backoff, so that a dead master costs no system call per operation.
+    /// reconnect. A connection that had completed its handshake, and heard
+    /// from its master, may reconnect on next use; one that never did
+    /// waits out a doubling backoff, so that a dead master costs no system
+    /// call per operation. (A subscriber with no AUTH has no handshake: a
+    /// stopped master, whose kernel still completes connects, is retried
+    /// after a backoff, not at once after each stall.)
     pub(crate) fn handle_failure(&mut self, now: Instant, cause: Cause) {
-        let healthy = matches!(self.state, State::Ready) && self.handshake_left == 0;
+        let healthy = matches!(self.state, State::Ready) && self.handshake_left == 0 && self.heard;
         let retry_at = if healthy {
             self.backoff = self.timing.backoff_min;
             now
@@ -630,7 +659,7 @@ impl Conn {
 
     fn oldest_sent_at(&self) -> Option<Instant> {
         self.in_flight.iter().find_map(|e| match e {
-            Expect::Reply { sent_at, .. } => Some(*sent_at),
+            Expect::Reply { sent_at, .. } | Expect::Confirm { sent_at, .. } => Some(*sent_at),
             Expect::Handshake(_) => None,
         })
     }
@@ -641,7 +670,8 @@ impl Conn {
     ///
     /// # Errors
     /// The cause of the last failure when the connection is down, or
-    /// [`Cause::Stalled`] when too many requests are unanswered.
+    /// [`Cause::TooFarBehind`] when too many requests are unanswered (the
+    /// connection is then dropped).
     pub(crate) fn send(
         &mut self,
         tag: Tag,
@@ -649,6 +679,22 @@ impl Conn {
         wire: &[u8],
         now: Instant,
     ) -> Result<(), Cause> {
+        self.admit(now)?;
+        self.make_room(wire.len());
+        self.out.extend_from_slice(wire);
+        self.in_flight.push_back(Expect::Reply {
+            tag,
+            request: request.clone(),
+            sent_at: now,
+            wire_len: wire.len(),
+            evaluated: false,
+        });
+        Ok(())
+    }
+
+    /// Whether one more request or command may be queued: not while down,
+    /// and not past the in-flight bound, which drops the connection.
+    fn admit(&mut self, now: Instant) -> Result<(), Cause> {
         match &self.state {
             // Not a failure to back off from: the name is being looked up.
             State::Down {
@@ -662,15 +708,6 @@ impl Conn {
             self.handle_failure(now, Cause::TooFarBehind);
             return Err(Cause::TooFarBehind);
         }
-        self.make_room(wire.len());
-        self.out.extend_from_slice(wire);
-        self.in_flight.push_back(Expect::Reply {
-            tag,
-            request: request.clone(),
-            sent_at: now,
-            wire_len: wire.len(),
-            evaluated: false,
-        });
         Ok(())
     }
 
@@ -719,7 +756,7 @@ impl Conn {
             .iter()
             .map(|e| match e {
                 Expect::Reply { wire_len, .. } => *wire_len,
-                Expect::Handshake(_) => 0,
+                Expect::Handshake(_) | Expect::Confirm { .. } => 0,
             })
             .sum()
     }
@@ -796,25 +833,39 @@ impl Conn {
         self.last_grant = Some(now);
     }
 
-    /// Queues a command that expects no reply matched to a request: a
-    /// subscriber's SUBSCRIBE or UNSUBSCRIBE, whose confirmation is pushed.
-    /// Returns false when the connection is down (nothing queued).
-    pub(crate) fn queue_command(&mut self, args: &[Arg<'_>]) -> bool {
-        if self.is_down() {
-            return false;
-        }
+    /// Queues a subscriber's SUBSCRIBE or UNSUBSCRIBE (`args`: the verb,
+    /// then the channels), whose confirmations are pushed, one per channel.
+    /// It is awaited as a request is: unconfirmed past the stall limit,
+    /// the connection is stalled, and as many commands as
+    /// [`Timing::max_in_flight`] unconfirmed is too far behind. That bounds
+    /// the queue, and the write buffer to that many commands, whatever the
+    /// master does.
+    ///
+    /// # Errors
+    /// The cause of the last failure when the connection is down (nothing
+    /// queued), or [`Cause::TooFarBehind`] when the bound is reached: the
+    /// connection is then dropped, with every subscription on it.
+    pub(crate) fn queue_command(&mut self, args: &[Arg<'_>], now: Instant) -> Result<(), Cause> {
+        self.admit(now)?;
         self.make_room(resp::command_len(args));
         resp::encode_command(&mut self.out, args);
-        true
+        self.in_flight.push_back(Expect::Confirm {
+            sent_at: now,
+            left: args.len().saturating_sub(1),
+        });
+        Ok(())
     }
 
     /// The next frame a subscriber connection received after its
     /// handshake: a subscription's confirmation, a message, or an error
-    /// reply. The handshake's replies are checked and consumed here.
+    /// reply. The handshake's replies are checked and consumed here, and
+    /// each confirmation (or error reply) answers the oldest command
+    /// awaiting one.
     ///
     /// # Errors
-    /// A [`Cause`] when the connection must be dropped: malformed bytes or
-    /// a failed handshake step.
+    /// A [`Cause`] when the connection must be dropped: malformed bytes, a
+    /// failed handshake step, or a confirmation nothing awaits
+    /// ([`Cause::Unsolicited`]).
     pub(crate) fn poll_push(&mut self) -> Result<Option<Reply>, Cause> {
         loop {
             let Some(reply) = resp::decode_resumed(&mut self.inbuf, &mut self.scan, &self.limits)
@@ -822,7 +873,9 @@ impl Conn {
             else {
                 return Ok(None);
             };
+            self.heard = true;
             if self.handshake_left == 0 {
+                self.handle_confirmation(&reply)?;
                 return Ok(Some(reply));
             }
             if let Some(Expect::Handshake(step)) = self.in_flight.pop_front()
@@ -832,6 +885,33 @@ impl Conn {
             }
             self.handshake_left -= 1;
         }
+    }
+
+    /// Counts `reply`, pushed to a subscriber, against the oldest command
+    /// awaiting confirmation: a confirmation answers one of its channels,
+    /// an error reply the whole command. Messages answer nothing.
+    fn handle_confirmation(&mut self, reply: &Reply) -> Result<(), Cause> {
+        let error = matches!(reply, Reply::Error(_));
+        let confirms = match reply {
+            Reply::Array(items) => match items.first() {
+                Some(Reply::Bulk(kind)) => {
+                    kind[..] == b"subscribe"[..] || kind[..] == b"unsubscribe"[..]
+                }
+                _ => false,
+            },
+            _ => false,
+        };
+        if !error && !confirms {
+            return Ok(());
+        }
+        let Some(Expect::Confirm { left, .. }) = self.in_flight.front_mut() else {
+            return Err(Cause::Unsolicited);
+        };
+        *left = if error { 0 } else { left.saturating_sub(1) };
+        if *left == 0 {
+            self.in_flight.pop_front();
+        }
+        Ok(())
     }
 
     /// Bytes waiting to be written; empty while connecting.
@@ -896,8 +976,10 @@ impl Conn {
             else {
                 return Ok(None);
             };
+            self.heard = true;
             match self.in_flight.pop_front() {
-                None => return Err(Cause::Unsolicited),
+                // A command connection queues no subscriber command.
+                None | Some(Expect::Confirm { .. }) => return Err(Cause::Unsolicited),
                 Some(Expect::Handshake(step)) => {
                     match reply {
                         Reply::Error(msg) => return Err(Cause::Handshake(step, msg)),
@@ -911,7 +993,6 @@ impl Conn {
                 Some(Expect::Reply {
                     tag,
                     request,
-                    sent_at,
                     evaluated,
                     ..
                 }) => {
@@ -921,7 +1002,9 @@ impl Conn {
                         && resend(tag, request.op)
                     {
                         // The EVAL carries the script's source (a rare
-                        // path: after SCRIPT FLUSH or a restart).
+                        // path: after SCRIPT FLUSH or a restart). It is a
+                        // new send: the stall limit counts from now, not
+                        // from the EVALSHA it replaces.
                         self.make_room(1024);
                         let before = self.out.len();
                         request.encode_as(&self.scripts, &mut self.out, true);
@@ -929,7 +1012,7 @@ impl Conn {
                         self.in_flight.push_back(Expect::Reply {
                             tag,
                             request,
-                            sent_at,
+                            sent_at: now,
                             wire_len,
                             evaluated: true,
                         });
@@ -983,9 +1066,54 @@ mod tests {
             .iter()
             .filter_map(|e| match e {
                 Expect::Reply { request, .. } => request.keys.as_slice().first().cloned(),
-                Expect::Handshake(_) => None,
+                Expect::Handshake(_) | Expect::Confirm { .. } => None,
             })
             .collect()
+    }
+
+    /// Issue 20, item 8: a subscriber's command is awaited as a request
+    /// is. A SUBSCRIBE naming two channels waits for two confirmations,
+    /// messages between them answer nothing, the stall limit runs until
+    /// the last one, and a confirmation nothing awaits breaks the
+    /// protocol.
+    #[test]
+    fn a_subscriber_command_is_answered_by_one_confirmation_per_channel() {
+        let now = Instant::now();
+        let addr: ServerAddr = "redis://127.0.0.1:7000".parse().unwrap();
+        let mut conn = Conn::with_role(
+            Role::Subscriber,
+            addr,
+            Scripts::new(),
+            Limits::default(),
+            timing(),
+            now,
+        );
+        conn.handle_connect_started(now);
+        conn.handle_connected();
+        let subscribe = [Arg::Bytes(b"SUBSCRIBE"), Arg::Bytes(b"a"), Arg::Bytes(b"b")];
+        conn.queue_command(&subscribe, now).unwrap();
+        let stall = now + timing().stall;
+        let frame = |kind: &str, channel: &str| {
+            let mut out = BytesMut::new();
+            let words = [kind, channel].map(|w| Reply::Bulk(Bytes::copy_from_slice(w.as_bytes())));
+            Reply::Array(words.into_iter().chain([Reply::Integer(1)]).collect()).encode(&mut out);
+            out
+        };
+        let steps: [(&str, &str, usize); 4] = [
+            ("subscribe", "a", 1),
+            ("message", "a", 1),
+            ("message", "elsewhere", 1),
+            ("subscribe", "b", 0),
+        ];
+        for (kind, channel, left) in steps {
+            conn.handle_input(&frame(kind, channel));
+            assert!(conn.poll_push().unwrap().is_some(), "{kind} {channel}");
+            assert_eq!(conn.in_flight(), left, "after {kind} {channel}");
+            let deadline = (left > 0).then_some(stall);
+            assert_eq!(conn.poll_timeout(), deadline, "after {kind} {channel}");
+        }
+        conn.handle_input(&frame("unsubscribe", "a"));
+        assert_eq!(conn.poll_push(), Err(Cause::Unsolicited));
     }
 
     /// Issue 11: with many rounds in flight, ending rounds while the

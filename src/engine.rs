@@ -172,13 +172,13 @@ impl Engine {
     // --- Waiting for releases (see `notify`). ---
 
     /// Waiter `waiter` waits for `resource` (see [`Channels::join`]).
-    pub(crate) fn join(&mut self, resource: &Bytes, waiter: usize) {
-        self.channels.join(&mut self.subs, resource, waiter);
+    pub(crate) fn join(&mut self, resource: &Bytes, waiter: usize, now: Instant) {
+        self.channels.join(&mut self.subs, resource, waiter, now);
     }
 
     /// Waiter `waiter` stops waiting; the new head, if the head left.
-    pub(crate) fn leave(&mut self, resource: &Bytes, waiter: usize) -> Option<usize> {
-        self.channels.leave(&mut self.subs, resource, waiter)
+    pub(crate) fn leave(&mut self, resource: &Bytes, waiter: usize, now: Instant) -> Option<usize> {
+        self.channels.leave(&mut self.subs, resource, waiter, now)
     }
 
     /// The waiter that races for `resource`.
@@ -352,7 +352,7 @@ impl Engine {
         if let Some(s) = i.checked_sub(self.n)
             && let Some(conn) = self.subs.get_mut(s)
         {
-            self.channels.handle_link_up(s, conn);
+            self.channels.handle_link_up(s, conn, now);
         }
     }
 
@@ -444,7 +444,9 @@ impl Engine {
         }
     }
 
-    /// Applies the connections' connect and stall limits and the rounds'
+    /// Applies the connections' connect and stall limits (a subscriber
+    /// connection's too: a SUBSCRIBE or UNSUBSCRIBE unconfirmed past it
+    /// drops the connection and its subscriptions) and the rounds'
     /// deadlines.
     pub(crate) fn handle_timeout(&mut self, now: Instant) {
         for i in 0..self.n {
@@ -468,18 +470,27 @@ impl Engine {
     }
 
     /// The next instant at which [`Engine::handle_timeout`] has work: a
-    /// live round's deadline or a connection's connect or stall limit.
+    /// live round's deadline or a connection's connect or stall limit; or
+    /// at which [`Engine::poll_connect`] will say to open a subscriber
+    /// connection that someone waits on (a master's connection is opened
+    /// on next use instead).
     pub(crate) fn poll_timeout(&self) -> Option<Instant> {
         let rounds = self
             .entries
             .iter()
             .filter(|e| e.live && !e.reported)
             .map(|e| e.round.deadline());
+        let waited_on = if self.channels.is_wanted() {
+            &self.subs[..]
+        } else {
+            &[]
+        };
         self.conns
             .iter()
             .chain(&self.subs)
             .filter_map(Conn::poll_timeout)
             .chain(rounds)
+            .chain(waited_on.iter().filter_map(Conn::retry_at))
             .min()
     }
 

@@ -17,10 +17,17 @@
 //!
 //! Memory is bounded by the resources waited for: a message for a
 //! resource nobody here waits for is read and dropped, and a flood of
-//! messages moves an epoch on, queueing nothing more. Nothing here touches
-//! a socket or reads a clock.
+//! messages moves an epoch on, queueing nothing more. A resource nobody
+//! waits for any more is kept only until its UNSUBSCRIBEs are confirmed,
+//! and a subscriber connection awaits at most
+//! [`Timing::max_in_flight`](crate::conn::Timing::max_in_flight)
+//! confirmations, none for longer than the stall limit, before it is
+//! dropped with its subscriptions: a master that stops answering leaves at
+//! most that many such resources behind, and for no longer. Nothing here
+//! touches a socket or reads a clock.
 
 use std::collections::{HashMap, VecDeque};
+use std::time::Instant;
 
 use bytes::Bytes;
 
@@ -81,8 +88,15 @@ impl Channels {
 
     /// Waiter `waiter` waits for `resource`: it joins the queue, and the
     /// first waiter subscribes on every subscriber connection that is up
-    /// (the others subscribe when they connect).
-    pub(crate) fn join(&mut self, subs: &mut [Conn], resource: &Bytes, waiter: usize) {
+    /// (the others subscribe when they connect). A connection too far
+    /// behind to take the SUBSCRIBE is dropped.
+    pub(crate) fn join(
+        &mut self,
+        subs: &mut [Conn],
+        resource: &Bytes,
+        waiter: usize,
+        now: Instant,
+    ) {
         let channel = self
             .table
             .entry(resource.clone())
@@ -95,43 +109,55 @@ impl Channels {
             });
         let first = channel.waiters.is_empty();
         channel.waiters.push_back(waiter);
-        if first {
-            for (link, conn) in channel.links.iter_mut().zip(subs.iter_mut()) {
-                if send(&mut self.name, conn, b"SUBSCRIBE", resource) {
+        if !first {
+            return;
+        }
+        let mut dropped = false;
+        for (link, conn) in channel.links.iter_mut().zip(subs.iter_mut()) {
+            match send(&mut self.name, conn, b"SUBSCRIBE", resource, now) {
+                Ok(()) => {
                     link.pending += 1;
                     link.renewed = false;
                 }
+                Err(cause) => dropped |= matches!(cause, Cause::TooFarBehind),
             }
+        }
+        if dropped {
+            self.handle_links_down(subs);
         }
     }
 
     /// Waiter `waiter` stops waiting for `resource`. The last one
-    /// unsubscribes. Returns the new head of the queue when the head left.
+    /// unsubscribes (a connection too far behind to take the UNSUBSCRIBE
+    /// is dropped, and its subscriptions with it). Returns the new head of
+    /// the queue when the head left.
     pub(crate) fn leave(
         &mut self,
         subs: &mut [Conn],
         resource: &Bytes,
         waiter: usize,
+        now: Instant,
     ) -> Option<usize> {
         let channel = self.table.get_mut(resource)?;
         let position = channel.waiters.iter().position(|&w| w == waiter)?;
         channel.waiters.remove(position);
-        if channel.waiters.is_empty() {
-            for (link, conn) in channel.links.iter_mut().zip(subs.iter_mut()) {
-                if send(&mut self.name, conn, b"UNSUBSCRIBE", resource) {
-                    link.pending += 1;
-                }
-            }
-            if channel.is_settled() {
-                self.table.remove(resource);
-            }
-            return None;
+        if !channel.waiters.is_empty() {
+            return channel.waiters.front().copied().filter(|_| position == 0);
         }
-        if position == 0 {
-            channel.waiters.front().copied()
-        } else {
-            None
+        let mut dropped = false;
+        for (link, conn) in channel.links.iter_mut().zip(subs.iter_mut()) {
+            match send(&mut self.name, conn, b"UNSUBSCRIBE", resource, now) {
+                Ok(()) => link.pending += 1,
+                Err(cause) => dropped |= matches!(cause, Cause::TooFarBehind),
+            }
         }
+        if dropped {
+            self.handle_links_down(subs);
+        }
+        if self.table.get(resource).is_some_and(Channel::is_settled) {
+            self.table.remove(resource);
+        }
+        None
     }
 
     /// The waiter that races for `resource`.
@@ -212,14 +238,37 @@ impl Channels {
     }
 
     /// Subscriber connection `link` started connecting: every resource
-    /// waited for is subscribed on it (after its AUTH, in the same write).
-    pub(crate) fn handle_link_up(&mut self, link: usize, conn: &mut Conn) {
-        for (resource, channel) in &mut self.table {
-            if channel.waiters.is_empty() {
-                continue;
+    /// waited for is subscribed on it (after its AUTH, in the same write),
+    /// by one SUBSCRIBE naming them all, so that a new connection starts
+    /// one command from empty however many resources are waited for.
+    pub(crate) fn handle_link_up(&mut self, link: usize, conn: &mut Conn, now: Instant) {
+        // The channels' names one after another in `name`, and where each
+        // ends: the arguments borrow them.
+        self.name.clear();
+        let mut ends = Vec::new();
+        for (resource, channel) in &self.table {
+            if !channel.waiters.is_empty() {
+                self.name.extend_from_slice(RELEASE_CHANNEL_PREFIX);
+                self.name.extend_from_slice(resource);
+                ends.push(self.name.len());
             }
+        }
+        if ends.is_empty() {
+            return;
+        }
+        let mut args = Vec::with_capacity(ends.len() + 1);
+        args.push(Arg::Bytes(b"SUBSCRIBE"));
+        let mut start = 0;
+        for end in ends {
+            args.push(Arg::Bytes(&self.name[start..end]));
+            start = end;
+        }
+        if conn.queue_command(&args, now).is_err() {
+            return;
+        }
+        for channel in self.table.values_mut() {
             if let Some(state) = channel.links.get_mut(link)
-                && send(&mut self.name, conn, b"SUBSCRIBE", resource)
+                && !channel.waiters.is_empty()
             {
                 state.pending = 1;
                 state.renewed = true;
@@ -237,6 +286,17 @@ impl Channels {
         }
         self.table
             .retain(|_, c| !c.waiters.is_empty() || !c.is_settled());
+    }
+
+    /// Every subscriber connection that is down dropped (a send found it
+    /// too far behind): see [`Channels::handle_link_down`]. For one that
+    /// was down already this changes nothing.
+    fn handle_links_down(&mut self, subs: &[Conn]) {
+        for (link, conn) in subs.iter().enumerate() {
+            if conn.is_down() {
+                self.handle_link_down(link);
+            }
+        }
     }
 
     /// A frame pushed on subscriber connection `link`.
@@ -291,6 +351,20 @@ impl Channels {
         Ok(())
     }
 
+    /// The subscriber connections on which `resource`'s subscription
+    /// counts toward [`Channels::is_listening`]: up, with nothing
+    /// unconfirmed.
+    #[cfg(test)]
+    pub(crate) fn confirmed(&self, subs: &[Conn], resource: &[u8]) -> Vec<usize> {
+        let Some(channel) = self.table.get(resource) else {
+            return Vec::new();
+        };
+        (channel.links.iter().zip(subs).enumerate())
+            .filter(|(_, (link, conn))| !conn.is_down() && link.pending == 0)
+            .map(|(i, _)| i)
+            .collect()
+    }
+
     /// How many resources are tracked (waited for, or with commands
     /// unconfirmed).
     #[cfg(test)]
@@ -318,13 +392,22 @@ fn release(
 }
 
 /// Queues `verb` (SUBSCRIBE or UNSUBSCRIBE) for `resource`'s channel on a
-/// subscriber connection; false when it is down.
-fn send(name: &mut Vec<u8>, conn: &mut Conn, verb: &[u8], resource: &[u8]) -> bool {
+/// subscriber connection.
+///
+/// # Errors
+/// As [`Conn::queue_command`]: down, or too far behind (then dropped).
+fn send(
+    name: &mut Vec<u8>,
+    conn: &mut Conn,
+    verb: &[u8],
+    resource: &[u8],
+    now: Instant,
+) -> Result<(), Cause> {
     debug_assert_eq!(conn.role(), Role::Subscriber);
     name.clear();
     name.extend_from_slice(RELEASE_CHANNEL_PREFIX);
     name.extend_from_slice(resource);
-    conn.queue_command(&[Arg::Bytes(verb), Arg::Bytes(name)])
+    conn.queue_command(&[Arg::Bytes(verb), Arg::Bytes(name)], now)
 }
 
 #[cfg(test)]
@@ -417,8 +500,8 @@ mod tests {
         let mut subs = subs(3, now);
         let mut channels = Channels::default();
         let resource = Bytes::from_static(R);
-        channels.join(&mut subs, &resource, 7);
-        channels.join(&mut subs, &resource, 9);
+        channels.join(&mut subs, &resource, 7, now);
+        channels.join(&mut subs, &resource, 9, now);
         for conn in &mut subs {
             assert_eq!(sent(conn), ["SUBSCRIBE redlock:released:orders:42"]);
         }
@@ -426,12 +509,12 @@ mod tests {
         assert!(channels.is_wanted());
         confirm(&mut channels, 3, "subscribe");
         // The head leaves: the next one races.
-        assert_eq!(channels.leave(&mut subs, &resource, 7), Some(9));
+        assert_eq!(channels.leave(&mut subs, &resource, 7, now), Some(9));
         assert_eq!(channels.head(R), Some(9));
         for conn in &mut subs {
             assert!(sent(conn).is_empty());
         }
-        assert_eq!(channels.leave(&mut subs, &resource, 9), None);
+        assert_eq!(channels.leave(&mut subs, &resource, 9, now), None);
         for conn in &mut subs {
             assert_eq!(sent(conn), ["UNSUBSCRIBE redlock:released:orders:42"]);
         }
@@ -450,7 +533,7 @@ mod tests {
         let now = Instant::now();
         let mut subs = subs(3, now);
         let mut channels = Channels::default();
-        channels.join(&mut subs, &Bytes::from_static(R), 1);
+        channels.join(&mut subs, &Bytes::from_static(R), 1, now);
         assert!(!channels.is_listening(&subs, R, 2, now));
         channels
             .handle_push(0, push("subscribe", R, Reply::Integer(1)))
@@ -466,7 +549,7 @@ mod tests {
         // holds nobody back.
         let mut channels = Channels::default();
         let mut subs = self::subs(3, now);
-        channels.join(&mut subs, &Bytes::from_static(R), 1);
+        channels.join(&mut subs, &Bytes::from_static(R), 1, now);
         subs[1].handle_failure(now, Cause::Closed);
         subs[1].handle_failure(now, Cause::Closed);
         channels.handle_link_down(1);
@@ -485,7 +568,7 @@ mod tests {
         let now = Instant::now();
         let mut subs = subs(3, now);
         let mut channels = Channels::default();
-        channels.join(&mut subs, &Bytes::from_static(R), 1);
+        channels.join(&mut subs, &Bytes::from_static(R), 1, now);
         confirm(&mut channels, 3, "subscribe");
         let mut tokens = TokenSource::from_seed([1; 16]);
         let (local, remote) = (tokens.next_token(), tokens.next_token());
@@ -507,7 +590,7 @@ mod tests {
         let now = Instant::now();
         let mut subs = subs(1, now);
         let mut channels = Channels::default();
-        channels.join(&mut subs, &Bytes::from_static(R), 1);
+        channels.join(&mut subs, &Bytes::from_static(R), 1, now);
         confirm(&mut channels, 1, "subscribe");
         let mut tokens = TokenSource::from_seed([2; 16]);
         for i in 0..100_000u32 {
@@ -542,7 +625,7 @@ mod tests {
         let now = Instant::now();
         let mut subs = subs(2, now);
         let mut channels = Channels::default();
-        channels.join(&mut subs, &Bytes::from_static(R), 1);
+        channels.join(&mut subs, &Bytes::from_static(R), 1, now);
         confirm(&mut channels, 2, "subscribe");
         for conn in &mut subs {
             sent(conn);
@@ -551,7 +634,7 @@ mod tests {
         subs[0].handle_failure(now, Cause::Closed);
         channels.handle_link_down(0);
         subs[0].handle_connect_started(now);
-        channels.handle_link_up(0, &mut subs[0]);
+        channels.handle_link_up(0, &mut subs[0], now);
         subs[0].handle_connected();
         assert_eq!(sent(&mut subs[0]), ["SUBSCRIBE redlock:released:orders:42"]);
         assert!(

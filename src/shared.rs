@@ -1756,7 +1756,7 @@ impl EventLoop {
                 Step::Subscribe(resource) => {
                     let resource = resource.clone();
                     if running.waits_for.is_none() {
-                        engine.join(&resource, index);
+                        engine.join(&resource, index, now);
                         running.waits_for = Some(resource.clone());
                         // Subscriber connections open now, so that the
                         // SUBSCRIBEs leave in this turn's write.
@@ -1789,7 +1789,7 @@ impl EventLoop {
                         .job
                         .for_each_released(|key, token| engine.handle_released(key, token));
                     let promoted = match running.waits_for.take() {
-                        Some(resource) => engine.leave(&resource, index),
+                        Some(resource) => engine.leave(&resource, index, now),
                         None => None,
                     };
                     let output = running.job.take_output(now);

@@ -177,12 +177,24 @@ fn numsub(server: &Server, resource: &str) -> i64 {
 /// Polls until `want` connections are subscribed to `R`'s release channel
 /// on every one of `servers`.
 fn wait_numsub(servers: &[Server], want: i64, when: &str) {
-    let reached = eventually(SETTLE, || servers.iter().all(|s| numsub(s, R) == want));
-    let seen: Vec<i64> = servers.iter().map(|s| numsub(s, R)).collect();
+    wait_numsub_of(servers, &[R], want, when);
+}
+
+/// Polls until `want` connections are subscribed to the release channel
+/// of each of `resources` on every one of `servers`.
+fn wait_numsub_of<S: AsRef<str>>(servers: &[Server], resources: &[S], want: i64, when: &str) {
+    let seen = || -> Vec<Vec<i64>> {
+        servers
+            .iter()
+            .map(|s| resources.iter().map(|r| numsub(s, r.as_ref())).collect())
+            .collect()
+    };
+    let reached = eventually(SETTLE, || seen().iter().flatten().all(|&n| n == want));
     assert!(
         reached,
-        "{when}: subscribers to {R}'s release channel per master {seen:?}, want {want} on each \
-         within {SETTLE:?}"
+        "{when}: subscribers to the release channels per master {:?}, want {want} each \
+         within {SETTLE:?}",
+        seen()
     );
 }
 
@@ -831,4 +843,163 @@ fn several_waiters_in_one_client_each_get_the_lock_in_turn_after_a_release() {
     }
     assert_eq!(order.len(), WAITERS, "only {order:?} got the lock");
     wait_numsub(masters.servers(), 0, "once every waiter has had the lock");
+}
+
+/// A master stopped with SIGSTOP for the guard's life: continued when the
+/// guard is dropped, also when the test fails.
+struct Stopped<'a>(&'a mut Server);
+
+impl<'a> Stopped<'a> {
+    fn new(server: &'a mut Server) -> Stopped<'a> {
+        server.pause().unwrap_or_else(|e| panic!("{e}"));
+        Stopped(server)
+    }
+
+    fn resume(&mut self) {
+        self.0.resume().unwrap_or_else(|e| panic!("{e}"));
+    }
+}
+
+impl Drop for Stopped<'_> {
+    fn drop(&mut self) {
+        let _ = self.0.resume();
+    }
+}
+
+/// The local port of the one connection subscribed on `server` (`CLIENT
+/// LIST TYPE pubsub`).
+fn subscriber_port(server: &Server) -> u16 {
+    let reply = connect(server).cmd(&[
+        "CLIENT".into(),
+        "LIST".into(),
+        "TYPE".into(),
+        "pubsub".into(),
+    ]);
+    let Reply::Bulk(list) = &reply else {
+        panic!("CLIENT LIST on {}: {reply:?}", server.url());
+    };
+    let list = String::from_utf8_lossy(list);
+    let ports: Vec<u16> = list
+        .lines()
+        .filter_map(|line| {
+            let addr = line.split(' ').find_map(|f| f.strip_prefix("addr="))?;
+            addr.rsplit(':').next()?.parse().ok()
+        })
+        .collect();
+    assert_eq!(ports.len(), 1, "subscribers on {}: {list}", server.url());
+    ports[0]
+}
+
+/// Whether this machine has an established TCP connection from local port
+/// `local` to port `remote` (`/proc/net/tcp`, state 01), whatever its
+/// process does: a stopped master's kernel keeps the connections to it.
+fn established(local: u16, remote: u16) -> bool {
+    let table = std::fs::read_to_string("/proc/net/tcp")
+        .unwrap_or_else(|e| panic!("reading /proc/net/tcp: {e}"));
+    let port = |addr: &str| {
+        addr.rsplit(':')
+            .next()
+            .and_then(|p| u16::from_str_radix(p, 16).ok())
+    };
+    table.lines().skip(1).any(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        fields.len() > 3
+            && port(fields[1]) == Some(local)
+            && port(fields[2]) == Some(remote)
+            && fields[3] == "01"
+    })
+}
+
+/// Issue 20, item 8: a master stopped with SIGSTOP keeps its connections
+/// open (its kernel takes the bytes) and answers nothing. The shared
+/// client's subscriber connection to it is dropped once a SUBSCRIBE has
+/// gone unconfirmed past the stall limit, instead of counting as listening
+/// for as long as the master is stopped; waiters are still woken through
+/// the two live masters; and once the master continues, a new subscriber
+/// connection subscribes there again.
+#[test]
+fn a_subscriber_connection_to_a_stopped_master_is_dropped_and_made_again() {
+    const WAITERS: usize = 6;
+    /// Far past the stall limit, which is the per-instance timeout here
+    /// (2 s).
+    const DROPPED: Duration = Duration::from_secs(15);
+    let mut masters = cluster(3);
+    let urls = masters.urls();
+    let resources: Vec<String> = (0..WAITERS)
+        .map(|k| format!("notify:stopped:{k}"))
+        .collect();
+    let mut holder = single(&urls);
+    let mut held: Vec<Lock> = resources
+        .iter()
+        .map(|r| {
+            holder
+                .try_acquire(r.clone(), HOLD_TTL)
+                .unwrap_or_else(|e| panic!("the holder takes {r}: {e}"))
+        })
+        .collect();
+    let mut config = config(&urls);
+    config.connect_timeout = Duration::from_secs(1);
+    let b = SharedRedlock::new(config).unwrap_or_else(|e| panic!("{e}"));
+    let wait_for = |resource: &String| {
+        let (b, resource) = (b.clone(), resource.clone());
+        Waiter::spawn(move || b.acquire_with(resource, HOLD_TTL, &waiting()))
+    };
+    let mut waiters = vec![wait_for(&resources[0])];
+    wait_numsub_of(
+        masters.servers(),
+        &resources[..1],
+        1,
+        "while one waiter waits",
+    );
+    let port = subscriber_port(&masters[2]);
+    let stopped_port = masters[2].port();
+    assert!(established(port, stopped_port), "B's subscriber connection");
+    let (live, rest) = masters.servers_mut().split_at_mut(2);
+    let mut stopped = Stopped::new(&mut rest[0]);
+    // New resources waited for: their SUBSCRIBEs go unconfirmed there.
+    waiters.extend(resources[1..].iter().map(wait_for));
+    assert!(
+        eventually(DROPPED, || !established(port, stopped_port)),
+        "B's subscriber connection to the stopped master (local port {port}) still established \
+         after {DROPPED:?}"
+    );
+    // Woken through the live masters.
+    let half = WAITERS / 2;
+    for lock in held.drain(..half) {
+        holder
+            .release(&lock)
+            .unwrap_or_else(|e| panic!("the holder's release, one master stopped: {e}"));
+    }
+    for (waiter, resource) in waiters.drain(..half).zip(&resources) {
+        let lock = waiter
+            .outcome()
+            .unwrap_or_else(|e| panic!("the waiter for {resource}, one master stopped: {e}"));
+        b.release(&lock).unwrap_or_else(|e| panic!("{e}"));
+    }
+    stopped.resume();
+    wait_numsub_of(live, &resources[half..], 1, "after the master continued");
+    wait_numsub_of(
+        std::slice::from_ref(&*stopped.0),
+        &resources[half..],
+        1,
+        "on the master that continued",
+    );
+    for lock in held.drain(..) {
+        holder
+            .release(&lock)
+            .unwrap_or_else(|e| panic!("the holder's release: {e}"));
+    }
+    for (waiter, resource) in waiters.into_iter().zip(&resources[half..]) {
+        let lock = waiter
+            .outcome()
+            .unwrap_or_else(|e| panic!("the waiter for {resource}: {e}"));
+        b.release(&lock).unwrap_or_else(|e| panic!("{e}"));
+    }
+    drop(stopped);
+    wait_numsub_of(
+        masters.servers(),
+        &resources,
+        0,
+        "once every waiter has had the lock",
+    );
 }

@@ -6,9 +6,11 @@
 //! every decision and validity figure.
 //!
 //! The fake masters answer the handshake (AUTH, SELECT, SCRIPT LOAD) as
-//! Redis does and answer each lock command as their script says. Time is a
-//! fixed base `Instant` plus virtual offsets: nothing here reads the clock
-//! after the start, so every run is the same.
+//! Redis does and answer each lock command as their script says; behind
+//! the engine's subscriber connections they confirm SUBSCRIBE and
+//! UNSUBSCRIBE, unless stopped. Time is a fixed base `Instant` plus
+//! virtual offsets: nothing here reads the clock after the start, so every
+//! run is the same.
 
 use std::collections::VecDeque;
 use std::io;
@@ -173,6 +175,97 @@ fn sha_of(args: &[Reply]) -> Vec<u8> {
     out
 }
 
+/// A master's publish/subscribe side, behind the engine's subscriber
+/// connection to it: it confirms every channel of a SUBSCRIBE or
+/// UNSUBSCRIBE as Redis does, at once. Stopped (SIGSTOP), it answers
+/// nothing, while the kernel still completes its connects and takes the
+/// bytes written to it, up to `window` bytes per connection (the socket
+/// buffers), and no more.
+struct Pubsub {
+    stopped: bool,
+    window: usize,
+    /// Bytes taken on this connection and not yet answered.
+    inbox: BytesMut,
+    /// Bytes taken on this connection.
+    taken: usize,
+    /// Confirmations not yet delivered.
+    outbox: Vec<u8>,
+    /// The channels this connection is subscribed to.
+    channels: Vec<Vec<u8>>,
+    /// When each connection was made.
+    connected_at: Vec<Instant>,
+}
+
+impl Pubsub {
+    fn new() -> Pubsub {
+        Pubsub {
+            stopped: false,
+            window: 64 * 1024,
+            inbox: BytesMut::new(),
+            taken: 0,
+            outbox: Vec::new(),
+            channels: Vec::new(),
+            connected_at: Vec::new(),
+        }
+    }
+
+    fn connect(&mut self, now: Instant) {
+        self.connected_at.push(now);
+        self.inbox.clear();
+        self.taken = 0;
+        self.outbox.clear();
+        self.channels.clear();
+    }
+
+    /// Takes what it can of `bytes`; returns how many it took.
+    fn receive(&mut self, bytes: &[u8]) -> usize {
+        let n = if self.stopped {
+            bytes.len().min(self.window.saturating_sub(self.taken))
+        } else {
+            bytes.len()
+        };
+        self.taken += n;
+        self.inbox.extend_from_slice(&bytes[..n]);
+        if !self.stopped {
+            self.answer();
+        }
+        n
+    }
+
+    fn resume(&mut self) {
+        self.stopped = false;
+        self.answer();
+    }
+
+    fn answer(&mut self) {
+        while let Some(Reply::Array(args)) =
+            resp::decode(&mut self.inbox, &Limits::default()).unwrap()
+        {
+            let Some(Reply::Bulk(verb)) = args.first() else {
+                continue;
+            };
+            let kind = verb.to_ascii_lowercase();
+            for channel in &args[1..] {
+                let Reply::Bulk(channel) = channel else {
+                    continue;
+                };
+                self.channels.retain(|c| c[..] != channel[..]);
+                if kind == b"subscribe" {
+                    self.channels.push(channel.to_vec());
+                }
+                let frame = Reply::Array(vec![
+                    Reply::Bulk(Bytes::from(kind.clone())),
+                    Reply::Bulk(channel.clone()),
+                    Reply::Integer(self.channels.len() as i64),
+                ]);
+                let mut out = BytesMut::new();
+                frame.encode(&mut out);
+                self.outbox.extend_from_slice(&out);
+            }
+        }
+    }
+}
+
 /// N scripted masters, their connections and a round, in virtual time.
 struct Sim {
     now: Instant,
@@ -182,6 +275,8 @@ struct Sim {
     last: Option<RoundId>,
     idle: Round,
     tokens: TokenSource,
+    /// The masters' publish/subscribe sides, when the engine subscribes.
+    pubsubs: Vec<Pubsub>,
 }
 
 fn timing() -> Timing {
@@ -203,6 +298,16 @@ impl Sim {
     /// `scripts.len()` masters whose connections use `timing`; the first
     /// masters' URLs are `urls` where given.
     fn with(scripts: Vec<Vec<Act>>, timing: Timing, urls: &[&str]) -> Sim {
+        Sim::build(scripts, timing, urls, false)
+    }
+
+    /// `n` masters with nothing scripted, and a subscriber connection to
+    /// each, for waiters.
+    fn subscribing(n: usize, timing: Timing) -> Sim {
+        Sim::build(vec![Vec::new(); n], timing, &[], true)
+    }
+
+    fn build(scripts: Vec<Vec<Act>>, timing: Timing, urls: &[&str], subscribe: bool) -> Sim {
         let now = Instant::now();
         let mut masters: Vec<Master> = scripts.into_iter().map(Master::new).collect();
         // Independent masters: each its own server process.
@@ -223,10 +328,15 @@ impl Sim {
                 Limits::default(),
                 timing,
                 now,
-                false,
+                subscribe,
             ),
             last: None,
             idle: Round::new(masters.len(), now),
+            pubsubs: if subscribe {
+                (0..masters.len()).map(|_| Pubsub::new()).collect()
+            } else {
+                Vec::new()
+            },
             masters,
             tokens: TokenSource::from_seed([7; 16]),
         }
@@ -380,6 +490,54 @@ impl Sim {
 
     fn votes(&self) -> Vec<Vote> {
         self.round().votes(0).to_vec()
+    }
+
+    /// One turn of the driver for the subscriber connections (links
+    /// `n..2n`): connect what is due (a connect completes at once, as the
+    /// kernel completes it even for a stopped master), write, read what
+    /// was answered, apply the time.
+    fn pump_subs(&mut self) {
+        let n = self.masters.len();
+        for (s, pubsub) in self.pubsubs.iter_mut().enumerate() {
+            let link = n + s;
+            if self.engine.poll_connect(link, self.now) {
+                pubsub.connect(self.now);
+                self.engine.handle_connect_started(link, self.now);
+                self.engine.handle_connected(link);
+            }
+            let bytes = self.engine.poll_transmit(link).to_vec();
+            if !bytes.is_empty() {
+                let taken = pubsub.receive(&bytes);
+                self.engine.handle_written(link, taken);
+            }
+            let answered = std::mem::take(&mut pubsub.outbox);
+            if !answered.is_empty() && !self.engine.link(link).is_none_or(|c| c.is_down()) {
+                self.engine.handle_input(link, &answered, self.now);
+            }
+        }
+        self.engine.handle_timeout(self.now);
+        // What the time dropped is closed, and made again when due, at the
+        // next turn.
+    }
+
+    /// Runs the subscriber connections in virtual time until `until`,
+    /// waking at each of the engine's deadlines and at least every
+    /// millisecond, as a driver whose loop has waiters to serve does.
+    fn run_subs_until(&mut self, until: Instant) {
+        loop {
+            self.pump_subs();
+            if self.now >= until {
+                return;
+            }
+            let next = self
+                .engine
+                .poll_timeout()
+                .filter(|t| *t > self.now)
+                .unwrap_or(self.now + MS)
+                .min(self.now + MS)
+                .min(until);
+            self.now = next;
+        }
     }
 
     /// The script commands (EVALSHA, EVAL) master `i` received, in order.
@@ -1303,4 +1461,169 @@ fn a_connection_dropped_as_too_far_behind_fails_every_rounds_pending_vote_at_onc
             sim.engine.round(*id).unwrap().votes(0)
         );
     }
+}
+
+/// Issue 11, item 11: the EVAL that answers a `-NOSCRIPT` is a new send,
+/// and the stall limit counts from it. A release answered `-NOSCRIPT` at
+/// 0.9 of the stall limit, its EVAL not yet answered at 1.1 of it, is no
+/// stalled connection.
+#[test]
+fn an_eval_sent_after_noscript_is_judged_stalled_from_its_own_send() {
+    let stall = timing().stall;
+    let late = u64::try_from((stall * 9 / 10).as_millis()).unwrap();
+    let mut sim = Sim::new(vec![
+        vec![reply(NOSCRIPT, late), reply(ONE, 1000)],
+        vec![reply(ONE, 1)],
+        vec![reply(ONE, 1)],
+    ]);
+    let started = sim.now;
+    let release = sim.request(Op::Release);
+    sim.run(&release);
+    assert_eq!(sim.round().decision(0), Some(Decision::Won));
+    // Idle, but for the late reply: the driver reads it when it comes and
+    // writes the EVAL.
+    sim.now = started + stall * 9 / 10;
+    sim.deliver();
+    sim.transmit();
+    assert_eq!(sim.scripts_sent(0), ["EVALSHA", "EVAL"]);
+    sim.now = started + stall * 11 / 10;
+    sim.engine.handle_timeout(sim.now);
+    assert!(
+        !sim.conn(0).is_down(),
+        "an EVAL sent {:?} ago is not stalled (limit {stall:?})",
+        stall * 2 / 10
+    );
+    assert_eq!(sim.conn(0).in_flight(), 1);
+    // Past the limit counted from the EVAL, it is.
+    sim.now = started + stall * 9 / 10 + stall;
+    sim.engine.handle_timeout(sim.now);
+    assert!(sim.conn(0).is_down());
+}
+
+/// Issue 20, item 8: a subscriber connection whose master stops answering
+/// (SIGSTOP: the socket stays open and the kernel takes the bytes) is
+/// dropped once a SUBSCRIBE has gone unconfirmed for the stall limit. Its
+/// channels no longer count toward a waiter's `N - Q + 1` until a new
+/// connection confirms them; while the master stays stopped, connections
+/// that never hear from it are made again only after a backoff; once it
+/// answers, the renewed subscriptions count as releases (one may have been
+/// missed).
+#[test]
+fn a_subscriber_connection_to_a_master_that_stops_answering_is_dropped_at_the_stall_limit() {
+    let stall = timing().stall;
+    let mut sim = Sim::subscribing(3, timing());
+    let (r0, r1) = (Bytes::from_static(b"r0"), Bytes::from_static(b"r1"));
+    sim.engine.join(&r0, 0, sim.now);
+    sim.pump_subs();
+    let confirmed = |sim: &Sim, r: &Bytes| sim.engine.channels.confirmed(&sim.engine.subs, r);
+    assert_eq!(confirmed(&sim, &r0), [0, 1, 2]);
+    sim.pubsubs[2].stopped = true;
+    let stopped = sim.now;
+    sim.engine.join(&r1, 1, sim.now);
+    sim.pump_subs();
+    assert_eq!(confirmed(&sim, &r1), [0, 1]);
+    assert!(
+        sim.engine.is_listening(&r1, sim.now),
+        "two masters of three confirmed: every release reaches one"
+    );
+    // A master that confirmed once and then stopped: until the stall limit,
+    // r0 still counts there.
+    sim.run_subs_until(stopped + stall - MS);
+    assert_eq!(sim.pubsubs[2].connected_at.len(), 1);
+    sim.run_subs_until(stopped + stall + MS);
+    assert!(
+        sim.pubsubs[2].connected_at.len() >= 2,
+        "the connection to the stopped master was not dropped at the stall limit ({stall:?})"
+    );
+    assert_eq!(
+        confirmed(&sim, &r0),
+        [0, 1],
+        "r0 counts on the stopped master again before it confirmed anything"
+    );
+    // It stays stopped: each new connection is dropped in turn, and one
+    // that heard nothing waits out a backoff before the next.
+    sim.run_subs_until(stopped + 20 * stall);
+    let connects = &sim.pubsubs[2].connected_at;
+    assert!(connects.len() >= 10, "{connects:?}");
+    assert!(connects.len() <= 21, "{} connects", connects.len());
+    for pair in connects[1..].windows(2) {
+        assert!(
+            pair[1] - pair[0] >= stall + timing().backoff_min,
+            "made again {:?} after the last connect, with no backoff",
+            pair[1] - pair[0]
+        );
+    }
+    assert_eq!(confirmed(&sim, &r0), [0, 1]);
+    assert_eq!(confirmed(&sim, &r1), [0, 1]);
+    // It answers again: the subscriptions it confirms are renewed ones.
+    let epochs = (sim.engine.epoch(&r0), sim.engine.epoch(&r1));
+    while sim.engine.poll_notified().is_some() {}
+    sim.pubsubs[2].resume();
+    sim.pump_subs();
+    assert_eq!(confirmed(&sim, &r0), [0, 1, 2]);
+    assert_eq!(confirmed(&sim, &r1), [0, 1, 2]);
+    assert_eq!(
+        (sim.engine.epoch(&r0), sim.engine.epoch(&r1)),
+        (epochs.0 + 1, epochs.1 + 1)
+    );
+    let mut notified = Vec::new();
+    while let Some(r) = sim.engine.poll_notified() {
+        notified.push(r);
+    }
+    notified.sort();
+    assert_eq!(notified, [r0, r1]);
+}
+
+/// Issue 20, item 8: a subscriber connection has the command connection's
+/// bounds. With its master stopped, waiters that come and go on ever new
+/// resources leave a SUBSCRIBE and an UNSUBSCRIBE each unconfirmed there;
+/// past `max_in_flight` unconfirmed commands the connection is dropped as
+/// too far behind, so that neither the channels kept for unconfirmed
+/// commands nor the connection's buffers grow with the resources waited
+/// for. The other masters' subscriptions keep working.
+#[test]
+fn a_stopped_subscriber_master_costs_bounded_memory_however_many_resources_come_and_go() {
+    let small = Timing {
+        max_in_flight: 32,
+        ..timing()
+    };
+    let mut sim = Sim::subscribing(3, small);
+    let r0 = Bytes::from_static(b"r0");
+    sim.engine.join(&r0, 0, sim.now);
+    sim.pump_subs();
+    let link = 3 + 2;
+    let fresh = sim.engine.link(link).unwrap().buffer_capacity();
+    sim.pubsubs[2].stopped = true;
+    let stopped = sim.now;
+    // Kept beside r0: at most one per unconfirmed command on the stopped
+    // master's connection.
+    let most_channels = 1 + small.max_in_flight;
+    // Its queue, at most `max_in_flight` entries, and its write buffer,
+    // at most that many commands of under 64 bytes.
+    let most_bytes = fresh + small.max_in_flight * (512 + 64);
+    for k in 0..5_000 {
+        let r = Bytes::from(format!("resource:{k:08}"));
+        sim.engine.join(&r, 1, sim.now);
+        sim.pump_subs();
+        sim.engine.leave(&r, 1, sim.now);
+        sim.pump_subs();
+        let channels = sim.engine.channels.len();
+        let bytes = sim.engine.link(link).unwrap().buffer_capacity();
+        assert!(
+            channels <= most_channels,
+            "after {k} resources: {channels} channels kept"
+        );
+        assert!(
+            bytes <= most_bytes,
+            "after {k} resources: {bytes} bytes of buffers (new: {fresh})"
+        );
+    }
+    assert_eq!(sim.now, stopped, "no time passed: no stall limit involved");
+    assert!(sim.pubsubs[2].connected_at.len() >= 2, "never dropped");
+    // The live masters confirm a new waiter's subscription.
+    let r = Bytes::from_static(b"last");
+    sim.engine.join(&r, 2, sim.now);
+    sim.pump_subs();
+    assert!(sim.engine.is_listening(&r, sim.now));
+    assert_eq!(sim.engine.channels.confirmed(&sim.engine.subs, &r), [0, 1]);
 }
