@@ -485,16 +485,7 @@ impl SharedRedlock {
         let mut schedule =
             Schedule::new(ttl, every, round, cap, lock.deadline(), lock.extensions());
         schedule.unmeasured = !lock.validity_known();
-        let shared = Arc::new(Shared {
-            state: Mutex::new(State {
-                lock: lock.clone(),
-                last_error: None,
-                lost: None,
-                subscribers: Vec::new(),
-                wakers: Vec::new(),
-                slot: None,
-            }),
-        });
+        let shared = Arc::new(Shared::new(lock.clone()));
         let watchdog = Watchdog {
             redlock: self.clone(),
             shared: Arc::clone(&shared),
@@ -522,6 +513,20 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    /// The state of `lock`, kept from now on, nothing reported yet.
+    fn new(lock: Lock) -> Shared {
+        Shared {
+            state: Mutex::new(State {
+                lock,
+                last_error: None,
+                lost: None,
+                subscribers: Vec::new(),
+                wakers: Vec::new(),
+                slot: None,
+            }),
+        }
+    }
+
     fn state(&self) -> MutexGuard<'_, State> {
         // The state is plain values written whole: a panic elsewhere cannot
         // leave it half-updated.
@@ -1138,16 +1143,7 @@ mod tests {
         lock.ttl = ms(900);
         lock.expiry = crate::clock::Expiry::after(at, ms(900)).unwrap();
         let schedule = Schedule::new(ms(900), 1.0 / 3.0, ms(20), None, at.mono + ms(900), 0);
-        let shared = Arc::new(Shared {
-            state: Mutex::new(State {
-                lock: lock.clone(),
-                last_error: None,
-                lost: None,
-                subscribers: Vec::new(),
-                wakers: Vec::new(),
-                slot: None,
-            }),
-        });
+        let shared = Arc::new(Shared::new(lock.clone()));
         Keeper {
             lock,
             schedule,

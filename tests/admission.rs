@@ -11,16 +11,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread;
 use std::time::Duration;
 
-use common::{cluster, dbsize, eventually};
-use redlock_mio::{Config, Error, KeepOptions, SharedRedlock};
-
-fn config(urls: &[String]) -> Config {
-    let mut config = Config::new(urls).unwrap_or_else(|e| panic!("{e}"));
-    config.per_instance_timeout = Duration::from_secs(2);
-    config.connect_timeout = Duration::from_secs(5);
-    config.quarantine = None;
-    config
-}
+use common::{cluster, dbsize, eventually, shared_config as config};
+use redlock_mio::{Error, KeepOptions, SharedRedlock};
 
 /// Issue 20, item 3. `try_acquire_batch` of 1,100 free resources, with
 /// other callers at work on the same client: the batch is refused before

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
-use common::{cluster, connect, eventually};
+use common::{cluster, connect, eventually, hold_elsewhere, within};
 use redlock_mio::resp::{Arg, Reply};
 use redlock_mio::{Config, SharedRedlock};
 
@@ -74,16 +74,6 @@ fn a_dropped_extend_leaves_the_lock_no_longer_than_the_keys() {
     );
 }
 
-/// Runs `f` on a thread of its own and waits up to `limit` for it: what a
-/// hung call would otherwise do to the whole test run.
-fn within<T: Send + 'static>(limit: Duration, f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
-    let (done, result) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = done.send(f());
-    });
-    result.recv_timeout(limit).ok()
-}
-
 /// Issue 20, item 6. Acquires submitted just before the last handle goes,
 /// waiting for a lock another client holds with `Retry::until(1 h)`: the
 /// drop must not block for the hour. Every order ends at shutdown, those
@@ -95,15 +85,7 @@ fn within<T: Send + 'static>(limit: Duration, f: impl FnOnce() -> T + Send + 'st
 #[test]
 fn dropping_the_last_handle_ends_the_orders_submitted_just_before() {
     let mut masters = cluster(3);
-    for m in masters.iter() {
-        connect(m).cmd(&[
-            Arg::Bytes(b"SET"),
-            Arg::Bytes(b"held"),
-            Arg::Bytes(b"someone-else"),
-            Arg::Bytes(b"PX"),
-            Arg::Int(600_000),
-        ]);
-    }
+    hold_elsewhere(masters.iter(), "held", 600_000);
     let mut config = config(&masters.urls());
     config.per_instance_timeout = Duration::from_secs(2);
     let redlock = SharedRedlock::new(config).unwrap_or_else(|e| panic!("{e}"));

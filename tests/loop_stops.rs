@@ -10,17 +10,12 @@
 
 mod common;
 
-use std::future::Future;
-use std::pin::pin;
-use std::sync::{Arc, Once};
-use std::task::{Context, Poll, Wake, Waker};
-use std::thread;
+use std::sync::Once;
 use std::time::Duration;
 
-use common::{cluster, connect};
+use common::{block_on, cluster, hold_elsewhere, shared_config as config, within};
 use metrics::{Key, KeyName, Metadata, Recorder, SharedString, Unit};
-use redlock_mio::resp::Arg;
-use redlock_mio::{Config, Error, KeepOptions, LostReason, Retry, SharedRedlock};
+use redlock_mio::{Error, KeepOptions, LostReason, Retry, SharedRedlock};
 
 /// A recorder that panics whenever the client registers a metric.
 struct Panicking;
@@ -49,44 +44,6 @@ fn install_panicking_recorder() {
     });
 }
 
-fn config(urls: &[String]) -> Config {
-    let mut config = Config::new(urls).unwrap_or_else(|e| panic!("{e}"));
-    config.per_instance_timeout = Duration::from_secs(2);
-    config.connect_timeout = Duration::from_secs(5);
-    config.quarantine = None;
-    config
-}
-
-struct Unpark(thread::Thread);
-
-impl Wake for Unpark {
-    fn wake(self: Arc<Self>) {
-        self.0.unpark();
-    }
-}
-
-fn block_on<F: Future>(future: F) -> F::Output {
-    let waker = Waker::from(Arc::new(Unpark(thread::current())));
-    let mut cx = Context::from_waker(&waker);
-    let mut future = pin!(future);
-    loop {
-        if let Poll::Ready(out) = future.as_mut().poll(&mut cx) {
-            return out;
-        }
-        thread::park();
-    }
-}
-
-/// `f` on a thread of its own, waited for at most `limit`: a hung call
-/// fails the test instead of hanging the run.
-fn within<T: Send + 'static>(limit: Duration, f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
-    let (done, result) = std::sync::mpsc::channel();
-    thread::spawn(move || {
-        let _ = done.send(f());
-    });
-    result.recv_timeout(limit).ok()
-}
-
 const LIMIT: Duration = Duration::from_secs(60);
 
 #[test]
@@ -112,15 +69,7 @@ fn a_panicking_metrics_recorder_costs_a_metric_not_the_client() {
 fn a_panic_on_the_loop_ends_every_call_at_once_and_is_never_silent() {
     install_panicking_recorder();
     let masters = cluster(3);
-    for m in masters.iter() {
-        connect(m).cmd(&[
-            Arg::Bytes(b"SET"),
-            Arg::Bytes(b"held"),
-            Arg::Bytes(b"someone-else"),
-            Arg::Bytes(b"PX"),
-            Arg::Int(600_000),
-        ]);
-    }
+    hold_elsewhere(masters.iter(), "held", 600_000);
     let mut config = config(&masters.urls());
     config.panic_on_resource = Some(bytes::Bytes::from_static(b"boom"));
     let redlock = SharedRedlock::new(config).unwrap_or_else(|e| panic!("{e}"));

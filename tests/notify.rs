@@ -66,11 +66,7 @@ const SPEC_RELEASE: &str = "if redis.call(\"get\",KEYS[1]) == ARGV[1] then retur
 /// first). Time limits are generous, so that a loaded machine turns no
 /// slow reply into a lost vote. `wake_on_release` is the default (on).
 fn config(urls: &[String]) -> Config {
-    let mut config = Config::new(urls).unwrap_or_else(|e| panic!("{e}"));
-    config.per_instance_timeout = Duration::from_secs(2);
-    config.connect_timeout = Duration::from_secs(5);
-    config.quarantine = None;
-    config
+    common::shared_config(urls)
 }
 
 fn shared(urls: &[String]) -> SharedRedlock {

@@ -6,15 +6,12 @@
 
 mod common;
 
-use std::future::Future;
-use std::pin::pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
-use std::task::{Context, Poll, Wake, Waker};
 use std::thread;
 use std::time::Duration;
 
-use common::{cluster, connect, eventually, wait_empty};
+use common::{block_on, cluster, connect, eventually, wait_empty};
 use redlock_mio::resp::{Arg, Reply};
 use redlock_mio::{Config, Error, Retry, SharedRedlock, Vote};
 use redlock_test::Server;
@@ -26,11 +23,7 @@ const TTL: Duration = Duration::from_secs(15);
 /// slow reply must not become a lost vote, nor a slow master a dropped
 /// connection.
 fn config(urls: &[String]) -> Config {
-    let mut config = Config::new(urls).unwrap_or_else(|e| panic!("{e}"));
-    config.per_instance_timeout = Duration::from_secs(2);
-    config.connect_timeout = Duration::from_secs(5);
-    config.quarantine = None;
-    config
+    common::shared_config(urls)
 }
 
 fn shared(urls: &[String]) -> SharedRedlock {
@@ -47,26 +40,6 @@ fn keeping(urls: &[String]) -> SharedRedlock {
 
 fn get(server: &Server, key: &str) -> Reply {
     connect(server).cmd(&[Arg::Bytes(b"GET"), Arg::Bytes(key.as_bytes())])
-}
-
-/// A minimal executor: polls `future` on this thread, parking between
-/// wake-ups. No runtime, only `std::task`.
-fn block_on<F: Future>(future: F) -> F::Output {
-    struct Unpark(thread::Thread);
-    impl Wake for Unpark {
-        fn wake(self: Arc<Self>) {
-            self.0.unpark();
-        }
-    }
-    let waker = Waker::from(Arc::new(Unpark(thread::current())));
-    let mut cx = Context::from_waker(&waker);
-    let mut future = pin!(future);
-    loop {
-        if let Poll::Ready(output) = future.as_mut().poll(&mut cx) {
-            return output;
-        }
-        thread::park();
-    }
 }
 
 #[test]

@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{cluster, connect};
+use common::{cluster, connect, hold_elsewhere};
 use redlock_mio::resp::{Arg, Reply};
 use redlock_mio::{Config, Retry, SharedRedlock};
 use redlock_test::Server;
@@ -47,16 +47,7 @@ fn lock_commands(server: &Server) -> u64 {
 fn refusals_short_of_a_quorum_beside_a_down_master_are_waited_out_not_retried() {
     let mut masters = cluster(5);
     let ttl_ms = 3000;
-    for m in masters.iter().take(3) {
-        let set = connect(m).cmd(&[
-            Arg::Bytes(b"SET"),
-            Arg::Bytes(b"split"),
-            Arg::Bytes(b"holder"),
-            Arg::Bytes(b"PX"),
-            Arg::Int(ttl_ms),
-        ]);
-        assert_eq!(set, Reply::Status("OK".into()));
-    }
+    hold_elsewhere(masters.iter().take(3), "split", ttl_ms);
     masters[2].kill().unwrap_or_else(|e| panic!("{e}"));
     let mut config = Config::new(masters.urls()).unwrap_or_else(|e| panic!("{e}"));
     config.per_instance_timeout = Duration::from_secs(2);

@@ -295,3 +295,66 @@ pub fn wait_for_uptime(masters: &Cluster, at_least: Duration) {
         "masters never reached {at_least:?} of uptime"
     );
 }
+
+/// Settings for a shared client of masters the test started empty: no
+/// lock predates them, so restart quarantine is off (it would keep them
+/// out of the quorum at first), and time limits are generous, so that a
+/// loaded machine turns no slow reply into a lost vote nor a slow master
+/// into a dropped connection.
+pub fn shared_config(urls: &[String]) -> redlock_mio::Config {
+    let mut config = redlock_mio::Config::new(urls).unwrap_or_else(|e| panic!("{e}"));
+    config.per_instance_timeout = Duration::from_secs(2);
+    config.connect_timeout = Duration::from_secs(5);
+    config.quarantine = None;
+    config
+}
+
+/// A minimal executor: polls `future` on this thread, parking between
+/// wake-ups. No runtime, only `std::task`.
+pub fn block_on<F: std::future::Future>(future: F) -> F::Output {
+    use std::sync::Arc;
+    use std::task::{Context, Poll, Wake, Waker};
+    struct Unpark(std::thread::Thread);
+    impl Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    let mut future = std::pin::pin!(future);
+    loop {
+        if let Poll::Ready(output) = future.as_mut().poll(&mut cx) {
+            return output;
+        }
+        std::thread::park();
+    }
+}
+
+/// Runs `f` on a thread of its own and waits up to `limit` for it: a call
+/// that hangs fails its test (`None`) instead of hanging the run.
+pub fn within<T: Send + 'static>(
+    limit: Duration,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Option<T> {
+    let (done, result) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(f());
+    });
+    result.recv_timeout(limit).ok()
+}
+
+/// Sets `key` on each of `masters` to another client's token for `ttl_ms`:
+/// a lock held elsewhere.
+pub fn hold_elsewhere<'a>(masters: impl IntoIterator<Item = &'a Server>, key: &str, ttl_ms: i64) {
+    for m in masters {
+        let set = connect(m).cmd(&[
+            Arg::Bytes(b"SET"),
+            Arg::Bytes(key.as_bytes()),
+            Arg::Bytes(b"someone-else"),
+            Arg::Bytes(b"PX"),
+            Arg::Int(ttl_ms),
+        ]);
+        assert_eq!(set, status("OK"), "SET {key} on {}", m.url());
+    }
+}
