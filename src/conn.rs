@@ -158,7 +158,14 @@ impl Request {
                 } else {
                     (Arg::Bytes(b"EVALSHA"), Arg::Bytes(script.sha()))
                 };
-                let count = Arg::Int(i64::try_from(keys.len()).unwrap_or(i64::MAX));
+                // The fence write-back's last "key" is its directive: sent
+                // as its first argument, not declared as a key, so that an
+                // ACL key pattern need not match it.
+                let declared = match self.op {
+                    Op::Fence => keys.len().saturating_sub(1),
+                    _ => keys.len(),
+                };
+                let count = Arg::Int(i64::try_from(declared).unwrap_or(i64::MAX));
                 let tail = [token, arg];
                 let tail = &tail[..if self.op.takes_arg() { 2 } else { 1 }];
                 let args = [verb, body, count]
@@ -250,6 +257,71 @@ impl Cause {
     pub fn is_protocol(&self) -> bool {
         matches!(self, Cause::Protocol(_) | Cause::Unsolicited)
     }
+
+    /// True when the master refuses this client for good, not for now: a
+    /// handshake command refused (`WRONGPASS`, `NOAUTH`, `NOPERM`, a
+    /// database that does not exist, a denied `INFO` or `SCRIPT LOAD`), or
+    /// a command refused by `NOAUTH` or `NOPERM` (a password missing, a
+    /// key or command the user may not use), as opposed to a master that
+    /// is down, slow, loading or busy. Retrying changes nothing until an
+    /// operator grants what is missing.
+    pub fn is_permanent(&self) -> bool {
+        match self {
+            // A server's refusal (an error code), not a reply we could not
+            // use (an INFO without run_id, say).
+            Cause::Handshake(_, msg) => {
+                error_code(msg).is_some_and(|code| !TRANSIENT_CODES.contains(&code))
+            }
+            Cause::Server(msg) => {
+                error_code(msg).is_some_and(|code| PERMISSION_CODES.contains(&code))
+            }
+            Cause::Backoff(last) => last.is_permanent(),
+            _ => false,
+        }
+    }
+}
+
+/// Error codes a healthy server sends for a while and then stops sending:
+/// a handshake refused with one of these is tried again later.
+const TRANSIENT_CODES: [&[u8]; 5] = [
+    b"LOADING",
+    b"BUSY",
+    b"TRYAGAIN",
+    b"MASTERDOWN",
+    b"CLUSTERDOWN",
+];
+
+/// Error codes that refuse a command to this client for good.
+const PERMISSION_CODES: [&[u8]; 3] = [b"NOAUTH", b"NOPERM", b"WRONGPASS"];
+
+/// The error code of an error reply's message: its first word, when it
+/// is one (Redis error codes are upper-case letters: `ERR`, `NOPERM`).
+fn error_code(msg: &[u8]) -> Option<&[u8]> {
+    let code = msg.split(|&b| b == b' ').next()?;
+    (!code.is_empty() && code.iter().all(u8::is_ascii_uppercase)).then_some(code)
+}
+
+impl HandshakeStep {
+    fn command(self) -> &'static str {
+        match self {
+            HandshakeStep::Auth => "AUTH",
+            HandshakeStep::Select => "SELECT",
+            HandshakeStep::ScriptLoad => "SCRIPT LOAD",
+            HandshakeStep::Info => "INFO server",
+        }
+    }
+
+    /// What an operator grants (or fixes) when this step is refused.
+    fn remedy(self) -> &'static str {
+        match self {
+            HandshakeStep::Auth => "check the user name and password in the URL",
+            HandshakeStep::Select => "check the URL's database number, and grant the user +select",
+            HandshakeStep::ScriptLoad => "grant the user +script|load (and +evalsha, +eval)",
+            HandshakeStep::Info => {
+                "grant the user +info, or turn restart quarantine off (INFO reports restarts)"
+            }
+        }
+    }
 }
 
 impl fmt::Display for Cause {
@@ -271,13 +343,16 @@ impl fmt::Display for Cause {
                 f.write_str("too far behind: the in-flight bound is reached, connection dropped")
             }
             Cause::Handshake(step, msg) => {
-                let step = match step {
-                    HandshakeStep::Auth => "AUTH",
-                    HandshakeStep::Select => "SELECT",
-                    HandshakeStep::ScriptLoad => "SCRIPT LOAD",
-                    HandshakeStep::Info => "INFO server",
-                };
-                write!(f, "{step} failed: {}", String::from_utf8_lossy(msg))
+                write!(
+                    f,
+                    "{} failed: {}",
+                    step.command(),
+                    String::from_utf8_lossy(msg)
+                )?;
+                if self.is_permanent() {
+                    write!(f, " ({})", step.remedy())?;
+                }
+                Ok(())
             }
             Cause::Server(msg) => write!(f, "error reply: {}", String::from_utf8_lossy(msg)),
             Cause::SameServer(other) => write!(
@@ -421,6 +496,13 @@ pub(crate) struct Conn {
     last_grant: Option<Instant>,
     /// Set when `run_id` changed (or was first read), until taken.
     new_run_id: bool,
+    /// The master refused a handshake step after AUTH for good (a denied
+    /// `INFO`, `SCRIPT LOAD` or `SELECT`): the connection stays, but only
+    /// releases go out on it (they are safe, and undo what the requests
+    /// pipelined behind the handshake may have set); every other request
+    /// fails with this cause without being sent. A permission is an
+    /// answer, not a broken connection: nothing is redialled for it.
+    refused: Option<Cause>,
 }
 
 impl Conn {
@@ -474,6 +556,7 @@ impl Conn {
             quarantined_until: None,
             last_grant: None,
             new_run_id: false,
+            refused: None,
         }
     }
 
@@ -547,6 +630,7 @@ impl Conn {
         self.scan.reset();
         self.in_flight.clear();
         self.heard = false;
+        self.refused = None;
         let deadline = now.checked_add(self.timing.connect).unwrap_or(now);
         self.state = State::Connecting { deadline };
         if let Some(password) = &self.addr.password {
@@ -679,6 +763,11 @@ impl Conn {
         wire: &[u8],
         now: Instant,
     ) -> Result<(), Cause> {
+        if let Some(cause) = &self.refused
+            && !request.op.releases()
+        {
+            return Err(cause.clone());
+        }
         self.admit(now)?;
         self.make_room(wire.len());
         self.out.extend_from_slice(wire);
@@ -807,6 +896,12 @@ impl Conn {
         self.quarantined_until = until.max(self.quarantined_until.filter(|t| *t > now));
         self.run_id = Some(run_id);
         Ok(())
+    }
+
+    /// Why the master refuses every request but releases on this
+    /// connection, if it does (see `refused`).
+    pub(crate) fn refusal(&self) -> Option<&Cause> {
+        self.refused.as_ref()
     }
 
     /// The server's `run_id`, as last read in a handshake: the same for
@@ -982,7 +1077,23 @@ impl Conn {
                 None | Some(Expect::Confirm { .. }) => return Err(Cause::Unsolicited),
                 Some(Expect::Handshake(step)) => {
                     match reply {
-                        Reply::Error(msg) => return Err(Cause::Handshake(step, msg)),
+                        // INFO serves restart quarantine and one server,
+                        // one vote: a user denied it may still lock with
+                        // quarantine off, without the second check.
+                        Reply::Error(msg)
+                            if step == HandshakeStep::Info
+                                && self.timing.quarantine.is_none()
+                                && error_code(&msg) == Some(b"NOPERM") => {}
+                        Reply::Error(msg) => {
+                            let cause = Cause::Handshake(step, msg);
+                            // After AUTH, the requests behind the refused
+                            // step run anyway: the connection stays, for
+                            // releases (see `refused`).
+                            if step == HandshakeStep::Auth || !cause.is_permanent() {
+                                return Err(cause);
+                            }
+                            self.refused = Some(cause);
+                        }
                         Reply::Bulk(info) if step == HandshakeStep::Info => {
                             self.handle_info(&info, now)?
                         }
@@ -1166,5 +1277,89 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// Issue 21: which refusals are for good (fail fast) and which are a
+    /// master that is busy for now (retried).
+    #[test]
+    fn permanent_refusals_are_told_from_transient_ones() {
+        let b = |s: &'static str| Bytes::from_static(s.as_bytes());
+        let cases: [(&str, Cause, bool); 11] = [
+            (
+                "wrong password",
+                Cause::Handshake(
+                    HandshakeStep::Auth,
+                    b("WRONGPASS invalid username-password pair"),
+                ),
+                true,
+            ),
+            (
+                "no INFO right",
+                Cause::Handshake(
+                    HandshakeStep::Info,
+                    b("NOPERM this user has no permissions to run the 'info' command"),
+                ),
+                true,
+            ),
+            (
+                "no such database",
+                Cause::Handshake(HandshakeStep::Select, b("ERR DB index is out of range")),
+                true,
+            ),
+            (
+                "no SCRIPT right",
+                Cause::Handshake(HandshakeStep::ScriptLoad, b("NOPERM no")),
+                true,
+            ),
+            (
+                "loading",
+                Cause::Handshake(
+                    HandshakeStep::Info,
+                    b("LOADING Redis is loading the dataset in memory"),
+                ),
+                false,
+            ),
+            (
+                "busy",
+                Cause::Handshake(
+                    HandshakeStep::ScriptLoad,
+                    b("BUSY Redis is busy running a script"),
+                ),
+                false,
+            ),
+            (
+                "our own complaint",
+                Cause::Handshake(
+                    HandshakeStep::Info,
+                    b("no uptime_in_seconds or run_id in INFO server"),
+                ),
+                false,
+            ),
+            (
+                "a key refused",
+                Cause::Server(b(
+                    "NOPERM this user has no permissions to access one of the keys",
+                )),
+                true,
+            ),
+            (
+                "no password sent",
+                Cause::Server(b("NOAUTH Authentication required.")),
+                true,
+            ),
+            ("another error", Cause::Server(b("ERR something")), false),
+            (
+                "in backoff after a refusal",
+                Cause::Backoff(Box::new(Cause::Handshake(
+                    HandshakeStep::Auth,
+                    b("WRONGPASS x"),
+                ))),
+                true,
+            ),
+        ];
+        for (name, cause, permanent) in cases {
+            assert_eq!(cause.is_permanent(), permanent, "{name}: {cause}");
+        }
+        assert!(!Cause::Timeout.is_permanent() && !Cause::Closed.is_permanent());
     }
 }

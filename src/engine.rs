@@ -401,9 +401,19 @@ impl Engine {
                     let index = id.index();
                     if lookup(&self.entries, id).is_some() {
                         let entry = &mut self.entries[index];
-                        entry
-                            .round
-                            .handle_reply(&mut self.conns, tag.slot as usize, i, reply, now);
+                        let slot = tag.slot as usize;
+                        // A request that ran behind a refused handshake
+                        // step counts as refused: the master cannot vote
+                        // (its INFO, say, could not be checked).
+                        match self.conns[i].refusal() {
+                            Some(cause) if !entry.round.op(slot).releases() => {
+                                let vote = Vote::Failed(cause.clone());
+                                entry.round.handle_vote(slot, i, vote, now);
+                            }
+                            _ => entry
+                                .round
+                                .handle_reply(&mut self.conns, slot, i, reply, now),
+                        }
                         self.check_complete(index);
                     }
                 }

@@ -72,6 +72,13 @@ pub enum Error {
     /// Not enough masters answered to decide: down, stalled or refusing
     /// connections. Each master's cause is in the failure.
     NoQuorum(Failure),
+    /// So many masters refuse this client for good (a wrong password, a
+    /// user denied a command the client needs: see
+    /// [`Cause::is_permanent`](crate::Cause::is_permanent)) that no quorum
+    /// can be had until an operator grants what is missing. Each refusing
+    /// master's cause names the command refused and what to grant. An
+    /// acquire with retries ends with this at once.
+    Denied(Failure),
     /// A master broke the protocol (malformed or unsolicited replies) and
     /// the quorum was missed because of it.
     Protocol(Failure),
@@ -112,6 +119,7 @@ impl Error {
             Error::Held(f)
             | Error::NotHeld(f)
             | Error::NoQuorum(f)
+            | Error::Denied(f)
             | Error::Protocol(f)
             | Error::ValidityExpired(f)
             | Error::FenceRefused(f)
@@ -128,6 +136,7 @@ impl fmt::Display for Error {
             Error::Held(fail) => write!(f, "lock held by another client: {fail}"),
             Error::NotHeld(fail) => write!(f, "lock no longer held: {fail}"),
             Error::NoQuorum(fail) => write!(f, "quorum of masters unreachable: {fail}"),
+            Error::Denied(fail) => write!(f, "masters refuse this client: {fail}"),
             Error::Protocol(fail) => write!(f, "a master broke the protocol: {fail}"),
             Error::ValidityExpired(fail) => write!(f, "validity used up by a slow round: {fail}"),
             Error::FenceUnknown { failure, untrusted } => {

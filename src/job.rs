@@ -640,7 +640,7 @@ impl Acquire {
             arg: 0,
         });
         self.after_cleanup = match next {
-            _ if self.abandoned => After::Finish,
+            _ if self.abandoned || matches!(error, Error::Denied(_)) => After::Finish,
             Some(next) => next,
             None => {
                 let wait = ctx.jitter.between(self.retry.delay / 2, self.retry.delay);
@@ -1107,6 +1107,16 @@ fn verdict(
     let failure = failure(ctx, round, slot, first, attempts, ended);
     if round.decision(slot) == Some(Decision::Won) {
         return Error::ValidityExpired(failure);
+    }
+    // Refusals for good (a wrong password, a denied command) that leave
+    // fewer than a quorum of usable masters: no retry can succeed.
+    let denied = round
+        .votes(slot)
+        .iter()
+        .filter(|v| matches!(v, Vote::Failed(cause) if cause.is_permanent()))
+        .count();
+    if denied > round.votes(slot).len() - round.quorum() {
+        return Error::Denied(failure);
     }
     match round.loss(slot) {
         Loss::Protocol => Error::Protocol(failure),

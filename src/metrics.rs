@@ -96,6 +96,8 @@ const LOST: &str = "redlock_locks_lost_total";
 const MASTER_FAILURES: &str = "redlock_master_failures_total";
 #[cfg(feature = "metrics")]
 const MASTER_QUARANTINED: &str = "redlock_master_quarantined";
+#[cfg(feature = "metrics")]
+const SUBSCRIBE_REFUSED: &str = "redlock_subscribe_refused_total";
 
 /// How an operation ended, as the `outcome` (or `reason`) label says it.
 #[cfg(any(feature = "metrics", feature = "tracing"))]
@@ -130,7 +132,7 @@ impl Outcome {
         match error {
             Error::Held(_) => Outcome::Held,
             Error::NotHeld(_) => Outcome::NotHeld,
-            Error::NoQuorum(_) => Outcome::NoQuorum,
+            Error::NoQuorum(_) | Error::Denied(_) => Outcome::NoQuorum,
             Error::Protocol(_) => Outcome::Protocol,
             Error::ValidityExpired(_) => Outcome::ValidityExpired,
             Error::FenceUnknown { .. } => Outcome::FenceUnknown,
@@ -300,6 +302,28 @@ pub(crate) fn released_unclaimed(count: usize) {
 pub(crate) fn lost(reason: &LostReason) {
     #[cfg(feature = "metrics")]
     guarded(|| counter(outcome_key!(LOST, "reason", Outcome::of_loss(reason))).increment(1));
+}
+
+/// A master refused to subscribe this client to release notifications
+/// (`-NOPERM`: the user has no rights on the `redlock:released:*`
+/// channels), `first` time for that master on this connection: its
+/// waiters fall back on the holder's expiry. Counted each time; warned
+/// once per master (feature `tracing`).
+#[inline(always)]
+pub(crate) fn subscribe_refused(first: bool, reply: &[u8]) {
+    let _ = (first, reply);
+    #[cfg(feature = "metrics")]
+    guarded(|| counter(static_key!(SUBSCRIBE_REFUSED)).increment(1));
+    #[cfg(feature = "tracing")]
+    if first {
+        guarded(|| {
+            tracing::warn!(
+                reply = %String::from_utf8_lossy(reply),
+                "a master refuses release notifications (grant the user &redlock:released:*): \
+                 waiters there wait for the holder's expiry"
+            );
+        });
+    }
 }
 
 /// The label of each kind of [`Cause`], in [`cause_index`] order.

@@ -77,6 +77,14 @@ pub(crate) struct Channels {
     notified: VecDeque<Bytes>,
     /// A channel name under construction, reused.
     name: Vec<u8>,
+    /// Per subscriber connection: the master refused this client's
+    /// SUBSCRIBE (`-NOPERM`). No notification comes from it; it is sent
+    /// no more subscriptions and counts as settled, so that waiters rely
+    /// on the expiry timer, and it is not dropped for it. A new connection
+    /// (made for another reason) tries once more.
+    refused: Vec<bool>,
+    /// Per subscriber connection: the refusal was reported (once).
+    warned: Vec<bool>,
 }
 
 impl Channels {
@@ -113,7 +121,10 @@ impl Channels {
             return;
         }
         let mut dropped = false;
-        for (link, conn) in channel.links.iter_mut().zip(subs.iter_mut()) {
+        for (i, (link, conn)) in channel.links.iter_mut().zip(subs.iter_mut()).enumerate() {
+            if self.refused.get(i).copied().unwrap_or(false) {
+                continue;
+            }
             match send(&mut self.name, conn, b"SUBSCRIBE", resource, now) {
                 Ok(()) => {
                     link.pending += 1;
@@ -145,7 +156,10 @@ impl Channels {
             return channel.waiters.front().copied().filter(|_| position == 0);
         }
         let mut dropped = false;
-        for (link, conn) in channel.links.iter_mut().zip(subs.iter_mut()) {
+        for (i, (link, conn)) in channel.links.iter_mut().zip(subs.iter_mut()).enumerate() {
+            if self.refused.get(i).copied().unwrap_or(false) {
+                continue;
+            }
             match send(&mut self.name, conn, b"UNSUBSCRIBE", resource, now) {
                 Ok(()) => link.pending += 1,
                 Err(cause) => dropped |= matches!(cause, Cause::TooFarBehind),
@@ -193,7 +207,11 @@ impl Channels {
         };
         let mut confirmed = 0;
         let mut settled = true;
-        for (link, conn) in channel.links.iter().zip(subs) {
+        for (i, (link, conn)) in channel.links.iter().zip(subs).enumerate() {
+            if self.refused.get(i).copied().unwrap_or(false) {
+                // Refused for good: nothing to wait for there.
+                continue;
+            }
             if conn.is_down() {
                 settled &= !conn.poll_connect(now) || conn.is_resolving();
             } else if link.pending == 0 {
@@ -242,6 +260,10 @@ impl Channels {
     /// by one SUBSCRIBE naming them all, so that a new connection starts
     /// one command from empty however many resources are waited for.
     pub(crate) fn handle_link_up(&mut self, link: usize, conn: &mut Conn, now: Instant) {
+        if let Some(refused) = self.refused.get_mut(link) {
+            // A new connection tries once more.
+            *refused = false;
+        }
         // The channels' names one after another in `name`, and where each
         // ends: the arguments borrow them.
         self.name.clear();
@@ -276,6 +298,27 @@ impl Channels {
         }
     }
 
+    /// The master behind subscriber connection `link` refused a SUBSCRIBE
+    /// for good (`-NOPERM`, in `reply`): a permission is an answer, not a
+    /// broken connection. Nothing is subscribed there from now on (the
+    /// connection stays), and its waiters rely on the holder's expiry.
+    fn handle_refused(&mut self, link: usize, reply: &[u8]) {
+        if self.refused.len() <= link {
+            self.refused.resize(link + 1, false);
+            self.warned.resize(link + 1, false);
+        }
+        self.refused[link] = true;
+        let first = !std::mem::replace(&mut self.warned[link], true);
+        crate::metrics::subscribe_refused(first, reply);
+        for channel in self.table.values_mut() {
+            if let Some(state) = channel.links.get_mut(link) {
+                *state = Link::default();
+            }
+        }
+        self.table
+            .retain(|_, c| !c.waiters.is_empty() || !c.is_settled());
+    }
+
     /// Subscriber connection `link` dropped: its subscriptions are gone
     /// with it.
     pub(crate) fn handle_link_down(&mut self, link: usize) {
@@ -307,6 +350,10 @@ impl Channels {
     pub(crate) fn handle_push(&mut self, link: usize, reply: Reply) -> Result<(), Cause> {
         let items = match reply {
             Reply::Array(items) => items,
+            Reply::Error(msg) if msg.starts_with(b"NOPERM") => {
+                self.handle_refused(link, &msg);
+                return Ok(());
+            }
             Reply::Error(msg) => return Err(Cause::Server(msg)),
             // Nothing else is sent in subscribed mode; a stray frame
             // changes nothing.
@@ -615,9 +662,15 @@ mod tests {
         assert_eq!(channels.notified.len(), 1, "queued once however many");
         assert_eq!(channels.epoch(b"other:1"), 0);
         assert!(matches!(
-            channels.handle_push(0, Reply::Error(Bytes::from_static(b"NOPERM no"))),
+            channels.handle_push(0, Reply::Error(Bytes::from_static(b"ERR no"))),
             Err(Cause::Server(_))
         ));
+        // A permission refused is an answer: no error, so no redial.
+        assert!(
+            channels
+                .handle_push(0, Reply::Error(Bytes::from_static(b"NOPERM no")))
+                .is_ok()
+        );
     }
 
     #[test]

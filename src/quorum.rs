@@ -360,6 +360,19 @@ impl Round {
         self.record(slot, i, vote, now);
     }
 
+    /// The operation of `slot`.
+    pub(crate) fn op(&self, slot: usize) -> Op {
+        self.ops.get(slot).copied().unwrap_or(Op::Acquire)
+    }
+
+    /// Master `i`'s vote on `slot`, decided without its reply, if the vote
+    /// is still pending.
+    pub(crate) fn handle_vote(&mut self, slot: usize, i: usize, vote: Vote, now: Instant) {
+        if self.is_pending(slot, i) {
+            self.record(slot, i, vote, now);
+        }
+    }
+
     /// Master `i` failed: its pending votes fail with `cause`.
     pub(crate) fn fail_pending(&mut self, i: usize, cause: &Cause, now: Instant) {
         for slot in 0..self.tallies.len() {

@@ -48,8 +48,14 @@ impl Script {
 /// resource's [`release_channel`], so that waiters subscribed there try
 /// again at once. The compare-and-delete is the spec's: other Redlock
 /// clients' releases (which do not publish) and ours exclude each other as
-/// before.
-pub const RELEASE_SOURCE: &str = "if redis.call(\"get\",KEYS[1]) == ARGV[1] then redis.call(\"del\",KEYS[1]) redis.call(\"publish\",\"redlock:released:\"..KEYS[1],ARGV[1]) return 1 else return 0 end";
+/// before. The publish is only a hint, made with `redis.pcall`: a user
+/// without rights on the channel (Redis 7's ACL default for a new user)
+/// still releases, and a multi-key release never stops halfway; where the
+/// publish is refused, waiters learn of the release by the key's expiry.
+/// One script for every master and user, rather than a non-publishing
+/// variant chosen per master: nothing to learn or remember, and the
+/// compare-and-delete is the same everywhere.
+pub const RELEASE_SOURCE: &str = "if redis.call(\"get\",KEYS[1]) == ARGV[1] then redis.call(\"del\",KEYS[1]) redis.pcall(\"publish\",\"redlock:released:\"..KEYS[1],ARGV[1]) return 1 else return 0 end";
 
 /// The prefix of a resource's release channel: see [`release_channel`].
 pub const RELEASE_CHANNEL_PREFIX: &[u8] = b"redlock:released:";
@@ -113,10 +119,10 @@ if fence then return {fence, 1, 0, now - since} end
 return {0, 0, 0, now - since}"#;
 
 /// Fenced acquire, phase two. `KEYS[1]` the lock, `KEYS[2]` the resource's
-/// fence, `KEYS[3]` [`FENCE_STATE_KEY`], `KEYS[4]` the directive (not a
-/// key: a request has room for one integer argument, and the masters are
-/// independent, so no cluster slot rule applies); `ARGV[1]` the token,
-/// `ARGV[2]` the fence. While `KEYS[1]` still holds the token: raises the
+/// fence, `KEYS[3]` [`FENCE_STATE_KEY`]; `ARGV[1]` the directive, `ARGV[2]`
+/// the token, `ARGV[3]` the fence. (The request carries the directive as a
+/// fourth "key" that is not declared as one: an ACL key pattern need not
+/// match it.) While `KEYS[1]` still holds the token: raises the
 /// resource's fence and the master's `high` to `ARGV[2]` (never lowers
 /// them) and returns 1; else changes nothing and returns 0. On an unmarked
 /// master it also applies the directive:
@@ -127,22 +133,22 @@ return {0, 0, 0, now - since}"#;
 ///   unmarked for at least `<ms>` by its own clock (the client made the
 ///   fence larger than the `high` of a quorum of marked masters).
 /// - anything else: nothing.
-pub const FENCE_SOURCE: &str = r#"if redis.call("get",KEYS[1]) ~= ARGV[1] then return 0 end
-local v = tonumber(ARGV[2])
+pub const FENCE_SOURCE: &str = r#"if redis.call("get",KEYS[1]) ~= ARGV[2] then return 0 end
+local v = tonumber(ARGV[3])
 local f = tonumber(redis.call("get",KEYS[2]))
-if not f or v > f then redis.call("set",KEYS[2],ARGV[2]) end
+if not f or v > f then redis.call("set",KEYS[2],ARGV[3]) end
 local s = redis.call("hmget",KEYS[3],"marked","high","since")
 if not s[1] then
-local admit = KEYS[4] == "bootstrap"
-local wait = tonumber(string.match(KEYS[4], "^readmit:(%d+)$"))
+local admit = ARGV[1] == "bootstrap"
+local wait = tonumber(string.match(ARGV[1], "^readmit:(%d+)$"))
 if wait and s[3] then
 local t = redis.call("time")
 admit = t[1] * 1000 + math.floor(t[2] / 1000) - tonumber(s[3]) >= wait
-if admit then redis.call("hset",KEYS[3],"floor",ARGV[2]) end
+if admit then redis.call("hset",KEYS[3],"floor",ARGV[3]) end
 end
 if admit then redis.call("hset",KEYS[3],"marked","1") redis.call("hdel",KEYS[3],"since") end
 end
-if not tonumber(s[2]) or v > tonumber(s[2]) then redis.call("hset",KEYS[3],"high",ARGV[2]) end
+if not tonumber(s[2]) or v > tonumber(s[2]) then redis.call("hset",KEYS[3],"high",ARGV[3]) end
 return 1"#;
 
 /// Multi-resource acquire: all of `KEYS` set to the token `ARGV[1]` with TTL
@@ -152,7 +158,7 @@ pub const ACQUIRE_MANY_SOURCE: &str = "for i = 1, #KEYS do if redis.call(\"exist
 /// Multi-resource release: deletes each of `KEYS` that holds the token
 /// `ARGV[1]`, publishing each deletion on that key's [`release_channel`];
 /// returns 1 when all of them did, else 0.
-pub const RELEASE_MANY_SOURCE: &str = "local all = 1 for i = 1, #KEYS do if redis.call(\"get\",KEYS[i]) == ARGV[1] then redis.call(\"del\",KEYS[i]) redis.call(\"publish\",\"redlock:released:\"..KEYS[i],ARGV[1]) else all = 0 end end return all";
+pub const RELEASE_MANY_SOURCE: &str = "local all = 1 for i = 1, #KEYS do if redis.call(\"get\",KEYS[i]) == ARGV[1] then redis.call(\"del\",KEYS[i]) redis.pcall(\"publish\",\"redlock:released:\"..KEYS[i],ARGV[1]) else all = 0 end end return all";
 
 /// Multi-resource extend: when every one of `KEYS` holds the token
 /// `ARGV[1]`, sets their TTL to `ARGV[2]` ms and returns 1; else changes
@@ -238,7 +244,7 @@ mod tests {
         // `release_channel` names.
         assert_eq!(
             scripts.get(ScriptId::Release).source(),
-            r#"if redis.call("get",KEYS[1]) == ARGV[1] then redis.call("del",KEYS[1]) redis.call("publish","redlock:released:"..KEYS[1],ARGV[1]) return 1 else return 0 end"#
+            r#"if redis.call("get",KEYS[1]) == ARGV[1] then redis.call("del",KEYS[1]) redis.pcall("publish","redlock:released:"..KEYS[1],ARGV[1]) return 1 else return 0 end"#
         );
         assert_eq!(release_channel(b"orders:42"), b"redlock:released:orders:42");
         assert!(
