@@ -68,6 +68,13 @@ struct Cli {
     #[arg(long, value_name = "D", global = true, value_parser = parse_duration)]
     timeout: Option<Duration>,
 
+    /// How long connecting a master may take, and how long a connection
+    /// may leave a request unanswered before it is dropped (lock commands
+    /// and bench; probe's connects take --timeout) [default: the
+    /// library's, 1s]
+    #[arg(long, value_name = "D", global = true, value_parser = parse_duration)]
+    connect_timeout: Option<Duration>,
+
     /// Restart quarantine's maximum TTL: a master up for less than this
     /// does not count toward the quorum, and longer TTLs are refused
     /// [default: the library's, 60s]
@@ -230,6 +237,9 @@ fn dispatch(cli: &Cli) -> Result<u8, Failure> {
     if cli.timeout.is_some_and(|t| t.is_zero()) {
         return Err(Failure::usage("--timeout must be more than zero"));
     }
+    if cli.connect_timeout.is_some_and(|t| t.is_zero()) {
+        return Err(Failure::usage("--connect-timeout must be more than zero"));
+    }
     if cli.max_ttl.is_some_and(|t| t.is_zero()) {
         return Err(Failure::usage("--max-ttl must be more than zero"));
     }
@@ -244,14 +254,21 @@ fn dispatch(cli: &Cli) -> Result<u8, Failure> {
     };
     let client = |ttl: Option<Duration>| {
         let timeout = round_timeout(cli.timeout, ttl);
-        client(&cli.servers, timeout, quarantine, &tls)
+        client(&cli.servers, timeout, cli.connect_timeout, quarantine, &tls)
     };
     match &cli.command {
         Command::Run(args) => run::run(client(Some(args.acquire.ttl))?, args),
         Command::Acquire(args) => acquire(client(Some(args.acquire.ttl))?, args),
         Command::Release(args) => release(client(None)?, args),
         Command::Extend(args) => extend(client(Some(args.ttl))?, args),
-        Command::Bench(args) => bench::bench(&cli.servers, cli.timeout, quarantine, &tls, args),
+        Command::Bench(args) => bench::bench(
+            &cli.servers,
+            cli.timeout,
+            cli.connect_timeout,
+            quarantine,
+            &tls,
+            args,
+        ),
         Command::Probe => probe::probe(
             &server_urls(&cli.servers)?,
             cli.timeout.unwrap_or(PROBE_TIMEOUT),
@@ -348,15 +365,20 @@ impl Quarantine {
 }
 
 /// A client for the masters given on the command line or in the
-/// environment, waiting `timeout` for each master's answer.
+/// environment, waiting `timeout` for each master's answer, and
+/// `connect_timeout` (`--connect-timeout`), when given, for each connect.
 fn client(
     flag: &[String],
     timeout: Duration,
+    connect_timeout: Option<Duration>,
     quarantine: Quarantine,
     tls: &TlsConfig,
 ) -> Result<Redlock, Failure> {
     let mut config = config(&server_urls(flag)?, tls)?;
     config.per_instance_timeout = timeout;
+    if let Some(connect_timeout) = connect_timeout {
+        config.connect_timeout = connect_timeout;
+    }
     quarantine.apply(&mut config);
     let connect_timeout = config.connect_timeout;
     let mut redlock = Redlock::new(config)
