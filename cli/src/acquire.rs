@@ -7,15 +7,17 @@
 //! the resource's release channel (`Config::wake_on_release`): it tries
 //! again as soon as the holder releases, instead of at the next retry or
 //! at the holder's expiry. The first attempt stays on the one-shot client,
-//! which connected every master before it (so that its round's timeout is
-//! spent on the lock alone, and one server named twice is refused before
-//! it can vote), so that an uncontended lock costs what it always did and
-//! `-n` never starts a second client. This module decides nothing about
+//! which connected the masters before it (a quorum of servers and whoever
+//! else answers in a brief grace, so that its round's timeout is spent on
+//! the lock, and one server named twice is refused before it can vote),
+//! so that an uncontended lock costs what it always did and `-n` never
+//! starts a second client. This module decides nothing about
 //! exit codes beyond mapping the library's errors through [`exit`].
 
+use std::mem::ManuallyDrop;
 use std::time::{Duration, Instant};
 
-use redlock_mio::{Error, Lock, Redlock, Retry, SharedRedlock};
+use redlock_mio::{Config, Error, Lock, Redlock, Retry, SharedRedlock};
 
 use crate::exit::{self, Failure};
 use crate::{AcquireOptions, say};
@@ -32,7 +34,20 @@ pub enum Holder {
     /// client.
     Single(Box<Redlock>),
     /// The lock was waited for: the shared client that waited.
-    Shared(SharedRedlock),
+    Shared(ManuallyDrop<SharedRedlock>),
+}
+
+/// A shared client for one command of `redlock`, which is never dropped.
+/// Dropping a shared client's last handle waits, up to a per-instance
+/// timeout, for the replies of the slowest masters (a stalled master's
+/// never come); `redlock` exits once its last operation has its outcome,
+/// as with its one-shot client, and the process's exit closes the
+/// connections.
+///
+/// # Errors
+/// As [`SharedRedlock::new`].
+pub fn shared_client(config: Config) -> Result<ManuallyDrop<SharedRedlock>, Error> {
+    SharedRedlock::new(config).map(ManuallyDrop::new)
 }
 
 impl Holder {
@@ -122,7 +137,7 @@ pub fn acquire_lock(
     redlock.settle(round);
     let config = redlock.config().clone();
     drop(redlock);
-    let shared = SharedRedlock::new(config)
+    let shared = shared_client(config)
         .map_err(|e| exit::lock_error("cannot start the client", &e, conflict))?;
     let lock = match left {
         Some(left) => attempt_shared(&shared, resource, options, &Retry::until(left))

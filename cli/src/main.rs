@@ -257,7 +257,11 @@ fn dispatch(cli: &Cli) -> Result<u8, Failure> {
         client(&cli.servers, timeout, cli.connect_timeout, quarantine, &tls)
     };
     match &cli.command {
-        Command::Run(args) => run::run(client(Some(args.acquire.ttl))?, args),
+        Command::Run(args) => {
+            let mut redlock = client(Some(args.acquire.ttl))?;
+            warm_up(&mut redlock)?;
+            run::run(redlock, args)
+        }
         Command::Acquire(args) => acquire(client(Some(args.acquire.ttl))?, args),
         Command::Release(args) => release(client(None)?, args),
         Command::Extend(args) => extend(client(Some(args.ttl))?, args),
@@ -380,14 +384,28 @@ fn client(
         config.connect_timeout = connect_timeout;
     }
     quarantine.apply(&mut config);
-    let connect_timeout = config.connect_timeout;
-    let mut redlock = Redlock::new(config)
-        .map_err(|e| exit::lock_error("cannot start the client", &e, exit::CONFLICT))?;
-    // Connected (host names looked up, handshakes done) before the first
-    // round, so that the round's timeout is spent on the lock alone, and
-    // one server named twice is known, and refused, before it can vote.
-    redlock.warm_up(connect_timeout);
-    Ok(redlock)
+    Redlock::new(config)
+        .map_err(|e| exit::lock_error("cannot start the client", &e, exit::CONFLICT))
+}
+
+/// Connects the masters before the first round of a command that takes
+/// or extends a lock, so that one server named twice is known, and
+/// refused (exit 2), before it can vote, and the round's timeout goes to
+/// the lock rather than to connecting. Only until a quorum of servers is
+/// ready and the others have had a brief grace
+/// ([`Redlock::warm_up_quorum`]): a stalled master (connects that
+/// succeed, a handshake never answered) must not hold every command for
+/// the connect timeout. The first round carries the slower masters'
+/// handshakes, and counts one vote per server in any case.
+///
+/// # Errors
+/// A usage failure when two masters are one server.
+fn warm_up(redlock: &mut Redlock) -> Result<(), Failure> {
+    let timeout = redlock.config().connect_timeout;
+    redlock
+        .warm_up_quorum(timeout)
+        .map(drop)
+        .map_err(|e| exit::lock_error("cannot use these masters", &e, exit::CONFLICT))
 }
 
 /// Parses a duration: humantime's `30s`, `500ms`, `1m30s`, or a bare
@@ -402,7 +420,8 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         .map_err(|e| format!("{e} (write durations as 30s, 500ms, 1m30s or plain seconds)"))
 }
 
-fn acquire(redlock: Redlock, args: &AcquireArgs) -> Result<u8, Failure> {
+fn acquire(mut redlock: Redlock, args: &AcquireArgs) -> Result<u8, Failure> {
+    warm_up(&mut redlock)?;
     let (lock, mut holder) = acquire_lock(redlock, &args.resource, &args.acquire)?;
     let printed = match lock.fence() {
         Some(fence) => writeln!(io::stdout().lock(), "{} {fence}", lock.token()),
@@ -426,6 +445,8 @@ fn parts(args: &TokenArgs) -> Result<Lock, Failure> {
     Ok(Lock::from_parts(args.resource.clone(), token))
 }
 
+/// No warm-up: a release is allowed whoever the masters turn out to be
+/// (it can only free keys), and its round ends at a quorum's answers.
 fn release(mut redlock: Redlock, args: &TokenArgs) -> Result<u8, Failure> {
     let lock = parts(args)?;
     let context = format!("cannot release {:?}", args.resource);
@@ -437,6 +458,7 @@ fn release(mut redlock: Redlock, args: &TokenArgs) -> Result<u8, Failure> {
 
 fn extend(mut redlock: Redlock, args: &ExtendArgs) -> Result<u8, Failure> {
     let mut lock = parts(&args.lock)?;
+    warm_up(&mut redlock)?;
     let context = format!("cannot extend {:?}", args.lock.resource);
     redlock
         .extend(&mut lock, args.ttl)

@@ -1,7 +1,7 @@
 //! `redlock run`: a command under a lock.
 //!
 //! This module owns the child's life under the lock: it acquires (waiting
-//! for a held lock through a [`SharedRedlock`], see [`crate::acquire`]),
+//! for a held lock through a [`SharedRedlock`](redlock_mio::SharedRedlock), see [`crate::acquire`]),
 //! hands the lock to a [`Watchdog`] on that shared client's event loop
 //! (which extends it every third of the TTL on a thread and connections
 //! of its own, apart from the command), starts the command with
@@ -30,9 +30,9 @@ use std::process::{Child, Command, ExitStatus};
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use redlock_mio::{KeepOptions, Lock, Redlock, SharedRedlock, Watchdog};
+use redlock_mio::{KeepOptions, Lock, Redlock, Watchdog};
 
-use crate::acquire::{Holder, acquire_lock};
+use crate::acquire::{Holder, acquire_lock, shared_client};
 use crate::exit::{self, Failure};
 use crate::signals::Signals;
 use crate::{AcquireOptions, parse_duration, say};
@@ -111,7 +111,7 @@ pub fn run(redlock: Redlock, args: &RunArgs) -> Result<u8, Failure> {
     // and goes here).
     let shared = match holder {
         Holder::Shared(shared) => shared,
-        Holder::Single(mut redlock) => match SharedRedlock::new(redlock.config().clone()) {
+        Holder::Single(mut redlock) => match shared_client(redlock.config().clone()) {
             Ok(shared) => shared,
             Err(e) => {
                 let _ = redlock.release(&lock);
@@ -134,8 +134,6 @@ pub fn run(redlock: Redlock, args: &RunArgs) -> Result<u8, Failure> {
             ));
         }
     };
-    // The watchdog holds a handle to the client, and releases through it.
-    drop(shared);
     let child = match spawn(args, &lock) {
         Ok(child) => child,
         Err(e) => {
