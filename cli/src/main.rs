@@ -258,9 +258,12 @@ fn dispatch(cli: &Cli) -> Result<u8, Failure> {
     };
     match &cli.command {
         Command::Run(args) => {
+            // Warmed up for what it learns (one server named twice), then
+            // dropped: `run` locks through the shared client that keeps
+            // the lock alive.
             let mut redlock = client(Some(args.acquire.ttl))?;
             warm_up(&mut redlock)?;
-            run::run(redlock, args)
+            run::run(redlock.config().clone(), args)
         }
         Command::Acquire(args) => acquire(client(Some(args.acquire.ttl))?, args),
         Command::Release(args) => release(client(None)?, args),

@@ -1,10 +1,12 @@
 //! `redlock run`: a command under a lock.
 //!
-//! This module owns the child's life under the lock: it acquires (waiting
-//! for a held lock through a [`SharedRedlock`](redlock_mio::SharedRedlock), see [`crate::acquire`]),
-//! hands the lock to a [`Watchdog`] on that shared client's event loop
-//! (which extends it every third of the TTL on a thread and connections
-//! of its own, apart from the command), starts the command with
+//! This module owns the child's life under the lock: it acquires through
+//! a [`SharedRedlock`](redlock_mio::SharedRedlock) (see
+//! [`mod@crate::acquire`]), hands the lock to a [`Watchdog`] on that same
+//! client's event loop (which extends it every
+//! third of the TTL on a thread and connections of its own, apart from the
+//! command: the client that granted the lock, so that restart quarantine
+//! knows which masters held it), starts the command with
 //! `REDLOCK_RESOURCE`, `REDLOCK_TOKEN` and, with `--fence`,
 //! `REDLOCK_FENCE`, forwards SIGINT, SIGTERM and SIGHUP, and releases when
 //! the command has exited. Its loop is single-threaded: signals, the
@@ -30,9 +32,9 @@ use std::process::{Child, Command, ExitStatus};
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use redlock_mio::{KeepOptions, Lock, Redlock, Watchdog};
+use redlock_mio::{Config, KeepOptions, Lock, Watchdog};
 
-use crate::acquire::{Holder, acquire_lock, shared_client};
+use crate::acquire::{acquire_shared, shared_client};
 use crate::exit::{self, Failure};
 use crate::signals::Signals;
 use crate::{AcquireOptions, parse_duration, say};
@@ -82,13 +84,17 @@ pub struct RunArgs {
 /// # Errors
 /// A failure to acquire, to install the signal handlers, to start the
 /// watchdog, or to start the command (126/127), with its exit code.
-pub fn run(redlock: Redlock, args: &RunArgs) -> Result<u8, Failure> {
-    let (lock, mut holder) = acquire_lock(redlock, &args.resource, &args.acquire)?;
+/// `config` is the settings of a client that was warmed up (one server
+/// named twice is refused before this is called).
+pub fn run(config: Config, args: &RunArgs) -> Result<u8, Failure> {
+    let shared = shared_client(config)
+        .map_err(|e| exit::lock_error("cannot start the client", &e, exit::SOFTWARE))?;
+    let lock = acquire_shared(&shared, &args.resource, &args.acquire)?;
     let signals =
         match Signals::install(&[libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGCHLD]) {
             Ok(signals) => signals,
             Err(e) => {
-                let _ = holder.release(&lock);
+                let _ = shared.release(&lock);
                 return Err(Failure::new(
                     exit::OSERR,
                     format!("cannot install signal handlers: {e}"),
@@ -105,24 +111,6 @@ pub fn run(redlock: Redlock, args: &RunArgs) -> Result<u8, Failure> {
         // SAFETY: raise(3) with a signal whose handler is installed.
         unsafe { libc::raise(libc::SIGCHLD) };
     });
-    // The lock is kept alive by the event loop of a shared client: the one
-    // that waited for it, or, when the first attempt won, a new one with
-    // the same settings (the one-shot client has no loop to keep it on,
-    // and goes here).
-    let shared = match holder {
-        Holder::Shared(shared) => shared,
-        Holder::Single(mut redlock) => match shared_client(redlock.config().clone()) {
-            Ok(shared) => shared,
-            Err(e) => {
-                let _ = redlock.release(&lock);
-                return Err(exit::lock_error(
-                    "cannot keep the lock alive",
-                    &e,
-                    exit::SOFTWARE,
-                ));
-            }
-        },
-    };
     let kept = match shared.keep(lock.clone(), options) {
         Ok(kept) => kept,
         Err(e) => {

@@ -1395,6 +1395,17 @@ fn one_server_named_twice_is_a_usage_error_naming_both_urls() {
         "{message}"
     );
     assert_free(&masters, "cli:twice");
+
+    // `run` too, whose warm-up is on a client of its own: the command
+    // never starts.
+    let scratch = Scratch::new();
+    let ran = scratch.file("ran");
+    let mut command = one_shot(&urls);
+    command.args(["run", "cli:twice", "--", "touch"]).arg(&ran);
+    let output = finish(command);
+    assert_eq!(code(&output), 2, "{}", stderr(&output));
+    assert!(!ran.exists(), "the command ran");
+    assert_free(&masters, "cli:twice");
 }
 
 /// `bench --servers rediss://...` with `--tls-ca`: every mode of the
@@ -1725,4 +1736,94 @@ fn a_stalled_master_costs_acquire_release_and_run_no_wait() {
         let value = connect(master).cmd(&["GET".into(), "stalled".into()]);
         assert_eq!(value, Reply::Nil, "released on the answering masters");
     }
+}
+
+/// The lock clients connected to `master`, as (id, last command) from
+/// `CLIENT LIST`, the test's own connection left out.
+fn lock_clients(master: &Server) -> Vec<(String, String)> {
+    let Reply::Bulk(list) = connect(master).cmd(&["CLIENT".into(), "LIST".into()]) else {
+        panic!("CLIENT LIST did not answer a bulk string");
+    };
+    String::from_utf8_lossy(&list)
+        .lines()
+        .filter_map(|line| {
+            let field = |name: &str| {
+                line.split(' ')
+                    .find_map(|f| f.strip_prefix(name))
+                    .map(str::to_owned)
+            };
+            Some((field("id=")?, field("cmd=")?))
+        })
+        .filter(|(_, cmd)| cmd != "client|list")
+        .collect()
+}
+
+/// Issue 20, item 2 (the CLI's half): `run` keeps its lock alive through
+/// the client that acquired it, so that the client extending the lock saw
+/// it granted and read each master's `run_id` at the time (restart
+/// quarantine needs both). Seen from the masters: the connection that ran
+/// the acquire's SET is still open while the command runs, and the
+/// extension's EVALSHA comes on that same connection. Before, a one-shot
+/// client acquired and closed its connections, and a new client connected
+/// for the first extension.
+#[test]
+fn run_extends_its_lock_on_the_connections_that_acquired_it() {
+    let masters = cluster(3);
+    let scratch = Scratch::new();
+    let (pid_file, go) = (scratch.file("pid"), scratch.file("go"));
+    let mut holder = redlock(&masters.urls());
+    // A 30 s connect timeout: a connection is not dropped and made again
+    // for a reply that a loaded machine is slow to read.
+    holder
+        .args([
+            "--connect-timeout",
+            "30s",
+            "run",
+            "--ttl",
+            "3s",
+            "kept",
+            "--",
+            "sh",
+            "-c",
+        ])
+        .arg(format!(
+            r#"{WRITE_PID}; i=0; while [ ! -e "$2" ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done"#
+        ))
+        .arg("sh")
+        .arg(&pid_file)
+        .arg(&go);
+    let mut holder = Running::start(holder);
+    wait_for_pid(&pid_file, &mut holder);
+
+    // The lock was taken before the command started.
+    let acquired: Vec<Vec<String>> = masters
+        .iter()
+        .map(|master| {
+            lock_clients(master)
+                .into_iter()
+                .filter(|(_, cmd)| cmd == "set")
+                .map(|(id, _)| id)
+                .collect()
+        })
+        .collect();
+    for (master, acquired) in masters.iter().zip(&acquired) {
+        let mut extended = Vec::new();
+        wait_until(START_DEADLINE, "an extension reaches every master", || {
+            extended = lock_clients(master)
+                .into_iter()
+                .filter(|(_, cmd)| cmd == "evalsha")
+                .map(|(id, _)| id)
+                .collect();
+            !extended.is_empty()
+        });
+        assert!(
+            extended.iter().all(|id| acquired.contains(id)),
+            "{}: extended on connection {extended:?}, acquired on {acquired:?}",
+            master.url()
+        );
+    }
+    fs::write(&go, "").expect("writing the go file");
+    let (status, err) = holder.wait(EXIT_DEADLINE);
+    assert_eq!(status.code(), Some(0), "{err}");
+    assert_free(&masters, "kept");
 }
