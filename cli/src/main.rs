@@ -393,8 +393,9 @@ fn client(
 
 /// Connects the masters before the first round of a command that takes
 /// or extends a lock, so that one server named twice is known, and
-/// refused (exit 2), before it can vote, and the round's timeout goes to
-/// the lock rather than to connecting. Only until a quorum of servers is
+/// refused (exit 2), before it can vote, the round's timeout goes to the
+/// lock rather than to connecting, and the round's requests are written
+/// to every master that answers before `redlock` exits. Only until a quorum of servers is
 /// ready and the others have had a brief grace
 /// ([`Redlock::warm_up_quorum`]): a stalled master (connects that
 /// succeed, a handshake never answered) must not hold every command for
@@ -448,10 +449,16 @@ fn parts(args: &TokenArgs) -> Result<Lock, Failure> {
     Ok(Lock::from_parts(args.resource.clone(), token))
 }
 
-/// No warm-up: a release is allowed whoever the masters turn out to be
-/// (it can only free keys), and its round ends at a quorum's answers.
 fn release(mut redlock: Redlock, args: &TokenArgs) -> Result<u8, Failure> {
     let lock = parts(args)?;
+    // Warmed up too, so that the release is written to every master that
+    // answers, not only to those connected when a quorum has answered
+    // (redlock then exits, and a master whose connection, a TLS one say,
+    // was still being made would keep the key until it expires). One
+    // server named twice does not matter here: a release can only free
+    // keys.
+    let timeout = redlock.config().connect_timeout;
+    let _ = redlock.warm_up_quorum(timeout);
     let context = format!("cannot release {:?}", args.resource);
     redlock
         .release(&lock)
