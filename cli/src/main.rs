@@ -12,6 +12,7 @@ mod acquire;
 mod bench;
 mod cert;
 mod exit;
+mod group;
 mod probe;
 mod run;
 mod signals;
@@ -128,10 +129,18 @@ enum Command {
             gets SIGTERM, then SIGKILL after --kill-after or just before the lock's \
             deadline, whichever comes first, and redlock exits 75. CMD never outlives the \
             lock: redlock also watches the deadline on its own clock, and exits 75 when \
-            CMD finishes after it, whatever CMD's status. SIGINT, SIGTERM and SIGHUP sent \
-            to redlock are forwarded to CMD. CMD sees REDLOCK_RESOURCE and REDLOCK_TOKEN \
-            (and REDLOCK_FENCE with --fence) in its environment, and is sent SIGTERM if \
-            redlock itself dies (Linux), since nobody then keeps its lock alive.",
+            CMD finishes after it, whatever CMD's status. CMD runs in a process group of \
+            its own, and these signals go to the whole group, so that what CMD started \
+            is stopped too (after CMD has exited, until the group is gone or killed). \
+            SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to redlock, a terminal's Ctrl-C \
+            included, are forwarded to the group; a Ctrl-Z stops the group, then \
+            redlock, and fg or bg continues both. A CMD in its own group is stopped by \
+            SIGTTIN if it reads the terminal: give such a CMD --foreground, which keeps \
+            it in redlock's group (it then gets the terminal's signals itself, but only \
+            CMD, not what it started, is signalled at a loss). CMD sees REDLOCK_RESOURCE \
+            and REDLOCK_TOKEN (and REDLOCK_FENCE with --fence) in its environment, and is \
+            sent SIGTERM if redlock itself dies (Linux), since nobody then keeps its lock \
+            alive.",
         after_help = exit::TABLE
     )]
     Run(run::RunArgs),
