@@ -1445,6 +1445,57 @@ fn warm_up_connects_every_live_master_before_the_first_operation() {
     redlock.release(&lock).unwrap_or_else(|e| panic!("{e}"));
 }
 
+/// Issue 20, item 10: a stalled master (its connect succeeds, its
+/// handshake is never answered) does not hold `warm_up_quorum` for its
+/// timeout, here a minute: it returns once the two others are ready and
+/// the grace is over. The call runs on a thread that the test waits for
+/// within half that minute, so that the old wait fails the test instead of
+/// passing slowly; no duration is compared.
+#[test]
+fn warm_up_quorum_does_not_wait_for_a_stalled_master() {
+    let mut masters = cluster(3);
+    let mut redlock = client(&masters.urls());
+    masters[2].pause().unwrap_or_else(|e| panic!("{e}"));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let warming = thread::spawn(move || {
+        let ready = redlock.warm_up_quorum(Duration::from_secs(60));
+        let _ = tx.send(ready);
+        redlock
+    });
+    let ready = rx.recv_timeout(Duration::from_secs(30));
+    masters[2].resume().unwrap_or_else(|e| panic!("{e}"));
+    let ready = ready.unwrap_or_else(|_| panic!("warm_up_quorum waited for the stalled master"));
+    assert_eq!(ready, Ok(2), "the two answering masters");
+    let mut redlock = warming.join().unwrap_or_else(|_| panic!("warm-up thread"));
+    let lock = redlock
+        .try_acquire("warm-quorum", TTL)
+        .unwrap_or_else(|e| panic!("{e}"));
+    redlock.release(&lock).unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// One server named twice (an IP literal and a name looked up) is told
+/// by `warm_up_quorum`, however soon a quorum is ready, and refused from
+/// then on.
+#[test]
+fn warm_up_quorum_tells_one_server_named_twice() {
+    let masters = cluster(2);
+    let port = masters[0].port();
+    let urls = vec![
+        format!("redis://127.0.0.1:{port}"),
+        format!("redis://localhost:{port}"),
+        masters[1].url(),
+    ];
+    let mut redlock = client(&urls);
+    let same = |got: Option<&Error>| {
+        matches!(got, Some(Error::Config(ConfigError::SameServer { first, second }))
+            if **first == *urls[0] && **second == *urls[1])
+    };
+    let got = redlock.warm_up_quorum(WAIT);
+    assert!(same(got.as_ref().err()), "{got:?}");
+    let got = redlock.try_acquire("twice", TTL);
+    assert!(same(got.as_ref().err()), "{got:?}");
+}
+
 #[test]
 fn a_batch_locks_each_free_resource_and_reports_each_held_one() {
     let masters = cluster(3);

@@ -261,10 +261,12 @@ struct Setup {
 /// # Errors
 /// Usage errors, masters that cannot be started, a client that cannot be
 /// made, or a report that cannot be written.
-/// `timeout` replaces the library's per-master timeout when given.
+/// `timeout` replaces the library's per-master timeout when given, and
+/// `connect_timeout` its connect timeout.
 pub fn bench(
     servers: &[String],
     timeout: Option<Duration>,
+    connect_timeout: Option<Duration>,
     quarantine: Quarantine,
     tls: &TlsConfig,
     args: &BenchArgs,
@@ -331,6 +333,9 @@ pub fn bench(
     }
     if let Some(timeout) = timeout {
         config.per_instance_timeout = timeout;
+    }
+    if let Some(connect_timeout) = connect_timeout {
+        config.connect_timeout = connect_timeout;
     }
     config.spin = args.spin;
     config.wake_on_release = args.wait_mode == WaitMode::Notify;

@@ -12,6 +12,7 @@ mod acquire;
 mod bench;
 mod cert;
 mod exit;
+mod group;
 mod probe;
 mod run;
 mod signals;
@@ -68,6 +69,13 @@ struct Cli {
     #[arg(long, value_name = "D", global = true, value_parser = parse_duration)]
     timeout: Option<Duration>,
 
+    /// How long connecting a master may take, and how long a connection
+    /// may leave a request unanswered before it is dropped (lock commands
+    /// and bench; probe's connects take --timeout) [default: the
+    /// library's, 1s]
+    #[arg(long, value_name = "D", global = true, value_parser = parse_duration)]
+    connect_timeout: Option<Duration>,
+
     /// Restart quarantine's maximum TTL: a master up for less than this
     /// does not count toward the quorum, and longer TTLs are refused
     /// [default: the library's, 60s]
@@ -121,10 +129,18 @@ enum Command {
             gets SIGTERM, then SIGKILL after --kill-after or just before the lock's \
             deadline, whichever comes first, and redlock exits 75. CMD never outlives the \
             lock: redlock also watches the deadline on its own clock, and exits 75 when \
-            CMD finishes after it, whatever CMD's status. SIGINT, SIGTERM and SIGHUP sent \
-            to redlock are forwarded to CMD. CMD sees REDLOCK_RESOURCE and REDLOCK_TOKEN \
-            (and REDLOCK_FENCE with --fence) in its environment, and is sent SIGTERM if \
-            redlock itself dies (Linux), since nobody then keeps its lock alive.",
+            CMD finishes after it, whatever CMD's status. CMD runs in a process group of \
+            its own, and these signals go to the whole group, so that what CMD started \
+            is stopped too (after CMD has exited, until the group is gone or killed). \
+            SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to redlock, a terminal's Ctrl-C \
+            included, are forwarded to the group; a Ctrl-Z stops the group, then \
+            redlock, and fg or bg continues both. A CMD in its own group is stopped by \
+            SIGTTIN if it reads the terminal: give such a CMD --foreground, which keeps \
+            it in redlock's group (it then gets the terminal's signals itself, but only \
+            CMD, not what it started, is signalled at a loss). CMD sees REDLOCK_RESOURCE \
+            and REDLOCK_TOKEN (and REDLOCK_FENCE with --fence) in its environment, and is \
+            sent SIGTERM if redlock itself dies (Linux), since nobody then keeps its lock \
+            alive.",
         after_help = exit::TABLE
     )]
     Run(run::RunArgs),
@@ -230,6 +246,9 @@ fn dispatch(cli: &Cli) -> Result<u8, Failure> {
     if cli.timeout.is_some_and(|t| t.is_zero()) {
         return Err(Failure::usage("--timeout must be more than zero"));
     }
+    if cli.connect_timeout.is_some_and(|t| t.is_zero()) {
+        return Err(Failure::usage("--connect-timeout must be more than zero"));
+    }
     if cli.max_ttl.is_some_and(|t| t.is_zero()) {
         return Err(Failure::usage("--max-ttl must be more than zero"));
     }
@@ -244,14 +263,28 @@ fn dispatch(cli: &Cli) -> Result<u8, Failure> {
     };
     let client = |ttl: Option<Duration>| {
         let timeout = round_timeout(cli.timeout, ttl);
-        client(&cli.servers, timeout, quarantine, &tls)
+        client(&cli.servers, timeout, cli.connect_timeout, quarantine, &tls)
     };
     match &cli.command {
-        Command::Run(args) => run::run(client(Some(args.acquire.ttl))?, args),
+        Command::Run(args) => {
+            // Warmed up for what it learns (one server named twice), then
+            // dropped: `run` locks through the shared client that keeps
+            // the lock alive.
+            let mut redlock = client(Some(args.acquire.ttl))?;
+            warm_up(&mut redlock)?;
+            run::run(redlock.config().clone(), args)
+        }
         Command::Acquire(args) => acquire(client(Some(args.acquire.ttl))?, args),
         Command::Release(args) => release(client(None)?, args),
         Command::Extend(args) => extend(client(Some(args.ttl))?, args),
-        Command::Bench(args) => bench::bench(&cli.servers, cli.timeout, quarantine, &tls, args),
+        Command::Bench(args) => bench::bench(
+            &cli.servers,
+            cli.timeout,
+            cli.connect_timeout,
+            quarantine,
+            &tls,
+            args,
+        ),
         Command::Probe => probe::probe(
             &server_urls(&cli.servers)?,
             cli.timeout.unwrap_or(PROBE_TIMEOUT),
@@ -348,24 +381,44 @@ impl Quarantine {
 }
 
 /// A client for the masters given on the command line or in the
-/// environment, waiting `timeout` for each master's answer.
+/// environment, waiting `timeout` for each master's answer, and
+/// `connect_timeout` (`--connect-timeout`), when given, for each connect.
 fn client(
     flag: &[String],
     timeout: Duration,
+    connect_timeout: Option<Duration>,
     quarantine: Quarantine,
     tls: &TlsConfig,
 ) -> Result<Redlock, Failure> {
     let mut config = config(&server_urls(flag)?, tls)?;
     config.per_instance_timeout = timeout;
+    if let Some(connect_timeout) = connect_timeout {
+        config.connect_timeout = connect_timeout;
+    }
     quarantine.apply(&mut config);
-    let connect_timeout = config.connect_timeout;
-    let mut redlock = Redlock::new(config)
-        .map_err(|e| exit::lock_error("cannot start the client", &e, exit::CONFLICT))?;
-    // Connected (host names looked up, handshakes done) before the first
-    // round, so that the round's timeout is spent on the lock alone, and
-    // one server named twice is known, and refused, before it can vote.
-    redlock.warm_up(connect_timeout);
-    Ok(redlock)
+    Redlock::new(config)
+        .map_err(|e| exit::lock_error("cannot start the client", &e, exit::CONFLICT))
+}
+
+/// Connects the masters before the first round of a command that takes
+/// or extends a lock, so that one server named twice is known, and
+/// refused (exit 2), before it can vote, the round's timeout goes to the
+/// lock rather than to connecting, and the round's requests are written
+/// to every master that answers before `redlock` exits. Only until a quorum of servers is
+/// ready and the others have had a brief grace
+/// ([`Redlock::warm_up_quorum`]): a stalled master (connects that
+/// succeed, a handshake never answered) must not hold every command for
+/// the connect timeout. The first round carries the slower masters'
+/// handshakes, and counts one vote per server in any case.
+///
+/// # Errors
+/// A usage failure when two masters are one server.
+fn warm_up(redlock: &mut Redlock) -> Result<(), Failure> {
+    let timeout = redlock.config().connect_timeout;
+    redlock
+        .warm_up_quorum(timeout)
+        .map(drop)
+        .map_err(|e| exit::lock_error("cannot use these masters", &e, exit::CONFLICT))
 }
 
 /// Parses a duration: humantime's `30s`, `500ms`, `1m30s`, or a bare
@@ -380,7 +433,8 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         .map_err(|e| format!("{e} (write durations as 30s, 500ms, 1m30s or plain seconds)"))
 }
 
-fn acquire(redlock: Redlock, args: &AcquireArgs) -> Result<u8, Failure> {
+fn acquire(mut redlock: Redlock, args: &AcquireArgs) -> Result<u8, Failure> {
+    warm_up(&mut redlock)?;
     let (lock, mut holder) = acquire_lock(redlock, &args.resource, &args.acquire)?;
     let printed = match lock.fence() {
         Some(fence) => writeln!(io::stdout().lock(), "{} {fence}", lock.token()),
@@ -406,6 +460,14 @@ fn parts(args: &TokenArgs) -> Result<Lock, Failure> {
 
 fn release(mut redlock: Redlock, args: &TokenArgs) -> Result<u8, Failure> {
     let lock = parts(args)?;
+    // Warmed up too, so that the release is written to every master that
+    // answers, not only to those connected when a quorum has answered
+    // (redlock then exits, and a master whose connection, a TLS one say,
+    // was still being made would keep the key until it expires). One
+    // server named twice does not matter here: a release can only free
+    // keys.
+    let timeout = redlock.config().connect_timeout;
+    let _ = redlock.warm_up_quorum(timeout);
     let context = format!("cannot release {:?}", args.resource);
     redlock
         .release(&lock)
@@ -415,6 +477,7 @@ fn release(mut redlock: Redlock, args: &TokenArgs) -> Result<u8, Failure> {
 
 fn extend(mut redlock: Redlock, args: &ExtendArgs) -> Result<u8, Failure> {
     let mut lock = parts(&args.lock)?;
+    warm_up(&mut redlock)?;
     let context = format!("cannot extend {:?}", args.lock.resource);
     redlock
         .extend(&mut lock, args.ttl)

@@ -1,28 +1,36 @@
 //! `redlock run`: a command under a lock.
 //!
-//! This module owns the child's life under the lock: it acquires (waiting
-//! for a held lock through a [`SharedRedlock`], see [`crate::acquire`]),
-//! hands the lock to a [`Watchdog`] on that shared client's event loop
-//! (which extends it every third of the TTL on a thread and connections
-//! of its own, apart from the command), starts the command with
-//! `REDLOCK_RESOURCE`, `REDLOCK_TOKEN` and, with `--fence`,
-//! `REDLOCK_FENCE`, forwards SIGINT, SIGTERM and SIGHUP, and releases when
-//! the command has exited. Its loop is single-threaded: signals, the
-//! child's exit and the watchdog's loss report all arrive through
-//! [`Signals`].
+//! This module owns the child's life under the lock: it acquires through
+//! a [`SharedRedlock`](redlock_mio::SharedRedlock) (see
+//! [`mod@crate::acquire`]), hands the lock to a [`Watchdog`] on that same
+//! client's event loop (which extends it every third of the TTL on a
+//! thread and connections of its own, apart from the command: the client
+//! that granted the lock, so that restart quarantine knows which masters
+//! held it), starts the command with `REDLOCK_RESOURCE`, `REDLOCK_TOKEN`
+//! and, with `--fence`, `REDLOCK_FENCE`, forwards SIGINT, SIGTERM, SIGHUP
+//! and SIGQUIT, relays a stop (Ctrl-Z), and releases when the command has
+//! exited. Its loop is single-threaded: signals, the child's exit and the
+//! watchdog's loss report all arrive through [`Signals`].
+//!
+//! The command runs in a process group of its own (unless `--foreground`),
+//! and every signal goes to that group (see [`Target`]): a loss must stop
+//! what the command started too, as GNU timeout stops its command's group.
+//! The terminal's signals then reach `redlock` alone, which passes them on.
 //!
 //! The command must never outlive the lock while `redlock` reports
 //! success. The lock is lost when the watchdog gives it up: at once when a
 //! quorum reports that the token no longer holds the key, or when
 //! extending keeps failing until about a third of the TTL of validity is
 //! left (see [`Watchdog`]), so that the command is told while mutual
-//! exclusion still holds. It then gets SIGTERM, and SIGKILL after
+//! exclusion still holds. Its group then gets SIGTERM, and SIGKILL after
 //! `--kill-after` or just before the lock's deadline, whichever comes
-//! first. The loop watches that deadline on its own clock as well, so
-//! that a loss reported late (or not at all: a keeper thread that did not
-//! run in time) still ends in SIGKILL by the deadline. A command that
-//! exits after the deadline, or after a loss, makes `redlock` exit 75
-//! whatever its status: part of its work was not protected.
+//! first; a command that exits on SIGTERM leaves the loop running while
+//! processes of its group remain, until they are gone or killed. The loop
+//! watches that deadline on its own clock as well, so that a loss reported
+//! late (or not at all: a keeper thread that did not run in time) still
+//! ends in SIGKILL by the deadline. A command that exits after the
+//! deadline, or after a loss, makes `redlock` exit 75 whatever its status:
+//! part of its work was not protected.
 
 use std::ffi::OsString;
 use std::io;
@@ -30,15 +38,21 @@ use std::process::{Child, Command, ExitStatus};
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use redlock_mio::{KeepOptions, Lock, Redlock, SharedRedlock, Watchdog};
+use redlock_mio::{Config, KeepOptions, Lock, Watchdog};
 
-use crate::acquire::{Holder, acquire_lock};
+use crate::acquire::{acquire_shared, shared_client};
 use crate::exit::{self, Failure};
+use crate::group::{self, Target};
 use crate::signals::Signals;
 use crate::{AcquireOptions, parse_duration, say};
 
 /// Signals forwarded to the command.
-const FORWARDED: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
+const FORWARDED: [libc::c_int; 4] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT];
+
+/// How often the loop looks for the processes of the command's group once
+/// the command itself has exited after a loss: they are not our children,
+/// and their exits send no SIGCHLD.
+const OTHERS_POLL: Duration = Duration::from_millis(50);
 
 /// Longest sleep of the loop: a safety net should a wake-up be missed, and
 /// how soon failing extensions are reported on stderr.
@@ -64,6 +78,13 @@ pub struct RunArgs {
     #[arg(long, value_name = "D", default_value = "5s", value_parser = parse_duration)]
     kill_after: Duration,
 
+    /// Keep CMD in redlock's process group, as the terminal's foreground
+    /// job: it may read the terminal and gets the terminal's signals
+    /// (Ctrl-C, Ctrl-Z) itself, but at a loss only CMD is signalled, not
+    /// the processes it started
+    #[arg(long)]
+    foreground: bool,
+
     /// The lock's name (the Redis key)
     resource: String,
 
@@ -82,19 +103,30 @@ pub struct RunArgs {
 /// # Errors
 /// A failure to acquire, to install the signal handlers, to start the
 /// watchdog, or to start the command (126/127), with its exit code.
-pub fn run(redlock: Redlock, args: &RunArgs) -> Result<u8, Failure> {
-    let (lock, mut holder) = acquire_lock(redlock, &args.resource, &args.acquire)?;
-    let signals =
-        match Signals::install(&[libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGCHLD]) {
-            Ok(signals) => signals,
-            Err(e) => {
-                let _ = holder.release(&lock);
-                return Err(Failure::new(
-                    exit::OSERR,
-                    format!("cannot install signal handlers: {e}"),
-                ));
-            }
-        };
+/// `config` is the settings of a client that was warmed up (one server
+/// named twice is refused before this is called).
+pub fn run(config: Config, args: &RunArgs) -> Result<u8, Failure> {
+    let shared = shared_client(config)
+        .map_err(|e| exit::lock_error("cannot start the client", &e, exit::SOFTWARE))?;
+    let lock = acquire_shared(&shared, &args.resource, &args.acquire)?;
+    let mut caught = vec![libc::SIGCHLD];
+    caught.extend(FORWARDED);
+    if !args.foreground {
+        // A terminal's Ctrl-Z stops redlock's group, not the command's:
+        // redlock stops the command's group, then itself, and continues it
+        // when continued.
+        caught.extend([libc::SIGTSTP, libc::SIGCONT]);
+    }
+    let signals = match Signals::install(&caught) {
+        Ok(signals) => signals,
+        Err(e) => {
+            let _ = shared.release(&lock);
+            return Err(Failure::new(
+                exit::OSERR,
+                format!("cannot install signal handlers: {e}"),
+            ));
+        }
+    };
     let options = KeepOptions {
         ttl: Some(args.acquire.ttl),
         ..KeepOptions::default()
@@ -105,24 +137,6 @@ pub fn run(redlock: Redlock, args: &RunArgs) -> Result<u8, Failure> {
         // SAFETY: raise(3) with a signal whose handler is installed.
         unsafe { libc::raise(libc::SIGCHLD) };
     });
-    // The lock is kept alive by the event loop of a shared client: the one
-    // that waited for it, or, when the first attempt won, a new one with
-    // the same settings (the one-shot client has no loop to keep it on,
-    // and goes here).
-    let shared = match holder {
-        Holder::Shared(shared) => shared,
-        Holder::Single(mut redlock) => match SharedRedlock::new(redlock.config().clone()) {
-            Ok(shared) => shared,
-            Err(e) => {
-                let _ = redlock.release(&lock);
-                return Err(exit::lock_error(
-                    "cannot keep the lock alive",
-                    &e,
-                    exit::SOFTWARE,
-                ));
-            }
-        },
-    };
     let kept = match shared.keep(lock.clone(), options) {
         Ok(kept) => kept,
         Err(e) => {
@@ -134,8 +148,6 @@ pub fn run(redlock: Redlock, args: &RunArgs) -> Result<u8, Failure> {
             ));
         }
     };
-    // The watchdog holds a handle to the client, and releases through it.
-    drop(shared);
     let child = match spawn(args, &lock) {
         Ok(child) => child,
         Err(e) => {
@@ -148,9 +160,22 @@ pub fn run(redlock: Redlock, args: &RunArgs) -> Result<u8, Failure> {
             return Err(Failure::new(code, format!("cannot run {name:?}: {e}")));
         }
     };
+    let target = match libc::pid_t::try_from(child.id()) {
+        Ok(pid) if args.foreground => Target::Leader(pid),
+        Ok(pid) => Target::Group(pid),
+        Err(_) => {
+            // No pid_t that large: cannot happen on any system we run on.
+            let _ = kept.release();
+            return Err(Failure::new(
+                exit::OSERR,
+                format!("the command's pid {} is out of range", child.id()),
+            ));
+        }
+    };
     Supervisor {
         kept,
         child,
+        target,
         signals,
         args,
         stopper: Stopper::new(args.kill_after),
@@ -158,6 +183,10 @@ pub fn run(redlock: Redlock, args: &RunArgs) -> Result<u8, Failure> {
     .watch()
 }
 
+/// Starts the command: in a process group of its own (unless
+/// `--foreground`), so that a loss stops whatever it started too (a shell
+/// script's workers), as GNU timeout does; and, on Linux, with SIGTERM
+/// as its parent-death signal.
 fn spawn(args: &RunArgs, lock: &Lock) -> io::Result<Child> {
     let mut command = Command::new(&args.command[0]);
     command
@@ -169,16 +198,31 @@ fn spawn(args: &RunArgs, lock: &Lock) -> io::Result<Child> {
         // One inherited from an outer `redlock run` belongs to another lock.
         None => command.env_remove(ENV_FENCE),
     };
+    use std::os::unix::process::CommandExt;
+    if !args.foreground {
+        // Set in the child before exec, so that the group exists once
+        // spawn returns.
+        command.process_group(0);
+    }
     #[cfg(target_os = "linux")]
     {
-        use std::os::unix::process::CommandExt;
         // If redlock dies, nobody extends the lock any more: the command
         // must not go on believing it holds it.
-        // SAFETY: prctl is async-signal-safe and touches no memory of ours.
+        // SAFETY: getpid(2) cannot fail.
+        let parent = unsafe { libc::getpid() };
+        // SAFETY: prctl and getppid are async-signal-safe and touch no
+        // memory of ours; the error is made from a number, not allocated.
         unsafe {
-            command.pre_exec(|| {
+            command.pre_exec(move || {
                 if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
                     return Err(io::Error::last_os_error());
+                }
+                // A parent that died before prctl sends no death signal:
+                // the child was handed to another parent already. Not
+                // running the command is what the signal would have led
+                // to (the error ends the child; nobody is left to read it).
+                if libc::getppid() != parent {
+                    return Err(io::Error::from_raw_os_error(libc::ESRCH));
                 }
                 Ok(())
             });
@@ -294,6 +338,8 @@ impl Stopper {
 struct Supervisor<'a> {
     kept: Watchdog,
     child: Child,
+    /// Where signals go: the command's process group, or the command.
+    target: Target,
     signals: Signals,
     args: &'a RunArgs,
     stopper: Stopper,
@@ -305,26 +351,31 @@ impl Supervisor<'_> {
         // Whether extending was failing at the last look (to report the
         // first failure once, not every retry).
         let mut failing = false;
-        let (status, exited_by) = loop {
-            match self.child.try_wait() {
-                // The command exited before this moment.
-                Ok(Some(status)) => break (status, Instant::now()),
-                Ok(None) => {}
-                Err(e) => {
-                    // Cannot happen for our own child; stop it rather than
-                    // leave it running without knowing its fate.
-                    say(&format!("cannot wait for the command: {e}"));
-                    self.signal(libc::SIGKILL);
-                    self.stopper.stage = Stage::Killed;
-                    let status = self.child.wait().map_err(|e| {
-                        Failure::new(exit::OSERR, format!("cannot wait for the command: {e}"))
-                    })?;
-                    break (status, Instant::now());
-                }
+        // When the command (the group's leader) was seen to have exited;
+        // it stays unreaped until the loop is done with its group.
+        let mut exited: Option<Instant> = None;
+        let exited_by = loop {
+            if exited.is_none() {
+                exited = match group::leader_exited(self.target.leader()) {
+                    Ok(seen) => seen,
+                    Err(e) => {
+                        // Cannot happen for our own child; stop it rather
+                        // than leave it running without knowing its fate.
+                        say(&format!("cannot wait for the command: {e}"));
+                        self.target.signal(libc::SIGKILL);
+                        self.stopper.stage = Stage::Killed;
+                        Some(Instant::now())
+                    }
+                };
             }
-            self.forward();
-            let lost = self.kept.lost();
+            if let Some(at) = exited
+                && !self.waits_for_others()
+            {
+                break at;
+            }
             let deadline = self.kept.deadline();
+            self.forward(deadline);
+            let lost = self.kept.lost();
             let now = Instant::now();
             if lost.is_none() {
                 failing = self.report_failing(failing);
@@ -338,12 +389,22 @@ impl Supervisor<'_> {
                 ));
             }
             let left = deadline.saturating_duration_since(now).as_millis();
+            // Once the command has exited, only processes it started are
+            // left to stop.
+            let who = match exited {
+                None => "the command",
+                Some(_) => "processes the command started",
+            };
             match step {
                 Step::Wait => {}
-                Step::Terminate => self.signal(libc::SIGTERM),
+                Step::Terminate => {
+                    self.target.signal(libc::SIGTERM);
+                    // A stopped process acts on SIGTERM once continued.
+                    self.target.signal(libc::SIGCONT);
+                }
                 Step::Kill(KillCause::KillAfter) => {
-                    say("the command outlived --kill-after; sending SIGKILL");
-                    self.signal(libc::SIGKILL);
+                    say(&format!("{who} outlived --kill-after; sending SIGKILL"));
+                    self.target.signal(libc::SIGKILL);
                 }
                 Step::Kill(KillCause::Deadline) if lost.is_none() => {
                     say(&format!(
@@ -351,22 +412,31 @@ impl Supervisor<'_> {
                          ({left} ms of validity left); sending SIGKILL",
                         self.args.resource
                     ));
-                    self.signal(libc::SIGKILL);
+                    self.target.signal(libc::SIGKILL);
                 }
                 Step::Kill(KillCause::Deadline) => {
                     say(&format!(
-                        "the command is still running at the lock's deadline \
+                        "{who} still running at the lock's deadline \
                          ({left} ms of validity left); sending SIGKILL"
                     ));
-                    self.signal(libc::SIGKILL);
+                    self.target.signal(libc::SIGKILL);
                 }
             }
-            let nap = self
+            let mut nap = self
                 .stopper
                 .next_due(deadline)
-                .map_or(MAX_NAP, |due| due.saturating_duration_since(Instant::now()));
-            self.signals.wait(nap.min(MAX_NAP));
+                .map_or(MAX_NAP, |due| due.saturating_duration_since(Instant::now()))
+                .min(MAX_NAP);
+            if exited.is_some() {
+                nap = nap.min(OTHERS_POLL);
+            }
+            self.signals.wait(nap);
         };
+        // Reaped only now: the group's id stayed the leader's until here.
+        let status = self
+            .child
+            .wait()
+            .map_err(|e| Failure::new(exit::OSERR, format!("cannot wait for the command: {e}")))?;
         // Read before releasing: what the command could count on.
         let deadline = self.kept.deadline();
         // A loss reported before the exit was seen may have come while the
@@ -405,6 +475,16 @@ impl Supervisor<'_> {
         Ok(status_code(status))
     }
 
+    /// Whether the loop must go on after the command exited: it was sent
+    /// SIGTERM for a loss, and processes it started, in its group, may
+    /// still run (they get SIGKILL when it is due). A command that exits
+    /// on its own, or after SIGKILL, ends the loop: what it leaves running
+    /// is not waited for.
+    fn waits_for_others(&self) -> bool {
+        matches!(self.stopper.stage, Stage::Terminated { .. })
+            && self.target.others_alive() != Some(false)
+    }
+
     /// Says when extending starts failing and when it works again;
     /// returns whether it is failing now.
     fn report_failing(&self, was_failing: bool) -> bool {
@@ -427,24 +507,34 @@ impl Supervisor<'_> {
         }
     }
 
-    /// Forwards the signals that redlock received to the command, except
-    /// those a terminal sent to the whole process group (the command got
-    /// them already).
-    fn forward(&mut self) {
+    /// Passes on the signals that redlock received. In a process group of
+    /// its own the command gets nothing from the terminal (whose signals
+    /// go to the foreground group, redlock's), so everything is forwarded,
+    /// and a stop (Ctrl-Z) stops the command's group before redlock, which
+    /// continues the group when it is continued, unless the lock's
+    /// deadline passed meanwhile (the loop then kills it). With
+    /// `--foreground` the command shares redlock's group: what a terminal
+    /// sent it got already, and is not sent twice.
+    fn forward(&mut self, deadline: Instant) {
         let pending = self.signals.take();
+        let grouped = matches!(self.target, Target::Group(_));
         for signal in FORWARDED {
-            if pending.contains(signal) && !pending.only_from_terminal(signal) {
-                self.signal(signal);
+            if pending.contains(signal) && (grouped || !pending.only_from_terminal(signal)) {
+                self.target.signal(signal);
             }
         }
-    }
-
-    fn signal(&mut self, signal: libc::c_int) {
-        // The child is not reaped until try_wait reports it, so its pid
-        // cannot have been reused.
-        if let Ok(pid) = libc::pid_t::try_from(self.child.id()) {
-            // SAFETY: kill(2) with our own child's pid.
-            unsafe { libc::kill(pid, signal) };
+        if !grouped {
+            return;
+        }
+        if pending.contains(libc::SIGTSTP) && !pending.contains(libc::SIGCONT) {
+            // SIGSTOP, which cannot be caught: the command must not run on
+            // while nobody extends the lock or watches its deadline.
+            self.target.signal(libc::SIGSTOP);
+            // SAFETY: raise(3) with a signal that stops the process.
+            unsafe { libc::raise(libc::SIGSTOP) };
+        }
+        if pending.contains(libc::SIGCONT) && Instant::now() < Stopper::kill_by(deadline) {
+            self.target.signal(libc::SIGCONT);
         }
     }
 }
