@@ -919,6 +919,11 @@ fn a_subscriber_connection_to_a_stopped_master_is_dropped_and_made_again() {
     /// Far past the stall limit, which is the per-instance timeout here
     /// (2 s).
     const DROPPED: Duration = Duration::from_secs(15);
+    /// The holder's TTL and the waiters' patience: far longer than every
+    /// wait of the test put together on a loaded machine (with the
+    /// suite's 30 s and 20 s, a slow run saw the waiters give up, or the
+    /// holder's keys expire, before the master continued).
+    const LONG: Duration = Duration::from_secs(300);
     let mut masters = cluster(3);
     let urls = masters.urls();
     let resources: Vec<String> = (0..WAITERS)
@@ -929,7 +934,7 @@ fn a_subscriber_connection_to_a_stopped_master_is_dropped_and_made_again() {
         .iter()
         .map(|r| {
             holder
-                .try_acquire(r.clone(), HOLD_TTL)
+                .try_acquire(r.clone(), LONG)
                 .unwrap_or_else(|e| panic!("the holder takes {r}: {e}"))
         })
         .collect();
@@ -938,7 +943,11 @@ fn a_subscriber_connection_to_a_stopped_master_is_dropped_and_made_again() {
     let b = SharedRedlock::new(config).unwrap_or_else(|e| panic!("{e}"));
     let wait_for = |resource: &String| {
         let (b, resource) = (b.clone(), resource.clone());
-        Waiter::spawn(move || b.acquire_with(resource, HOLD_TTL, &waiting()))
+        let patient = Retry {
+            max_wait: Some(LONG),
+            ..waiting()
+        };
+        Waiter::spawn(move || b.acquire_with(resource, LONG, &patient))
     };
     let mut waiters = vec![wait_for(&resources[0])];
     wait_numsub_of(
