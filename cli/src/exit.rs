@@ -1,7 +1,8 @@
 //! Exit codes, and the mapping from the library's errors to them.
 //!
 //! The codes follow `flock(1)` (1 for a conflict, changeable with `-E`)
-//! and sysexits.h (69 unavailable, 71 OS error, 75 temporary failure);
+//! and sysexits.h (69 unavailable, 71 OS error, 75 temporary failure,
+//! 77 permission denied);
 //! `run` passes its command's status through as a shell would (128+N for
 //! a signal, 126 and 127 when it cannot be executed). The table below is
 //! shown by `--help` and repeated in the README: change both together.
@@ -24,6 +25,9 @@ pub const OSERR: u8 = 71;
 /// `run`: the lock was lost while the command ran, or the command ended
 /// after the lock's deadline (EX_TEMPFAIL).
 pub const LOST: u8 = 75;
+/// Too many masters refuse this client for good: a wrong password, a user
+/// denied a command the client needs (EX_NOPERM). Never retried.
+pub const NOPERM: u8 = 77;
 /// `run`: the command exists but cannot be executed.
 pub const CANNOT_EXECUTE: u8 = 126;
 /// `run`: the command was not found.
@@ -43,6 +47,8 @@ Exit status:
   71       the OS refused a resource (poll, random bytes, pipe, output)
   75       run: the lock was lost while the command ran (it was terminated),
            or the command ended after the lock's deadline
+  77       the masters refuse this client: wrong password, or a user denied
+           a command the client needs (the message says what to grant)
   126/127  run: the command cannot be executed / was not found";
 
 /// A failure: one line for stderr, and the exit code.
@@ -93,6 +99,7 @@ pub fn code_for(error: &Error, conflict: u8) -> u8 {
         Error::NoQuorum(_) | Error::Protocol(_) | Error::FenceUnknown { .. } => UNAVAILABLE,
         Error::Config(_) => USAGE,
         Error::Os(_) => OSERR,
+        Error::Denied(_) => NOPERM,
         _ => SOFTWARE,
     }
 }
@@ -141,6 +148,7 @@ mod tests {
             (Error::NotHeld(votes()), 9),
             (Error::NoQuorum(votes()), UNAVAILABLE),
             (Error::Protocol(votes()), UNAVAILABLE),
+            (Error::Denied(votes()), NOPERM),
             (Error::Config(ConfigError::ZeroTtl), USAGE),
             (Error::Os(io::ErrorKind::Other), OSERR),
         ];

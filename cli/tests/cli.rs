@@ -2051,3 +2051,121 @@ fn ctrl_z_on_the_terminal_stops_the_command_with_redlock_and_fg_continues_both()
     assert_eq!(status.code(), Some(0), "{err}");
     assert_free(&masters, "ctrl-z");
 }
+
+/// `ACL SETUSER <name> <rule>` on every master.
+fn set_user(masters: &Cluster, name: &str, rule: &str) {
+    for m in masters.iter() {
+        let mut args: Vec<Arg<'_>> = vec!["ACL".into(), "SETUSER".into(), name.into()];
+        args.extend(rule.split_whitespace().map(Arg::from));
+        assert_eq!(
+            connect(m).cmd(&args),
+            Reply::Status("OK".into()),
+            "{}",
+            m.url()
+        );
+    }
+}
+
+fn urls_as(masters: &Cluster, user: &str, password: &str) -> Vec<String> {
+    masters
+        .iter()
+        .map(|m| format!("redis://{user}:{password}@127.0.0.1:{}", m.port()))
+        .collect()
+}
+
+/// Issue 21's acceptance, with Redis 7's default for a new user (no
+/// channel rights): acquire and release work (exit 0, the key gone on
+/// every master), and a `run` waiting for a held lock gets it when the
+/// holder releases, opening only a handful of connections.
+#[test]
+fn a_user_without_channel_rights_acquires_releases_and_waits() {
+    let masters = cluster(3);
+    set_user(&masters, "locker", "on >pw ~* +@all resetchannels");
+    let urls = urls_as(&masters, "locker", "pw");
+    let mut acquire = one_shot(&urls);
+    acquire.args(["acquire", "acl", "--ttl", "30s"]);
+    let out = finish(acquire);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let token = stdout(&out).trim().to_owned();
+    let mut release = one_shot(&urls);
+    release.args(["release", "acl", &token]);
+    let out = finish(release);
+    assert_eq!(
+        code(&out),
+        0,
+        "release without channel rights: {}",
+        stderr(&out)
+    );
+    assert_free(&masters, "acl");
+
+    let mut hold = one_shot(&urls);
+    hold.args(["acquire", "acl", "--ttl", "3s"]);
+    let out = finish(hold);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let held = stdout(&out).trim().to_owned();
+    let before: u64 = masters.iter().map(connections_received).sum();
+    let mut run = one_shot(&urls);
+    run.args(["run", "acl", "--wait", "60s", "--ttl", "30s", "--", "true"]);
+    let mut release = one_shot(&urls);
+    release.args(["release", "acl", &held]);
+    let waiting = thread::spawn(move || finish(run));
+    let out = finish(release);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let out = waiting.join().expect("run");
+    assert_eq!(code(&out), 0, "run got the lock: {}", stderr(&out));
+    let opened = masters.iter().map(connections_received).sum::<u64>() - before;
+    // run's warm-up, command and subscriber connections, the release's,
+    // and this test's INFO: a handful, never one per round trip.
+    assert!(opened <= 30, "{opened} connections opened");
+}
+
+fn connections_received(master: &Server) -> u64 {
+    let Reply::Bulk(info) = connect(master).cmd(&["INFO".into(), "stats".into()]) else {
+        panic!("INFO stats");
+    };
+    String::from_utf8_lossy(&info)
+        .lines()
+        .find_map(|l| l.strip_prefix("total_connections_received:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// A wrong password exits 77 at once (no `--wait`, and with one), naming
+/// the authentication failure in one line; a user denied INFO, with
+/// restart quarantine on (the default), the same, naming INFO.
+#[test]
+fn a_wrong_password_or_a_user_denied_info_exits_77_naming_the_refusal() {
+    let masters = cluster(3);
+    set_user(&masters, "locker", "on >pw ~* &* +@all");
+    set_user(&masters, "noinfo", "on >pw ~* &* +@all -info");
+    let cases = [
+        (
+            urls_as(&masters, "locker", "wrong"),
+            "AUTH failed: WRONGPASS",
+            false,
+        ),
+        (
+            urls_as(&masters, "noinfo", "pw"),
+            "INFO server failed: NOPERM",
+            true,
+        ),
+    ];
+    for (urls, named, shipped_defaults) in cases {
+        for wait in [None, Some("600s")] {
+            let mut acquire = if shipped_defaults {
+                shipped(&urls)
+            } else {
+                one_shot(&urls)
+            };
+            acquire.args(["acquire", "refused", "--ttl", "30s"]);
+            if let Some(wait) = wait {
+                acquire.args(["--wait", wait]);
+            }
+            let out = finish(acquire);
+            let err = stderr(&out);
+            assert_eq!(code(&out), 77, "{named}, wait {wait:?}: {err}");
+            assert!(err.contains(named), "{err}");
+            assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+        }
+    }
+}
