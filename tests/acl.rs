@@ -9,7 +9,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Plain, block_on, cluster, connect, eventually, shared_config};
+use common::{
+    block_on, cluster, connect, connections_received, eventually, set_user, shared_config, urls_as,
+};
 use redlock_mio::resp::{Arg, Reply};
 use redlock_mio::{Config, Error, KeepOptions, Redlock, Retry, SharedRedlock};
 use redlock_test::{Cluster, Server};
@@ -23,33 +25,8 @@ const LOCKER_RULE: &str = "on >secret resetkeys ~locks:* ~redlock-mio:fence-stat
     +publish +hset +hmget +hdel +time +evalsha +eval +script|load +info +select \
     +subscribe +unsubscribe";
 
-/// `ACL SETUSER locker <rule>` on every master.
-fn set_user(masters: &Cluster, name: &str, rule: &str) {
-    for m in masters.iter() {
-        let mut args = vec![
-            Arg::Bytes(b"ACL"),
-            Arg::Bytes(b"SETUSER"),
-            Arg::Bytes(name.as_bytes()),
-        ];
-        args.extend(rule.split_whitespace().map(|w| Arg::Bytes(w.as_bytes())));
-        assert_eq!(
-            connect(m).cmd(&args),
-            Reply::Status("OK".into()),
-            "ACL SETUSER on {}",
-            m.url()
-        );
-    }
-}
-
-fn urls_as(masters: &Cluster, user: &str, password: &str) -> Vec<String> {
-    masters
-        .iter()
-        .map(|m| format!("redis://{user}:{password}@127.0.0.1:{}", m.port()))
-        .collect()
-}
-
 fn config_as(masters: &Cluster, user: &str, password: &str) -> Config {
-    shared_config(&urls_as(masters, user, password))
+    shared_config(&urls_as(masters.iter(), user, password))
 }
 
 fn exists(server: &Server, key: &str) -> bool {
@@ -60,22 +37,9 @@ fn gone_everywhere(masters: &Cluster, keys: &[&str]) -> bool {
     masters.iter().all(|m| keys.iter().all(|k| !exists(m, k)))
 }
 
-/// Connections each master has accepted so far.
+/// Connections the masters have accepted so far, together.
 fn connections(masters: &Cluster) -> u64 {
-    masters
-        .iter()
-        .map(|m| {
-            let Reply::Bulk(info) = connect(m).cmd(&[Arg::Bytes(b"INFO"), Arg::Bytes(b"stats")])
-            else {
-                panic!("INFO stats");
-            };
-            String::from_utf8_lossy(&info)
-                .lines()
-                .find_map(|l| l.strip_prefix("total_connections_received:"))
-                .and_then(|v| v.trim().parse::<u64>().ok())
-                .unwrap_or(0)
-        })
-        .sum()
+    masters.iter().map(connections_received).sum()
 }
 
 #[test]
@@ -91,7 +55,7 @@ fn readme_gives_the_rule_this_test_runs() {
 #[test]
 fn the_least_privilege_user_runs_every_operation() {
     let masters = cluster(3);
-    set_user(&masters, "locker", LOCKER_RULE);
+    set_user(masters.iter(), "locker", LOCKER_RULE);
     let mut config = config_as(&masters, "locker", "secret");
     config.quarantine = Some(TTL);
     // The masters are new: their restart quarantine would keep them out.
@@ -164,7 +128,7 @@ fn the_least_privilege_user_runs_every_operation() {
 #[test]
 fn a_user_without_channel_rights_releases_and_waits_without_redialling() {
     let masters = cluster(3);
-    set_user(&masters, "locker", "on >pw ~* +@all resetchannels");
+    set_user(masters.iter(), "locker", "on >pw ~* +@all resetchannels");
     let config = config_as(&masters, "locker", "pw");
     let mut holder = Redlock::new(config.clone()).unwrap_or_else(|e| panic!("{e}"));
     let lock = holder
@@ -204,7 +168,7 @@ fn a_user_without_channel_rights_releases_and_waits_without_redialling() {
 #[test]
 fn a_wrong_password_fails_fast_naming_the_authentication_failure() {
     let masters = cluster(3);
-    set_user(&masters, "locker", "on >right ~* &* +@all");
+    set_user(masters.iter(), "locker", "on >right ~* &* +@all");
     let mut client =
         Redlock::new(config_as(&masters, "locker", "wrong")).unwrap_or_else(|e| panic!("{e}"));
     let got = client.acquire_with("r", TTL, &Retry::until(Duration::from_secs(600)));
@@ -231,7 +195,7 @@ fn a_wrong_password_fails_fast_naming_the_authentication_failure() {
 #[test]
 fn a_user_denied_info_is_refused_with_quarantine_on_and_locks_with_it_off() {
     let masters = cluster(3);
-    set_user(&masters, "locker", "on >pw ~* &* +@all -info");
+    set_user(masters.iter(), "locker", "on >pw ~* &* +@all -info");
     let mut config = config_as(&masters, "locker", "pw");
     config.quarantine = Some(TTL);
     let mut client = Redlock::new(config.clone()).unwrap_or_else(|e| panic!("{e}"));
@@ -252,6 +216,3 @@ fn a_user_denied_info_is_refused_with_quarantine_on_and_locks_with_it_off() {
         .unwrap_or_else(|e| panic!("without quarantine: {e}"));
     client.release(&lock).unwrap_or_else(|e| panic!("{e}"));
 }
-
-#[allow(dead_code)]
-fn unused(_: Plain) {}

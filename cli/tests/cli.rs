@@ -30,7 +30,10 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use certs::{Certs, Pair};
-use common::{Cluster, Options, Server, bulk, cluster, connect, master, master_with};
+use common::{
+    Cluster, Options, Server, bulk, cluster, connect, connections_received, master, master_with,
+    set_user, urls_as,
+};
 use redlock_mio::resp::{Arg, Reply};
 
 /// How long any one `redlock` may take to exit before a test fails.
@@ -2052,27 +2055,6 @@ fn ctrl_z_on_the_terminal_stops_the_command_with_redlock_and_fg_continues_both()
     assert_free(&masters, "ctrl-z");
 }
 
-/// `ACL SETUSER <name> <rule>` on every master.
-fn set_user(masters: &Cluster, name: &str, rule: &str) {
-    for m in masters.iter() {
-        let mut args: Vec<Arg<'_>> = vec!["ACL".into(), "SETUSER".into(), name.into()];
-        args.extend(rule.split_whitespace().map(Arg::from));
-        assert_eq!(
-            connect(m).cmd(&args),
-            Reply::Status("OK".into()),
-            "{}",
-            m.url()
-        );
-    }
-}
-
-fn urls_as(masters: &Cluster, user: &str, password: &str) -> Vec<String> {
-    masters
-        .iter()
-        .map(|m| format!("redis://{user}:{password}@127.0.0.1:{}", m.port()))
-        .collect()
-}
-
 /// Issue 21's acceptance, with Redis 7's default for a new user (no
 /// channel rights): acquire and release work (exit 0, the key gone on
 /// every master), and a `run` waiting for a held lock gets it when the
@@ -2080,8 +2062,8 @@ fn urls_as(masters: &Cluster, user: &str, password: &str) -> Vec<String> {
 #[test]
 fn a_user_without_channel_rights_acquires_releases_and_waits() {
     let masters = cluster(3);
-    set_user(&masters, "locker", "on >pw ~* +@all resetchannels");
-    let urls = urls_as(&masters, "locker", "pw");
+    set_user(masters.iter(), "locker", "on >pw ~* +@all resetchannels");
+    let urls = urls_as(masters.iter(), "locker", "pw");
     let mut acquire = one_shot(&urls);
     acquire.args(["acquire", "acl", "--ttl", "30s"]);
     let out = finish(acquire);
@@ -2119,33 +2101,22 @@ fn a_user_without_channel_rights_acquires_releases_and_waits() {
     assert!(opened <= 30, "{opened} connections opened");
 }
 
-fn connections_received(master: &Server) -> u64 {
-    let Reply::Bulk(info) = connect(master).cmd(&["INFO".into(), "stats".into()]) else {
-        panic!("INFO stats");
-    };
-    String::from_utf8_lossy(&info)
-        .lines()
-        .find_map(|l| l.strip_prefix("total_connections_received:"))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0)
-}
-
 /// A wrong password exits 77 at once (no `--wait`, and with one), naming
 /// the authentication failure in one line; a user denied INFO, with
 /// restart quarantine on (the default), the same, naming INFO.
 #[test]
 fn a_wrong_password_or_a_user_denied_info_exits_77_naming_the_refusal() {
     let masters = cluster(3);
-    set_user(&masters, "locker", "on >pw ~* &* +@all");
-    set_user(&masters, "noinfo", "on >pw ~* &* +@all -info");
+    set_user(masters.iter(), "locker", "on >pw ~* &* +@all");
+    set_user(masters.iter(), "noinfo", "on >pw ~* &* +@all -info");
     let cases = [
         (
-            urls_as(&masters, "locker", "wrong"),
+            urls_as(masters.iter(), "locker", "wrong"),
             "AUTH failed: WRONGPASS",
             false,
         ),
         (
-            urls_as(&masters, "noinfo", "pw"),
+            urls_as(masters.iter(), "noinfo", "pw"),
             "INFO server failed: NOPERM",
             true,
         ),

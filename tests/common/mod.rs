@@ -358,3 +358,48 @@ pub fn hold_elsewhere<'a>(masters: impl IntoIterator<Item = &'a Server>, key: &s
         assert_eq!(set, status("OK"), "SET {key} on {}", m.url());
     }
 }
+
+/// `ACL SETUSER <name> <rule>` on every one of `masters` (the rule's words
+/// as separate arguments).
+pub fn set_user<'a>(masters: impl IntoIterator<Item = &'a Server>, name: &str, rule: &str) {
+    for m in masters {
+        let mut args = vec![
+            Arg::Bytes(b"ACL"),
+            Arg::Bytes(b"SETUSER"),
+            Arg::Bytes(name.as_bytes()),
+        ];
+        args.extend(rule.split_whitespace().map(|w| Arg::Bytes(w.as_bytes())));
+        assert_eq!(
+            connect(m).cmd(&args),
+            status("OK"),
+            "ACL SETUSER on {}",
+            m.url()
+        );
+    }
+}
+
+/// `redis://user:password@127.0.0.1:port` for each of `masters`.
+pub fn urls_as<'a>(
+    masters: impl IntoIterator<Item = &'a Server>,
+    user: &str,
+    password: &str,
+) -> Vec<String> {
+    masters
+        .into_iter()
+        .map(|m| format!("redis://{user}:{password}@127.0.0.1:{}", m.port()))
+        .collect()
+}
+
+/// How many connections `server` has accepted so far
+/// (`total_connections_received`).
+pub fn connections_received(server: &Server) -> u64 {
+    let Reply::Bulk(info) = connect(server).cmd(&[Arg::Bytes(b"INFO"), Arg::Bytes(b"stats")])
+    else {
+        panic!("INFO stats from {}", server.url());
+    };
+    String::from_utf8_lossy(&info)
+        .lines()
+        .find_map(|l| l.strip_prefix("total_connections_received:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no total_connections_received from {}", server.url()))
+}
