@@ -46,6 +46,8 @@
 //! # }
 //! ```
 
+// docs.rs labels each item that needs a feature ([package.metadata.docs.rs]).
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
 #![warn(unreachable_pub)]
 
