@@ -1,7 +1,7 @@
 //! `redlock run`: a command under a lock.
 //!
 //! This module owns the child's life under the lock: it acquires (waiting
-//! for a held lock through a [`SharedRedlock`], see [`crate::acquire`]),
+//! for a held lock through a [`SharedRedlock`], see [`mod@crate::acquire`]),
 //! hands the lock to a [`Watchdog`] on that shared client's event loop
 //! (which extends it every third of the TTL on a thread and connections
 //! of its own, apart from the command), starts the command with
