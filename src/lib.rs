@@ -45,7 +45,18 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! # Features
+//!
+//! All off by default. `tls`: `rediss://` masters over rustls, with
+//! [`Config::tls`] settings ([`TlsConfig`]). `metrics`: every operation's
+//! outcome, duration and attempts, and each master's failures, recorded
+//! through the `metrics` facade's global recorder (README.md lists them).
+//! `tracing`: a debug span per operation. `test-knobs` is for the crate's
+//! own tests, not for dependents.
 
+// docs.rs labels each item that needs a feature ([package.metadata.docs.rs]).
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
 #![warn(unreachable_pub)]
 
