@@ -5,7 +5,8 @@
 //! of requests in flight, so that a reply arriving after its caller stopped
 //! waiting is read and dropped, never matched to a later request. It also
 //! owns the handshake (AUTH, SELECT, SCRIPT LOAD, queued in one write), the
-//! `-NOSCRIPT` fallback (EVAL on this connection, invisible to the caller),
+//! `-NOSCRIPT` fallback (SCRIPT LOAD and EVALSHA again on this connection,
+//! or EVAL where SCRIPT LOAD is refused, invisible to the caller),
 //! stall detection, the in-flight bound, and the reconnect backoff. A
 //! subscriber connection ([`Role::Subscriber`]) has the same bounds: each
 //! SUBSCRIBE or UNSUBSCRIBE waits in the same FIFO for its confirmations.
@@ -447,9 +448,38 @@ enum Expect {
         request: Request,
         sent_at: Instant,
         wire_len: usize,
-        /// Set once the request was re-sent as EVAL after `-NOSCRIPT`.
-        evaluated: bool,
+        /// How it was re-sent after `-NOSCRIPT`, if it was.
+        resent: Resent,
     },
+    /// A `SCRIPT LOAD` sent to recover from `-NOSCRIPT`: its reply is
+    /// consumed here, never a request's.
+    Load {
+        sent_at: Instant,
+    },
+}
+
+/// How a script request was re-sent after `-NOSCRIPT`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Resent {
+    /// Not re-sent.
+    No,
+    /// As `EVALSHA` again, behind a `SCRIPT LOAD` of its script: the
+    /// script then stays (since Redis 7.4, scripts created by EVAL live in
+    /// an LRU that other clients' EVALs evict; loaded ones do not).
+    Loaded,
+    /// As `EVAL` with the script's source: where `SCRIPT LOAD` is refused
+    /// (`-OOM` from Valkey's `maxmemory-scripts`, a user denied it), or
+    /// did not take.
+    Eval,
+}
+
+/// How many `-NOSCRIPT`s a connection recovered from, and how.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Recoveries {
+    /// By `SCRIPT LOAD` and `EVALSHA` again.
+    pub(crate) script_load: u64,
+    /// By `EVAL`.
+    pub(crate) eval: u64,
 }
 
 /// What a connection carries.
@@ -503,6 +533,11 @@ pub(crate) struct Conn {
     /// fails with this cause without being sent. A permission is an
     /// answer, not a broken connection: nothing is redialled for it.
     refused: Option<Cause>,
+    /// This master refused a `SCRIPT LOAD` sent to recover from
+    /// `-NOSCRIPT`: later ones go straight to `EVAL`.
+    script_load_refused: bool,
+    /// `-NOSCRIPT`s recovered from since [`Conn::take_recoveries`].
+    recoveries: Recoveries,
 }
 
 impl Conn {
@@ -557,6 +592,8 @@ impl Conn {
             last_grant: None,
             new_run_id: false,
             refused: None,
+            script_load_refused: false,
+            recoveries: Recoveries::default(),
         }
     }
 
@@ -743,7 +780,9 @@ impl Conn {
 
     fn oldest_sent_at(&self) -> Option<Instant> {
         self.in_flight.iter().find_map(|e| match e {
-            Expect::Reply { sent_at, .. } | Expect::Confirm { sent_at, .. } => Some(*sent_at),
+            Expect::Reply { sent_at, .. }
+            | Expect::Confirm { sent_at, .. }
+            | Expect::Load { sent_at } => Some(*sent_at),
             Expect::Handshake(_) => None,
         })
     }
@@ -776,7 +815,7 @@ impl Conn {
             request: request.clone(),
             sent_at: now,
             wire_len: wire.len(),
-            evaluated: false,
+            resent: Resent::No,
         });
         Ok(())
     }
@@ -845,7 +884,7 @@ impl Conn {
             .iter()
             .map(|e| match e {
                 Expect::Reply { wire_len, .. } => *wire_len,
-                Expect::Handshake(_) | Expect::Confirm { .. } => 0,
+                Expect::Handshake(_) | Expect::Confirm { .. } | Expect::Load { .. } => 0,
             })
             .sum()
     }
@@ -896,6 +935,11 @@ impl Conn {
         self.quarantined_until = until.max(self.quarantined_until.filter(|t| *t > now));
         self.run_id = Some(run_id);
         Ok(())
+    }
+
+    /// The `-NOSCRIPT`s recovered from since the last call, and how.
+    pub(crate) fn take_recoveries(&mut self) -> Recoveries {
+        std::mem::take(&mut self.recoveries)
     }
 
     /// Why the master refuses every request but releases on this
@@ -1048,9 +1092,11 @@ impl Conn {
 
     /// The next reply to a request, with its tag. Handshake replies are
     /// checked and consumed here; a `-NOSCRIPT` reply to a script is
-    /// answered by re-sending the request as EVAL when `resend` says the
-    /// request still matters (its round is undecided, or it is a release),
-    /// and the caller sees only the EVAL's reply. A late `-NOSCRIPT` to an
+    /// answered, when `resend` says the request still matters (its round
+    /// is undecided, or it is a release), by `SCRIPT LOAD` of the script
+    /// and the `EVALSHA` again, in one write (one round trip, as EVAL was),
+    /// or by EVAL where SCRIPT LOAD is refused or did not take; the caller
+    /// sees only the last reply. A late `-NOSCRIPT` to an
     /// acquire or extend whose round was decided is returned as it is:
     /// re-sent, it could set a key again after its cleanup release.
     /// Replies to rounds that are over are returned too: the round drops
@@ -1084,7 +1130,18 @@ impl Conn {
                             if step == HandshakeStep::Info
                                 && self.timing.quarantine.is_none()
                                 && error_code(&msg) == Some(b"NOPERM") => {}
+                        // Scripts over Valkey's `maxmemory-scripts`: they
+                        // run by EVAL instead (see `script_load_refused`).
+                        Reply::Error(msg)
+                            if step == HandshakeStep::ScriptLoad
+                                && error_code(&msg) == Some(b"OOM") =>
+                        {
+                            self.script_load_refused = true;
+                        }
                         Reply::Error(msg) => {
+                            if step == HandshakeStep::ScriptLoad {
+                                self.script_load_refused = true;
+                            }
                             let cause = Cause::Handshake(step, msg);
                             // After AUTH, the requests behind the refused
                             // step run anyway: the connection stays, for
@@ -1101,35 +1158,58 @@ impl Conn {
                     }
                     self.handshake_left = self.handshake_left.saturating_sub(1);
                 }
+                Some(Expect::Load { .. }) => {
+                    // The sha, or a refusal: EVAL from now on.
+                    if matches!(reply, Reply::Error(_)) {
+                        self.script_load_refused = true;
+                    }
+                }
                 Some(Expect::Reply {
                     tag,
                     request,
-                    evaluated,
+                    resent,
                     ..
                 }) => {
-                    if !evaluated
-                        && request.op.script().is_some()
-                        && reply.is_error_code(b"NOSCRIPT")
-                        && resend(tag, request.op)
-                    {
-                        // The EVAL carries the script's source (a rare
-                        // path: after SCRIPT FLUSH or a restart). It is a
-                        // new send: the stall limit counts from now, not
-                        // from the EVALSHA it replaces.
-                        self.make_room(1024);
-                        let before = self.out.len();
-                        request.encode_as(&self.scripts, &mut self.out, true);
-                        let wire_len = self.out.len() - before;
-                        self.in_flight.push_back(Expect::Reply {
-                            tag,
-                            request,
-                            sent_at: now,
-                            wire_len,
-                            evaluated: true,
-                        });
-                        continue;
+                    let next = match resent {
+                        Resent::No if self.script_load_refused => Resent::Eval,
+                        Resent::No => Resent::Loaded,
+                        Resent::Loaded => Resent::Eval,
+                        Resent::Eval => return Ok(Some((tag, reply))),
+                    };
+                    let Some(script) = request.op.script().map(|id| *self.scripts.get(id)) else {
+                        return Ok(Some((tag, reply)));
+                    };
+                    if !reply.is_error_code(b"NOSCRIPT") || !resend(tag, request.op) {
+                        return Ok(Some((tag, reply)));
                     }
-                    return Ok(Some((tag, reply)));
+                    // A rare path (after SCRIPT FLUSH or a restart), and
+                    // new sends: the stall limit counts from now, not from
+                    // the EVALSHA they replace.
+                    self.make_room(script.source().len() + 256);
+                    if next == Resent::Loaded {
+                        resp::encode_command(
+                            &mut self.out,
+                            &[
+                                Arg::Bytes(b"SCRIPT"),
+                                Arg::Bytes(b"LOAD"),
+                                Arg::Bytes(script.source().as_bytes()),
+                            ],
+                        );
+                        self.in_flight.push_back(Expect::Load { sent_at: now });
+                        self.recoveries.script_load += 1;
+                    } else {
+                        self.recoveries.eval += 1;
+                    }
+                    let before = self.out.len();
+                    request.encode_as(&self.scripts, &mut self.out, next == Resent::Eval);
+                    let wire_len = self.out.len() - before;
+                    self.in_flight.push_back(Expect::Reply {
+                        tag,
+                        request,
+                        sent_at: now,
+                        wire_len,
+                        resent: next,
+                    });
                 }
             }
         }
@@ -1177,7 +1257,7 @@ mod tests {
             .iter()
             .filter_map(|e| match e {
                 Expect::Reply { request, .. } => request.keys.as_slice().first().cloned(),
-                Expect::Handshake(_) | Expect::Confirm { .. } => None,
+                Expect::Handshake(_) | Expect::Confirm { .. } | Expect::Load { .. } => None,
             })
             .collect()
     }

@@ -417,7 +417,11 @@ impl Engine {
                         self.check_complete(index);
                     }
                 }
-                Ok(None) => return,
+                Ok(None) => {
+                    let recovered = self.conns[i].take_recoveries();
+                    crate::metrics::noscript_recovered(recovered.script_load, recovered.eval);
+                    return;
+                }
                 Err(cause) => return self.handle_failure(i, now, cause),
             }
         }

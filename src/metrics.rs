@@ -98,6 +98,8 @@ const MASTER_FAILURES: &str = "redlock_master_failures_total";
 const MASTER_QUARANTINED: &str = "redlock_master_quarantined";
 #[cfg(feature = "metrics")]
 const SUBSCRIBE_REFUSED: &str = "redlock_subscribe_refused_total";
+#[cfg(feature = "metrics")]
+const NOSCRIPT_RECOVERIES: &str = "redlock_noscript_recoveries_total";
 
 /// How an operation ended, as the `outcome` (or `reason`) label says it.
 #[cfg(any(feature = "metrics", feature = "tracing"))]
@@ -326,6 +328,22 @@ pub(crate) fn subscribe_refused(first: bool, reply: &[u8]) {
                 "a master refuses release notifications (grant the user &redlock:released:*): \
                  waiters there wait for the holder's expiry"
             );
+        });
+    }
+}
+
+/// A connection recovered from `-NOSCRIPT` (after `SCRIPT FLUSH` or a
+/// restart): `script_load` times by SCRIPT LOAD and EVALSHA again, `eval`
+/// times by EVAL (SCRIPT LOAD refused, or did not take).
+#[inline(always)]
+pub(crate) fn noscript_recovered(script_load: u64, eval: u64) {
+    let _ = (script_load, eval);
+    #[cfg(feature = "metrics")]
+    if script_load > 0 || eval > 0 {
+        guarded(|| {
+            counter(static_key!(NOSCRIPT_RECOVERIES, "via" => "script_load"))
+                .increment(script_load);
+            counter(static_key!(NOSCRIPT_RECOVERIES, "via" => "eval")).increment(eval);
         });
     }
 }

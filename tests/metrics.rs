@@ -427,3 +427,29 @@ fn restart_quarantine_is_a_gauge_per_master() {
     drop(short);
     assert_eq!(gauges(), [0.0; 3]);
 }
+
+/// Issue 21, item 4: each `-NOSCRIPT` recovered from is counted, by how.
+#[test]
+fn noscript_recoveries_are_counted_by_how() {
+    let _serial = serial();
+    let v = values();
+    let masters = cluster(3);
+    let mut redlock = client(config(&masters.urls()));
+    const RECOVERIES: &str = "redlock_noscript_recoveries_total";
+    let before = v.counter(RECOVERIES, &[("via", "script_load")]);
+    let evals = v.counter(RECOVERIES, &[("via", "eval")]);
+    for m in masters.iter() {
+        connect(m).cmd(&[Arg::Bytes(b"SCRIPT"), Arg::Bytes(b"FLUSH")]);
+    }
+    let lock = redlock
+        .try_acquire("metrics:noscript", Duration::from_secs(10))
+        .unwrap_or_else(|e| panic!("{e}"));
+    redlock.release(&lock).unwrap_or_else(|e| panic!("{e}"));
+    redlock.settle(Duration::from_secs(10));
+    assert_eq!(
+        v.counter(RECOVERIES, &[("via", "script_load")]),
+        before + 3,
+        "one per master"
+    );
+    assert_eq!(v.counter(RECOVERIES, &[("via", "eval")]), evals);
+}

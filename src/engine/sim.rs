@@ -78,6 +78,9 @@ struct Master {
     /// What `INFO server` reports.
     uptime: u64,
     run_id: String,
+    /// The reply to a `SCRIPT LOAD` after the handshake (one sent to
+    /// recover from `-NOSCRIPT`), when not the sha: `-OOM`, say.
+    load_refusal: Option<&'static [u8]>,
 }
 
 impl Master {
@@ -96,6 +99,7 @@ impl Master {
             writes: 0,
             uptime: 86_400,
             run_id: "a".repeat(40),
+            load_refusal: None,
         }
     }
 
@@ -136,8 +140,12 @@ impl Master {
                     continue;
                 }
                 "SCRIPT LOAD" => {
-                    let sha = sha_of(&args);
-                    self.outbox.push((now, Delivery::Bytes(sha)));
+                    let recovering = self.log.iter().any(|c| c.starts_with("EVAL"));
+                    let reply = match self.load_refusal {
+                        Some(refusal) if recovering => refusal.to_vec(),
+                        _ => sha_of(&args),
+                    };
+                    self.outbox.push((now, Delivery::Bytes(reply)));
                     continue;
                 }
                 _ => self.script.pop_front().unwrap_or(Act::Silent),
@@ -540,13 +548,19 @@ impl Sim {
         }
     }
 
-    /// The script commands (EVALSHA, EVAL) master `i` received, in order.
+    /// The script commands (EVALSHA, EVAL) master `i` received, in order,
+    /// and every SCRIPT LOAD after the first of them (one that recovers
+    /// from `-NOSCRIPT`; the handshake's come before).
     fn scripts_sent(&self, i: usize) -> Vec<&str> {
-        self.masters[i]
-            .log
+        let log = &self.masters[i].log;
+        let first = log
+            .iter()
+            .position(|c| c.starts_with("EVAL"))
+            .unwrap_or(log.len());
+        log[first..]
             .iter()
             .map(String::as_str)
-            .filter(|c| c.starts_with("EVAL"))
+            .filter(|c| c.starts_with("EVAL") || *c == "SCRIPT LOAD")
             .collect()
     }
 }
@@ -716,8 +730,12 @@ fn a_reply_after_the_decision_is_dropped_not_matched_to_the_next_request() {
     assert_eq!(sim.conn(2).in_flight(), 0);
 }
 
+/// Issue 21, item 4: `-NOSCRIPT` is answered on that connection by
+/// `SCRIPT LOAD` and the `EVALSHA` again, in one write: the script is then
+/// loaded for good (since Redis 7.4, scripts created by EVAL are evicted
+/// by other clients' EVALs; loaded ones are not).
 #[test]
-fn noscript_is_answered_with_eval_on_that_connection_only() {
+fn noscript_is_answered_with_script_load_and_evalsha_on_that_connection_only() {
     let mut sim = Sim::new(vec![
         vec![reply(NOSCRIPT, 1), reply(ONE, 1)],
         vec![reply(ONE, 1)],
@@ -731,15 +749,64 @@ fn noscript_is_answered_with_eval_on_that_connection_only() {
         Vote::Granted,
         "the caller never sees NOSCRIPT"
     );
-    assert_eq!(sim.scripts_sent(0), ["EVALSHA", "EVAL"]);
+    assert_eq!(sim.scripts_sent(0), ["EVALSHA", "SCRIPT LOAD", "EVALSHA"]);
     assert_eq!(sim.scripts_sent(1), ["EVALSHA"]);
+    assert_eq!(
+        sim.engine.conns()[0].in_flight(),
+        0,
+        "the SCRIPT LOAD's reply was consumed"
+    );
+}
+
+/// Where SCRIPT LOAD is refused (`-OOM` from Valkey's
+/// `maxmemory-scripts`, a user denied it), EVAL carries the script, and
+/// later `-NOSCRIPT`s on that connection go straight to EVAL.
+#[test]
+fn a_refused_script_load_falls_back_on_eval() {
+    for refusal in [
+        &b"-OOM command not allowed when used memory > 'maxmemory-scripts'\r\n"[..],
+        b"-NOPERM this user has no permissions to run the 'script|load' command\r\n",
+    ] {
+        let mut sim = Sim::new(vec![
+            // The EVALSHA after a refused SCRIPT LOAD meets NOSCRIPT again.
+            vec![
+                reply(NOSCRIPT, 1),
+                reply(NOSCRIPT, 1),
+                reply(ONE, 1),
+                reply(NOSCRIPT, 1),
+                reply(ONE, 1),
+            ],
+            vec![reply(ONE, 1), reply(ONE, 1)],
+            vec![reply(ONE, 5), reply(ONE, 5)],
+        ]);
+        sim.masters[0].load_refusal = Some(refusal);
+        let release = sim.request(Op::Release);
+        sim.run(&release);
+        assert_eq!(sim.votes()[0], Vote::Granted);
+        let next = sim.request(Op::Release);
+        sim.run(&next);
+        assert_eq!(sim.votes()[0], Vote::Granted);
+        assert_eq!(
+            sim.scripts_sent(0),
+            [
+                "EVALSHA",
+                "SCRIPT LOAD",
+                "EVALSHA",
+                "EVAL",
+                "EVALSHA",
+                "EVAL"
+            ],
+            "{}",
+            String::from_utf8_lossy(refusal)
+        );
+    }
 }
 
 #[test]
 fn a_second_noscript_is_a_failed_vote_not_a_loop() {
     // A broken master that answers NOSCRIPT even to EVAL.
     let mut sim = Sim::new(vec![
-        vec![reply(NOSCRIPT, 1), reply(NOSCRIPT, 1)],
+        vec![reply(NOSCRIPT, 1), reply(NOSCRIPT, 1), reply(NOSCRIPT, 1)],
         vec![reply(ONE, 10)],
         vec![reply(ONE, 10)],
     ]);
@@ -752,7 +819,7 @@ fn a_second_noscript_is_a_failed_vote_not_a_loop() {
         sim.votes()
     );
     let sent = sim.scripts_sent(0);
-    assert_eq!(sent, ["EVALSHA", "EVAL"]);
+    assert_eq!(sent, ["EVALSHA", "SCRIPT LOAD", "EVALSHA", "EVAL"]);
 }
 
 #[test]
@@ -1247,8 +1314,8 @@ fn a_late_noscript_to_a_release_is_still_answered_with_eval() {
     sim.run(&next);
     let sent = sim.scripts_sent(0);
     // The late NOSCRIPT is read in the next round, after its EVALSHA went
-    // out; the first release is then re-sent as EVAL.
-    assert_eq!(sent, ["EVALSHA", "EVALSHA", "EVAL"]);
+    // out; the first release is then loaded and re-sent.
+    assert_eq!(sent, ["EVALSHA", "EVALSHA", "SCRIPT LOAD", "EVALSHA"]);
 }
 
 /// Issue 10, item 5: a release queued on a connection that is still
@@ -1485,7 +1552,7 @@ fn an_eval_sent_after_noscript_is_judged_stalled_from_its_own_send() {
     sim.now = started + stall * 9 / 10;
     sim.deliver();
     sim.transmit();
-    assert_eq!(sim.scripts_sent(0), ["EVALSHA", "EVAL"]);
+    assert_eq!(sim.scripts_sent(0), ["EVALSHA", "SCRIPT LOAD", "EVALSHA"]);
     sim.now = started + stall * 11 / 10;
     sim.engine.handle_timeout(sim.now);
     assert!(
@@ -1493,8 +1560,12 @@ fn an_eval_sent_after_noscript_is_judged_stalled_from_its_own_send() {
         "an EVAL sent {:?} ago is not stalled (limit {stall:?})",
         stall * 2 / 10
     );
-    assert_eq!(sim.conn(0).in_flight(), 1);
-    // Past the limit counted from the EVAL, it is.
+    assert_eq!(
+        sim.conn(0).in_flight(),
+        2,
+        "the SCRIPT LOAD and the EVALSHA"
+    );
+    // Past the limit counted from their send, it is.
     sim.now = started + stall * 9 / 10 + stall;
     sim.engine.handle_timeout(sim.now);
     assert!(sim.conn(0).is_down());

@@ -1,0 +1,100 @@
+//! Recovery from `-NOSCRIPT` against real masters (issue 21, item 4):
+//! after `SCRIPT FLUSH`, a long-lived client loads its script again with
+//! `SCRIPT LOAD` and sends the `EVALSHA` again, in one round trip, rather
+//! than running it by `EVAL`: since Redis 7.4 scripts created by EVAL live
+//! in an LRU that other clients' EVALs evict, and the client would pay a
+//! NOSCRIPT round again after every burst of them.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{cluster, connect, shared_config};
+use redlock_mio::resp::{Arg, Reply};
+use redlock_mio::script::RELEASE_SOURCE;
+use redlock_mio::script::Script;
+use redlock_mio::{Redlock, SharedRedlock};
+use redlock_test::{Cluster, Server};
+
+const TTL: Duration = Duration::from_secs(30);
+
+fn flush_scripts(masters: &Cluster) {
+    for m in masters.iter() {
+        assert_eq!(
+            connect(m).cmd(&[Arg::Bytes(b"SCRIPT"), Arg::Bytes(b"FLUSH")]),
+            Reply::Status("OK".into())
+        );
+    }
+}
+
+/// `calls` of `cmdstat_<name>` in `INFO commandstats`, 0 when absent.
+fn calls(server: &Server, name: &str) -> u64 {
+    let Reply::Bulk(info) =
+        connect(server).cmd(&[Arg::Bytes(b"INFO"), Arg::Bytes(b"commandstats")])
+    else {
+        panic!("INFO commandstats");
+    };
+    let prefix = format!("cmdstat_{name}:calls=");
+    String::from_utf8_lossy(&info)
+        .lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .and_then(|rest| rest.split(',').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+fn loaded(server: &Server, script: &Script) -> bool {
+    connect(server).cmd(&[
+        Arg::Bytes(b"SCRIPT"),
+        Arg::Bytes(b"EXISTS"),
+        Arg::Bytes(script.sha()),
+    ]) == Reply::Array(vec![Reply::Integer(1)])
+}
+
+#[test]
+fn after_script_flush_a_long_lived_client_loads_its_script_again_not_evals_it() {
+    let masters = cluster(3);
+    let config = shared_config(&masters.urls());
+    let mut single = Redlock::new(config.clone()).unwrap_or_else(|e| panic!("{e}"));
+    let shared = SharedRedlock::new(config).unwrap_or_else(|e| panic!("{e}"));
+    let lock = single
+        .try_acquire("warm", TTL)
+        .unwrap_or_else(|e| panic!("{e}"));
+    single.release(&lock).unwrap_or_else(|e| panic!("{e}"));
+    let lock = shared
+        .try_acquire("warm", TTL)
+        .unwrap_or_else(|e| panic!("{e}"));
+    shared.release(&lock).unwrap_or_else(|e| panic!("{e}"));
+    let release = Script::new(RELEASE_SOURCE);
+    for round in 0..2 {
+        flush_scripts(&masters);
+        assert!(masters.iter().all(|m| !loaded(m, &release)));
+        let lock = single
+            .try_acquire("a", TTL)
+            .unwrap_or_else(|e| panic!("{e}"));
+        single
+            .release(&lock)
+            .unwrap_or_else(|e| panic!("round {round}: release after SCRIPT FLUSH: {e}"));
+        let lock = shared
+            .try_acquire("b", TTL)
+            .unwrap_or_else(|e| panic!("{e}"));
+        shared
+            .release(&lock)
+            .unwrap_or_else(|e| panic!("round {round}: shared release after SCRIPT FLUSH: {e}"));
+        // Every master's late replies read, so that each has recovered.
+        single.settle(Duration::from_secs(10));
+    }
+    for m in masters.iter() {
+        assert!(
+            loaded(m, &release),
+            "{}: the release script is loaded",
+            m.url()
+        );
+        assert_eq!(
+            calls(m, "eval"),
+            0,
+            "{}: recovered by SCRIPT LOAD and EVALSHA, never by EVAL",
+            m.url()
+        );
+        assert!(calls(m, "script|load") > 0, "{}", m.url());
+    }
+}
