@@ -1085,6 +1085,20 @@ impl Conn {
         }
     }
 
+    /// Queues `SCRIPT LOAD <source>`, whose reply [`Conn::poll_reply`]
+    /// consumes (a refusal turns later recoveries to EVAL).
+    fn load_script(&mut self, source: &str, now: Instant) {
+        resp::encode_command(
+            &mut self.out,
+            &[
+                Arg::Bytes(b"SCRIPT"),
+                Arg::Bytes(b"LOAD"),
+                Arg::Bytes(source.as_bytes()),
+            ],
+        );
+        self.in_flight.push_back(Expect::Load { sent_at: now });
+    }
+
     /// The driver read `bytes` from the socket.
     pub(crate) fn handle_input(&mut self, bytes: &[u8]) {
         self.inbuf.extend_from_slice(bytes);
@@ -1098,7 +1112,9 @@ impl Conn {
     /// or by EVAL where SCRIPT LOAD is refused or did not take; the caller
     /// sees only the last reply. A late `-NOSCRIPT` to an
     /// acquire or extend whose round was decided is returned as it is:
-    /// re-sent, it could set a key again after its cleanup release.
+    /// re-sent, it could set a key again after its cleanup release. Its
+    /// script is loaded all the same (not run), so that the connection's
+    /// next use of it pays no NOSCRIPT.
     /// Replies to rounds that are over are returned too: the round drops
     /// tags that are not its own.
     ///
@@ -1179,23 +1195,23 @@ impl Conn {
                     let Some(script) = request.op.script().map(|id| *self.scripts.get(id)) else {
                         return Ok(Some((tag, reply)));
                     };
-                    if !reply.is_error_code(b"NOSCRIPT") || !resend(tag, request.op) {
+                    if !reply.is_error_code(b"NOSCRIPT") {
                         return Ok(Some((tag, reply)));
                     }
                     // A rare path (after SCRIPT FLUSH or a restart), and
                     // new sends: the stall limit counts from now, not from
                     // the EVALSHA they replace.
                     self.make_room(script.source().len() + 256);
+                    if !resend(tag, request.op) {
+                        // Decided: not run again, but loaded, so that the
+                        // next use of the script here pays no NOSCRIPT.
+                        if next == Resent::Loaded {
+                            self.load_script(script.source(), now);
+                        }
+                        return Ok(Some((tag, reply)));
+                    }
                     if next == Resent::Loaded {
-                        resp::encode_command(
-                            &mut self.out,
-                            &[
-                                Arg::Bytes(b"SCRIPT"),
-                                Arg::Bytes(b"LOAD"),
-                                Arg::Bytes(script.source().as_bytes()),
-                            ],
-                        );
-                        self.in_flight.push_back(Expect::Load { sent_at: now });
+                        self.load_script(script.source(), now);
                         self.recoveries.script_load += 1;
                     } else {
                         self.recoveries.eval += 1;

@@ -19,101 +19,27 @@ mod common;
 // library's TLS tests make them.
 #[path = "../../tests/common/tls.rs"]
 mod certs;
+// `redlock` commands run to completion: shared with tests/servers.rs.
+mod command;
 
 use std::fs;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use certs::{Certs, Pair};
+use command::{
+    EXIT_DEADLINE, START_DEADLINE, code, finish, finish_within, one_shot, redlock, shipped, stderr,
+    stdout,
+};
 use common::{
     Cluster, Options, Server, bulk, cluster, connect, connections_received, master, master_with,
     set_user, urls_as,
 };
 use redlock_mio::resp::{Arg, Reply};
-
-/// How long any one `redlock` may take to exit before a test fails.
-const EXIT_DEADLINE: Duration = Duration::from_secs(60);
-/// How long a command under a lock may take to start.
-const START_DEADLINE: Duration = Duration::from_secs(30);
-
-/// A `redlock` command for these masters, with `REDLOCK_SERVERS` cleared.
-fn redlock(servers: &[String]) -> Command {
-    let mut command = shipped(servers);
-    // The tests' masters start empty: restart quarantine (on by default,
-    // see restart_quarantine_is_on_by_default) would keep them out at first.
-    command.arg("--no-quarantine");
-    command
-}
-
-/// A `redlock` command whose lock commands wait long for each master: a
-/// one-shot command (a single attempt) must not fail for a slow first round
-/// (connect and handshake included) on a loaded machine, which would turn
-/// the exit code a test expects into 69. Not for tests of timeouts or
-/// unreachable masters.
-fn one_shot(servers: &[String]) -> Command {
-    let mut command = redlock(servers);
-    command.args(["--timeout", "5s"]);
-    command
-}
-
-/// The command with its defaults, restart quarantine included.
-fn shipped(servers: &[String]) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_redlock"));
-    command.env_remove("REDLOCK_SERVERS").stdin(Stdio::null());
-    if !servers.is_empty() {
-        command.arg("--servers").arg(servers.join(","));
-    }
-    command
-}
-
-/// Runs a command to completion, killing it if it outlives the deadline.
-fn finish(command: Command) -> Output {
-    finish_within(command, EXIT_DEADLINE)
-}
-
-/// Runs a command to completion, killing it (and failing the test) if it
-/// outlives `deadline`.
-fn finish_within(mut command: Command, deadline: Duration) -> Output {
-    command.stdout(Stdio::piped()).stderr(Stdio::piped());
-    let child = command.spawn().expect("starting redlock");
-    let pid = child.id();
-    let (tx, rx) = mpsc::channel();
-    let waiter = thread::spawn(move || {
-        let _ = tx.send(child.wait_with_output());
-    });
-    match rx.recv_timeout(deadline) {
-        Ok(output) => {
-            let _ = waiter.join();
-            output.expect("waiting for redlock")
-        }
-        Err(_) => {
-            // Not reaped yet, so the pid is still ours.
-            unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
-            let _ = waiter.join();
-            panic!("{command:?} did not exit within {deadline:?}");
-        }
-    }
-}
-
-fn code(output: &Output) -> i32 {
-    output
-        .status
-        .code()
-        .unwrap_or_else(|| panic!("killed by a signal: {output:?}"))
-}
-
-fn stdout(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
-
-fn stderr(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stderr).into_owned()
-}
 
 /// A `redlock` running in the background, killed and reaped on drop.
 struct Running {
@@ -638,19 +564,26 @@ fn probe_names_the_server_and_its_version() {
         panic!("INFO server answered {info:?}");
     };
     let info = String::from_utf8_lossy(&info);
-    let version = info
-        .lines()
-        .find_map(|l| l.strip_prefix("redis_version:"))
-        .expect("redis_version in INFO server")
-        .trim();
+    let field = |name: &str| {
+        info.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+            .map(str::trim)
+    };
+    // Redis names no server_name and the name falls back to redis; Valkey
+    // names itself, and its own version beside a redis_version of 7.2.4.
+    let named = match field("server_name") {
+        Some(server) => {
+            let own = field(&format!("{server}_version")).expect("the server's own version");
+            format!("{server} {own}")
+        }
+        None => format!("redis {}", field("redis_version").expect("redis_version")),
+    };
     let mut probe = redlock(&[live.url()]);
     probe.arg("probe");
     let out = finish(probe);
     let report = stdout(&out);
     assert_eq!(code(&out), 0, "{report}{}", stderr(&out));
-    // This machine's redis-server names no server_name (Valkey would):
-    // the name falls back to redis.
-    let line = format!("{}  ok  redis {version}  rtt ", live.url());
+    let line = format!("{}  ok  {named}  rtt ", live.url());
     assert!(report.starts_with(&line), "want {line:?} in {report}");
     assert!(!report.contains("tls:"), "{report}");
 }
