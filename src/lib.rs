@@ -106,6 +106,11 @@ mod watchdog;
 // `metrics` and `tracing` features).
 mod metrics;
 
+// Beside the data flow, for the crate's own tests: the simulated world.
+#[cfg(any(test, feature = "test-knobs"))]
+#[doc(hidden)]
+pub mod sim;
+
 pub use addr::{AddrError, Endpoint, Secret, ServerAddr};
 pub use config::{Config, ConfigError, MAX_DURATION, MAX_TTL_MS, Retry, TlsConfig};
 pub use conn::{Cause, HandshakeStep};
