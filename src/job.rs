@@ -88,6 +88,20 @@ pub(crate) enum Output {
     Failed(Error),
 }
 
+impl Output {
+    /// The first error in it, if any: a batch's outcome is its first
+    /// failure's.
+    pub(crate) fn first_error(&self) -> Option<&Error> {
+        match self {
+            Output::Failed(error) => Some(error),
+            Output::Lock(result) => result.as_ref().err(),
+            Output::Extended(_, result) | Output::Released(result) => result.as_ref().err(),
+            Output::Locks(results) => results.iter().find_map(|r| r.as_ref().err()),
+            Output::Releases(results) => results.iter().find_map(|r| r.as_ref().err()),
+        }
+    }
+}
+
 /// One caller's operation.
 // Held by value in the caller's frame or the loop's table: boxing the large
 // variant would cost an allocation per operation.
@@ -283,9 +297,16 @@ impl Job {
         }
     }
 
+    /// A span for this job, which is about to start (feature `tracing`).
+    #[inline(always)]
+    pub(crate) fn span(&self) -> metrics::OpSpan {
+        let (op, resource) = self.describe();
+        metrics::OpSpan::new(op, resource)
+    }
+
     /// What the job does, and its (first) resource: for its span.
-    #[cfg(feature = "tracing")]
-    pub(crate) fn describe(&self) -> (&'static str, Option<&Bytes>) {
+    #[inline(always)]
+    fn describe(&self) -> (&'static str, Option<&Bytes>) {
         fn first(requests: &[Request]) -> Option<&Bytes> {
             requests.first().and_then(|r| r.keys.as_slice().first())
         }

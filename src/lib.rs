@@ -17,22 +17,25 @@
 //! the RESP2 codec the client speaks, and [`script`], the Lua it runs on
 //! each master.
 //!
-//! The modules are listed in data-flow order: one acquire goes from the
-//! bytes on the wire up to the API:
+//! The modules are listed in data-flow order, each importing only modules
+//! before it: one acquire goes from the bytes on the wire up to the API:
 //!
-//! `resp -> script -> token -> clock -> addr -> conn -> quorum -> notify ->
-//! engine -> resolve -> driver -> config -> error -> job -> lock -> shared -> watchdog`
+//! `resp -> script -> token -> clock -> addr -> conn -> quorum -> resolve ->
+//! config -> error -> metrics -> notify -> engine -> tls -> driver -> lock ->
+//! job -> client -> keep -> shared -> watchdog`
 //!
 //! `resp` encodes commands and parses replies; `conn` is one master's
 //! connection state; `quorum` one round's votes and validity arithmetic;
-//! `engine` owns the N connections and every round in flight; `driver` is
-//! the one module that touches mio; `job` is each operation (retries,
-//! cleanup, fencing) as a state machine; `lock` runs jobs on the caller's
-//! thread and `shared` on one event loop for many callers; `watchdog`
-//! keeps locks alive from that loop; `metrics`, beside the list, records
-//! what they decide (features `metrics` and `tracing`). Everything but
-//! `driver`, `lock`, `shared` and `resolve` is sans-IO: plain data in,
-//! plain data out, `now` passed in.
+//! `metrics` records what the modules after it decide, from plain data
+//! (features `metrics` and `tracing`); `notify` is the waiters' release
+//! channels; `engine` owns the N connections and every round in flight;
+//! `driver` is the one module that touches mio; `lock` is the held lock as
+//! a value; `job` is each operation (retries, cleanup, fencing) as a state
+//! machine; `client` runs jobs on the caller's thread and `shared` on one
+//! event loop for many callers; `keep` is the policy that keeps locks
+//! alive from that loop, and `watchdog` the holder's handle on it.
+//! Everything but `resolve`, `driver`, `client` and `shared` is sans-IO:
+//! plain data in, plain data out, `now` passed in.
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -79,32 +82,34 @@ mod conn;
 
 mod quorum;
 
+mod resolve;
+
+mod config;
+
+mod error;
+
+mod metrics;
+
 mod notify;
 
 mod engine;
-
-mod resolve;
 
 #[cfg(feature = "tls")]
 mod tls;
 
 mod driver;
 
-mod config;
-
-mod error;
+mod lock;
 
 mod job;
 
-mod lock;
+mod client;
+
+mod keep;
 
 mod shared;
 
 mod watchdog;
-
-// Beside the data flow: what the modules above decide, recorded (the
-// `metrics` and `tracing` features).
-mod metrics;
 
 // Beside the data flow, for the crate's own tests: the simulated world.
 #[cfg(any(test, feature = "test-knobs"))]
@@ -112,15 +117,17 @@ mod metrics;
 pub mod sim;
 
 pub use addr::{AddrError, Endpoint, Secret, ServerAddr};
+pub use client::{LockGuard, Redlock};
 pub use config::{Config, ConfigError, MAX_DURATION, MAX_TTL_MS, Retry, TlsConfig};
 pub use conn::{Cause, HandshakeStep};
 pub use error::{Error, Failure, MasterVote};
-pub use lock::{Lock, LockGuard, Redlock};
+pub use keep::{KeepOptions, Lost, LostReason};
+pub use lock::Lock;
 pub use quorum::Vote;
 pub use resolve::Resolver;
 pub use shared::{Pending, SharedRedlock};
 pub use token::{TOKEN_MAX_LEN, Token, TokenError};
-pub use watchdog::{KeepOptions, Lost, LostFuture, LostReason, Watchdog};
+pub use watchdog::{LostFuture, Watchdog};
 
 /// README.md's Rust examples, compiled (and run, unless marked `no_run`)
 /// as doc tests, so that they stay true.

@@ -5,10 +5,11 @@
 //! This module owns every metric's name and labels. The modules where
 //! outcomes are decided call its small functions: `job` when an
 //! operation's output is taken, `shared` when the loop releases locks
-//! nobody claimed, `watchdog` when a kept lock is lost, `engine` when a
+//! nobody claimed, `keep` when a kept lock is lost, `engine` when a
 //! master's connection fails and when its restart quarantine begins or
-//! ends; `lock` and `shared` open the spans. It decides nothing, does no
-//! I/O and reads no clock: it is handed results and instants. With the
+//! ends; `client` and `shared` open the spans. It decides nothing, does no
+//! I/O and reads no clock: it is handed plain data (results, errors,
+//! causes, instants) and imports nothing that decides. With the
 //! features off its functions are empty and inlined and its types hold
 //! nothing, so the hot path gains no allocation, lock or atomic.
 //!
@@ -69,9 +70,6 @@ use std::time::Instant;
 use crate::addr::ServerAddr;
 use crate::conn::{Cause, Conn};
 use crate::error::Error;
-use crate::job::{Job, Output};
-use crate::lock::Lock;
-use crate::watchdog::LostReason;
 
 #[cfg(feature = "metrics")]
 use metrics::{Key, Label, Level, Metadata, SharedString};
@@ -124,6 +122,7 @@ enum Outcome {
 
 #[cfg(any(feature = "metrics", feature = "tracing"))]
 impl Outcome {
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
     fn of<T>(result: &Result<T, Error>) -> Outcome {
         match result {
             Ok(_) => Outcome::Ok,
@@ -148,11 +147,11 @@ impl Outcome {
     }
 
     #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
-    fn of_loss(reason: &LostReason) -> Outcome {
-        match reason {
-            LostReason::Failed(error) => Outcome::of_error(error),
-            LostReason::ExtensionLimit(_) => Outcome::ExtensionLimit,
-            LostReason::Expired => Outcome::Expired,
+    fn of_loss(loss: Loss<'_>) -> Outcome {
+        match loss {
+            Loss::Failed(error) => Outcome::of_error(error),
+            Loss::ExtensionLimit => Outcome::ExtensionLimit,
+            Loss::Expired => Outcome::Expired,
         }
     }
 
@@ -250,8 +249,8 @@ fn histogram(key: &Key) -> metrics::Histogram {
 /// taken at `now`.
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
 #[inline(always)]
-pub(crate) fn acquired(
-    result: &Result<Lock, Error>,
+pub(crate) fn acquired<T>(
+    result: &Result<T, Error>,
     first: Instant,
     last: Option<Instant>,
     attempts: u32,
@@ -302,12 +301,24 @@ pub(crate) fn released_unclaimed(count: usize) {
     guarded(|| gauge(static_key!(HELD)).decrement(count as f64));
 }
 
+/// Why the watchdog gave a kept lock up, as the `reason` label says it.
+#[derive(Debug, Clone, Copy)]
+#[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+pub(crate) enum Loss<'a> {
+    /// An extension failed with this error.
+    Failed(&'a Error),
+    /// The extension cap was reached.
+    ExtensionLimit,
+    /// The validity ran out before the keeper could act.
+    Expired,
+}
+
 /// The watchdog gave a kept lock up.
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
 #[inline(always)]
-pub(crate) fn lost(reason: &LostReason) {
+pub(crate) fn lost(loss: Loss<'_>) {
     #[cfg(feature = "metrics")]
-    guarded(|| counter(outcome_key!(LOST, "reason", Outcome::of_loss(reason))).increment(1));
+    guarded(|| counter(outcome_key!(LOST, "reason", Outcome::of_loss(loss))).increment(1));
 }
 
 /// A master refused to subscribe this client to release notifications
@@ -507,13 +518,13 @@ pub(crate) struct Entered<'a> {
 }
 
 impl OpSpan {
-    /// A `DEBUG` span for `job`, which is about to start.
+    /// A `DEBUG` span for operation `op` on `resource` (its first, for
+    /// several), which is about to start.
     #[cfg_attr(not(feature = "tracing"), allow(unused_variables))]
     #[inline(always)]
-    pub(crate) fn new(job: &Job) -> OpSpan {
+    pub(crate) fn new(op: &'static str, resource: Option<&bytes::Bytes>) -> OpSpan {
         #[cfg(feature = "tracing")]
         let span = {
-            let (op, resource) = job.describe();
             let span = guarded(|| {
                 tracing::debug_span!(
                     "redlock",
@@ -542,26 +553,15 @@ impl OpSpan {
         }
     }
 
-    /// Records how the operation ended (the span closes when dropped).
+    /// Records how the operation ended: `failure`, its first error (a
+    /// batch's outcome is its first failure's), or none for `ok`. The span
+    /// closes when dropped.
     #[cfg_attr(not(feature = "tracing"), allow(unused_variables))]
     #[inline(always)]
-    pub(crate) fn record(&self, output: &Output) {
+    pub(crate) fn record(&self, failure: Option<&Error>) {
         #[cfg(feature = "tracing")]
         {
-            // A batch's outcome is its first failure's, else `ok`.
-            let outcome = match output {
-                Output::Failed(error) => Outcome::of_error(error),
-                Output::Lock(result) => Outcome::of(result),
-                Output::Extended(_, result) | Output::Released(result) => Outcome::of(result),
-                Output::Locks(results) => results
-                    .iter()
-                    .find_map(|r| r.as_ref().err())
-                    .map_or(Outcome::Ok, Outcome::of_error),
-                Output::Releases(results) => results
-                    .iter()
-                    .find_map(|r| r.as_ref().err())
-                    .map_or(Outcome::Ok, Outcome::of_error),
-            };
+            let outcome = failure.map_or(Outcome::Ok, Outcome::of_error);
             guarded(|| self.span.record("outcome", outcome.label()));
         }
     }

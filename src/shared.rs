@@ -40,6 +40,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
+use crate::client::Parts;
 use crate::clock::Stamp;
 use crate::config::{Config, ConfigError, Retry};
 use crate::conn::{Keys, Op, Request};
@@ -47,11 +48,11 @@ use crate::driver::Driver;
 use crate::engine::{Engine, Wait};
 use crate::error::Error;
 use crate::job::{Acquire, Batch, Ctx, Extend, Job, Output, Release, SplitMix64, Step, release_op};
-use crate::lock::{Lock, Parts};
+use crate::keep::{KeepStep, Keeper, Shared as KeepShared};
+use crate::lock::Lock;
 use crate::metrics::{self, OpSpan};
 use crate::quorum::quorum;
 use crate::token::TokenSource;
-use crate::watchdog::{KeepStep, Keeper, Shared as KeepShared};
 
 /// A thread-safe Redlock client: one event loop thread owns the
 /// connections to the N masters, and every clone of the handle, on any
@@ -1469,7 +1470,7 @@ impl EventLoop {
     /// [`Ran::Waiting`] when the job would wait to retry: it goes to the
     /// loop then, with the instant it waits for.
     fn run_inline(&mut self, mut job: Job) -> Ran {
-        let span = OpSpan::new(&job);
+        let span = job.span();
         loop {
             let now = Instant::now();
             let EventLoop {
@@ -1521,7 +1522,7 @@ impl EventLoop {
                 Step::Done => {
                     return match job.take_output(now) {
                         Some(output) => {
-                            span.record(&output);
+                            span.record(output.first_error());
                             Ran::Done(output)
                         }
                         None => Ran::Done(Output::Released(Err(lost()))),
@@ -1667,7 +1668,7 @@ impl EventLoop {
 
     /// Puts `job` in the table and runs it to its first wait.
     fn spawn(&mut self, job: Job, waiter: Waiter, now: Instant) {
-        let span = OpSpan::new(&job);
+        let span = job.span();
         self.spawn_with(job, waiter, span, now);
     }
 
@@ -1806,7 +1807,7 @@ impl EventLoop {
                     let (Some(output), Some(finished)) = (output, finished) else {
                         return;
                     };
-                    finished.span.record(&output);
+                    finished.span.record(output.first_error());
                     match finished.waiter {
                         Waiter::Caller(completion) => {
                             if let Some(unclaimed) = completion.complete(output) {
