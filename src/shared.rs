@@ -2,8 +2,10 @@
 //! any number of threads or tasks, are pipelined over one event loop.
 //!
 //! [`SharedRedlock`] is a cheap `Clone + Send + Sync` handle. Its event
-//! loop thread owns the N connections (an [`Engine`] and a [`Driver`]) and
-//! every operation in flight. Callers put operations on a queue and wake
+//! loop thread owns a [`Hub`] (the N connections and every operation in
+//! flight, and every decision about them, sans-IO) and the [`Driver`] it
+//! does the I/O with: the thread only moves inputs into the hub and its
+//! outputs out. Callers put operations on a queue and wake
 //! the loop with a [`mio::Waker`]; at each wake-up the loop starts every
 //! queued operation's round, so that one write per master carries all of
 //! them (auto-pipelining: what a batch does for one caller, done for
@@ -26,8 +28,6 @@
 //! read, within a bound, and the drop returns once the thread has ended.
 
 use std::cell::RefCell;
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
 use std::future::Future;
 use std::io;
 use std::panic::{self, AssertUnwindSafe};
@@ -43,16 +43,16 @@ use bytes::Bytes;
 use crate::client::Parts;
 use crate::clock::Stamp;
 use crate::config::{Config, ConfigError, Retry};
-use crate::conn::{Keys, Op, Request};
+use crate::conn::{Keys, Op};
 use crate::driver::Driver;
 use crate::engine::{Engine, Wait};
 use crate::error::Error;
-use crate::job::{Acquire, Batch, Ctx, Extend, Job, Output, Release, SplitMix64, Step, release_op};
-use crate::keep::{KeepStep, Keeper, Shared as KeepShared};
+use crate::hub::{Hub, Links, Order, Promise, Split, Submission};
+use crate::job::{Extend, Job, Output, Step};
+use crate::keep::{Keeper, Shared as KeepShared};
 use crate::lock::Lock;
-use crate::metrics::{self, OpSpan};
+use crate::metrics::OpSpan;
 use crate::quorum::quorum;
-use crate::token::TokenSource;
 
 /// A thread-safe Redlock client: one event loop thread owns the
 /// connections to the N masters, and every clone of the handle, on any
@@ -138,18 +138,11 @@ struct Queue {
 /// The orders the loop has yet to take, and whether it takes any more.
 #[derive(Debug)]
 struct Orders {
-    list: Vec<Submission>,
+    list: Vec<Submission<Handoff>>,
     /// Set, under the lock, when the loop takes no more orders: every
     /// order submitted before was taken, and a later one is refused to its
     /// submitter (see [`Queue::submit`]).
     ended: Option<Error>,
-}
-
-/// One operation submitted, and where its caller waits.
-#[derive(Debug)]
-struct Submission {
-    order: Order,
-    completion: Promise,
 }
 
 /// The loop's hold on a caller's [`Completion`]: handing the output over
@@ -157,13 +150,15 @@ struct Submission {
 /// turn with the submission in hand), it ends the caller's wait with
 /// [`Error::Stopped`]: no caller waits forever for a loop that is gone.
 #[derive(Debug)]
-struct Promise(Option<Arc<Completion>>);
+struct Handoff(Option<Arc<Completion>>);
 
-impl Promise {
-    fn new(completion: Arc<Completion>) -> Promise {
-        Promise(Some(completion))
+impl Handoff {
+    fn new(completion: Arc<Completion>) -> Handoff {
+        Handoff(Some(completion))
     }
+}
 
+impl Promise for Handoff {
     /// Hands `output` to the caller; see [`Completion::complete`].
     fn complete(mut self, output: Output) -> Option<Output> {
         match self.0.take() {
@@ -177,47 +172,13 @@ impl Promise {
     }
 }
 
-impl Drop for Promise {
+impl Drop for Handoff {
     fn drop(&mut self) {
         if let Some(completion) = self.0.take() {
             let why = Arc::from("a panic on its thread");
             let _ = completion.complete(Output::Failed(Error::Stopped(why)));
         }
     }
-}
-
-/// An operation as a caller asks for it; the loop makes it a [`Job`].
-#[derive(Debug)]
-enum Order {
-    Acquire {
-        keys: Keys,
-        op: Op,
-        ttl: Duration,
-        retry: Retry,
-    },
-    Extend {
-        lock: Lock,
-        ttl: Duration,
-    },
-    Release {
-        lock: Lock,
-    },
-    AcquireBatch {
-        resources: Vec<Bytes>,
-        ttl: Duration,
-    },
-    ReleaseBatch {
-        locks: Vec<Lock>,
-    },
-    /// Keep a lock alive from the loop (no caller waits).
-    Keep {
-        // Boxed: a rare order, and the largest by far.
-        keeper: Box<Keeper>,
-    },
-    /// Stop keeping a lock and release it.
-    Unkeep {
-        shared: Arc<KeepShared>,
-    },
 }
 
 /// Where one caller waits for its operation's output.
@@ -408,13 +369,18 @@ impl SharedRedlock {
     /// As [`SharedRedlock::connect`].
     pub fn new(config: Config) -> Result<SharedRedlock, Error> {
         config.check()?;
-        let event_loop = EventLoop::new(config.clone())?;
+        let mut event_loop = EventLoop::new(config.clone())?;
         let queue = Arc::new(Queue {
             orders: Mutex::new(Orders {
                 list: Vec::with_capacity(256),
                 ended: None,
             }),
-            waker: event_loop.driver.waker().map_err(|e| Error::Os(e.kind()))?,
+            waker: event_loop
+                .hub
+                .io()
+                .1
+                .waker()
+                .map_err(|e| Error::Os(e.kind()))?,
             woken: AtomicBool::new(false),
             closed: AtomicBool::new(false),
             idle: AtomicBool::new(false),
@@ -783,11 +749,11 @@ impl SharedRedlock {
         if let Some(error) = &core.stopped {
             return Inline::Done(order.refused(error.clone()));
         }
-        if !core.is_idle() {
+        if !core.hub.is_idle() {
             return Inline::Busy(order);
         }
         let now = Instant::now();
-        let job = match core.make_job(order, now) {
+        let job = match core.hub.make_job(order, now) {
             Ok(job) => job,
             Err(output) => return Inline::Done(output),
         };
@@ -796,7 +762,7 @@ impl SharedRedlock {
                 // The slowest masters' replies are still to come: the loop
                 // must be awake to read them (a late -NOSCRIPT to a release
                 // is answered with EVAL) if no caller comes back first.
-                let late = core.engine.in_flight() > 0;
+                let late = core.hub.engine().in_flight() > 0;
                 drop(core);
                 let queue = &self.handle.queue;
                 if late && queue.waiting_untimed.load(Ordering::Acquire) {
@@ -806,8 +772,9 @@ impl SharedRedlock {
             }
             Ran::Waiting(job, span) => {
                 let completion = blocking_completion();
-                let waiter = Waiter::Caller(Promise::new(Arc::clone(&completion)));
-                core.spawn_with(job, waiter, span, Instant::now());
+                let handoff = Handoff::new(Arc::clone(&completion));
+                core.hub
+                    .handle_waiting_job(job, handoff, span, Stamp::now());
                 drop(core);
                 self.handle.queue.nudge();
                 let output = completion.wait();
@@ -838,7 +805,7 @@ impl Queue {
         }
         orders.list.push(Submission {
             order,
-            completion: Promise::new(completion),
+            completion: Handoff::new(completion),
         });
         let idle = self.idle.load(Ordering::Acquire);
         drop(orders);
@@ -858,7 +825,7 @@ impl Queue {
     }
 
     /// Ends the queue with `error`, and hands back the orders left in it.
-    fn end(&self, error: Error) -> Vec<Submission> {
+    fn end(&self, error: Error) -> Vec<Submission<Handoff>> {
         let mut orders = self.orders();
         orders.ended.get_or_insert(error);
         std::mem::take(&mut orders.list)
@@ -941,21 +908,6 @@ impl Drop for Handle {
     }
 }
 
-impl Order {
-    /// The output of this order refused before it became a job (the loop
-    /// takes no more orders): `error` for each of its results.
-    fn refused(self, error: Error) -> Output {
-        match self {
-            Order::Acquire { .. } | Order::AcquireBatch { .. } => Output::Lock(Err(error)),
-            Order::Extend { lock, .. } => Output::Extended(lock, Err(error)),
-            Order::ReleaseBatch { locks } => Output::Releases(vec![Err(error); locks.len()]),
-            Order::Release { .. } | Order::Unkeep { .. } | Order::Keep { .. } => {
-                Output::Released(Err(error))
-            }
-        }
-    }
-}
-
 fn acquire_order(keys: Keys, op: Op, ttl: Duration, retry: &Retry) -> Order {
     Order::Acquire {
         keys,
@@ -1010,74 +962,6 @@ fn releases_of(output: Output) -> Result<Vec<Result<(), Error>>, Error> {
     }
 }
 
-/// A job on the loop and who waits for it.
-#[derive(Debug)]
-struct Running {
-    job: Job,
-    waiter: Waiter,
-    /// The resource whose queue of waiters the job joined.
-    waits_for: Option<Bytes>,
-    /// The resource's epoch when the job's last attempt started: a
-    /// release seen since then means try again.
-    tried_at: u64,
-    /// Waiting for a release (or its timer): a notification wakes it.
-    awaiting: bool,
-    /// Its timer in [`EventLoop::timers`]: older entries are stale.
-    timer: u64,
-    /// Waiting for a round's outcome: nothing else may move it on.
-    in_round: bool,
-    /// The operation's span, open until it ends.
-    span: OpSpan,
-}
-
-impl Running {
-    fn new(job: Job, waiter: Waiter, span: OpSpan) -> Option<Running> {
-        Some(Running {
-            job,
-            waiter,
-            span,
-            waits_for: None,
-            tried_at: 0,
-            awaiting: false,
-            timer: 0,
-            in_round: false,
-        })
-    }
-}
-
-/// Who waits for a job.
-#[derive(Debug)]
-enum Waiter {
-    /// A caller, blocking or async.
-    Caller(Promise),
-    /// The kept lock in this slot of the loop's table (an extension).
-    Keeper(usize),
-}
-
-impl Waiter {
-    fn is_abandoned(&self) -> bool {
-        match self {
-            Waiter::Caller(completion) => completion.is_abandoned(),
-            Waiter::Keeper(_) => false,
-        }
-    }
-}
-
-/// A kept lock in the loop's table.
-#[derive(Debug)]
-struct Kept {
-    keeper: Keeper,
-    /// Tells this lock's timers from those of an earlier lock in the slot.
-    generation: u64,
-    /// An extension is in flight.
-    extending: bool,
-    /// Told to stop while extending: release once the extension ends, and
-    /// hand the result to this caller.
-    stopping: Option<Promise>,
-    /// Its extension waits for room, in [`EventLoop::kept_admitting`].
-    admitting: bool,
-}
-
 /// A blocking call's attempt to run on its own thread.
 #[derive(Debug)]
 enum Inline {
@@ -1111,107 +995,23 @@ enum Turn {
     Exit,
 }
 
-/// The loop thread's state: the engine, the driver, every job and every
-/// kept lock.
+/// The loop thread's state: the [`Hub`] that decides, with the
+/// [`Driver`] it opens connections through, and the thread's own.
 #[derive(Debug)]
 struct EventLoop {
-    config: Config,
-    names: Vec<Arc<str>>,
-    engine: Engine,
-    driver: Driver,
-    tokens: TokenSource,
-    jitter: SplitMix64,
-    jobs: Vec<Option<Running>>,
-    free_jobs: Vec<usize>,
-    /// Per engine round index: the job it belongs to and when it started.
-    owners: Vec<(usize, Stamp)>,
-    /// When the jobs waiting to retry or for a release go on.
-    timers: Timers,
-    /// Jobs at the head of a resource's queue waiting for their
-    /// subscriptions, each with the instant it stops waiting for them.
-    subscribing: Vec<(usize, Instant)>,
+    hub: Hub<Handoff, Driver>,
     /// The queue's orders, swapped out each turn (both keep their storage).
-    inbox: Vec<Submission>,
-    /// Orders waiting for room in the connections' in-flight queues.
-    admitting: VecDeque<Submission>,
-    /// Kept locks whose extension waits for room: (slot, generation).
-    /// They go before the orders: an extension is due.
-    kept_admitting: VecDeque<(usize, u64)>,
-    /// Set once two masters turned out to be one server.
-    same_server: Option<ConfigError>,
-    /// Kept locks, by slot.
-    kept: Vec<Option<Kept>>,
-    free_kept: Vec<usize>,
-    /// When each kept lock next needs the loop: (when, slot, generation).
-    keep_timers: BinaryHeap<Reverse<(Instant, usize, u64)>>,
-    generations: u64,
-    /// When the last handle went: from then on no job retries.
-    closing_since: Option<Instant>,
+    inbox: Vec<Submission<Handoff>>,
     /// Set when a panic ended the loop: nothing runs on this state again.
     stopped: Option<Error>,
 }
 
-/// When a waiter woken by a release at `now` tries: after a random delay
-/// within [`Config::wake_spread`], so that the waiters of several
-/// processes woken together do not split the masters' votes, shorter the
-/// longer it has waited (since `waiting_since`), down to a quarter of the
-/// spread at 20 ms, so that the waiter that has waited longest tends to
-/// send its attempt first.
-fn wake_at(
-    jitter: &mut SplitMix64,
-    spread: Duration,
-    waiting_since: Option<Instant>,
-    now: Instant,
-) -> Instant {
-    let age = waiting_since
-        .map(|t| now.saturating_duration_since(t))
-        .unwrap_or_default()
-        .min(AGE_PRIORITY);
-    let share = 1.0 - age.as_secs_f64() / AGE_PRIORITY.as_secs_f64();
-    now + jitter.between(Duration::ZERO, spread.mul_f64(share.max(MIN_SPREAD_SHARE)))
-}
-
-/// The jobs' timers: when each waiting job goes on (to retry, to stop
-/// waiting for a release or its turn, or after its wake delay). A job has
-/// one live timer; setting or cancelling it makes its earlier entries
-/// stale.
-#[derive(Debug, Default)]
-struct Timers {
-    /// (when, job, timer), soonest first; an entry whose timer is not the
-    /// job's is stale.
-    heap: BinaryHeap<Reverse<(Instant, usize, u64)>>,
-    /// The last timer handed out.
-    issued: u64,
-}
-
-impl Timers {
-    /// Sets job `index`'s (`running`'s) timer to `at`, replacing any other.
-    fn set(&mut self, running: &mut Running, index: usize, at: Instant) {
-        self.cancel(running);
-        self.heap.push(Reverse((at, index, running.timer)));
-    }
-
-    /// Makes `running`'s timer, if it has one, stale.
-    fn cancel(&mut self, running: &mut Running) {
-        self.issued += 1;
-        running.timer = self.issued;
-    }
-
-    /// The soonest entry's instant (perhaps a stale one's).
-    fn next(&self) -> Option<Instant> {
-        self.heap.peek().map(|Reverse((at, _, _))| *at)
+/// The driver opens the hub's connections.
+impl Links for Driver {
+    fn prepare(&mut self, engine: &mut Engine, now: Instant) {
+        Driver::prepare(self, engine, now);
     }
 }
-
-/// Past this wait, a woken waiter's delay is the least share of the
-/// spread (see [`wake_at`]).
-const AGE_PRIORITY: Duration = Duration::from_millis(20);
-
-/// The least share of [`Config::wake_spread`] a woken waiter's delay is
-/// drawn from, however long it has waited: the waiters of several
-/// processes that have all waited long are still spread apart, or they
-/// would all try at once and split the votes.
-const MIN_SPREAD_SHARE: f64 = 0.25;
 
 /// How long the loop, once its last handle is gone, waits for late
 /// replies and cleanup releases.
@@ -1221,35 +1021,18 @@ fn shutdown_grace(config: &Config) -> Duration {
 
 impl EventLoop {
     fn new(config: Config) -> Result<EventLoop, Error> {
+        let now = Stamp::now();
         let Parts {
             names,
             engine,
             driver,
             tokens,
             jitter,
-        } = Parts::new(&config, Instant::now(), config.wake_on_release)?;
+        } = Parts::new(&config, now.mono, config.wake_on_release)?;
         Ok(EventLoop {
-            names,
-            engine,
-            driver,
-            tokens,
-            jitter,
-            jobs: Vec::new(),
-            free_jobs: Vec::new(),
-            owners: Vec::new(),
-            timers: Timers::default(),
-            subscribing: Vec::new(),
+            hub: Hub::new(config, names, engine, driver, tokens, jitter, now),
             inbox: Vec::with_capacity(256),
-            admitting: VecDeque::with_capacity(256),
-            kept_admitting: VecDeque::new(),
-            same_server: None,
-            kept: Vec::new(),
-            free_kept: Vec::new(),
-            keep_timers: BinaryHeap::new(),
-            generations: 0,
-            closing_since: None,
             stopped: None,
-            config,
         })
     }
 
@@ -1292,42 +1075,23 @@ impl EventLoop {
     /// their loss; later orders are refused with it.
     fn stop(&mut self, queue: &Queue, error: Error) {
         self.stopped = Some(error.clone());
-        let orders = queue.end(error.clone());
-        for Submission { order, completion } in orders.into_iter().chain(self.admitting.drain(..)) {
+        let now = Stamp::now();
+        for Submission { order, completion } in queue.end(error.clone()) {
             if let Order::Keep { keeper } = order {
                 let mut keeper = *keeper;
-                keeper.handle_stopped(error.clone(), Stamp::now());
+                keeper.handle_stopped(error.clone(), now);
                 continue;
             }
             completion.complete(order.refused(error.clone()));
         }
-        for running in self.jobs.iter_mut().filter_map(Option::take) {
-            if let Waiter::Caller(completion) = running.waiter {
-                completion.complete(running.job.stopped(&error));
-            }
-        }
-        for kept in self.kept.iter_mut().filter_map(Option::take) {
-            let mut keeper = kept.keeper;
-            keeper.handle_stopped(error.clone(), Stamp::now());
-            keeper.shared().set_slot(None);
-            if let Some(completion) = kept.stopping {
-                completion.complete(Output::Released(Err(error.clone())));
-            }
-        }
+        self.hub.stop(&error, now);
     }
 
-    /// Nothing in flight, nothing waiting: a caller may use the engine.
-    fn is_idle(&self) -> bool {
-        self.jobs.len() == self.free_jobs.len()
-            && self.admitting.is_empty()
-            && self.kept_admitting.is_empty()
-    }
-
-    /// One turn: takes the queue's orders, starts what it can, writes,
-    /// then waits in epoll and handles what came, unless nothing is in
-    /// flight ([`Turn::Idle`]).
+    /// One turn: takes the queue's orders, hands them to the hub, writes,
+    /// then waits in epoll and hands the hub what came, unless nothing is
+    /// in flight ([`Turn::Idle`]).
     fn turn(&mut self, queue: &Queue) -> Turn {
-        let now = Instant::now();
+        let now = Stamp::now();
         // Read before the queue is taken: once closed is seen, every order
         // a handle submitted is in this turn's queue.
         let closed = queue.closed.load(Ordering::Acquire);
@@ -1336,53 +1100,32 @@ impl EventLoop {
             let mut orders = queue.orders();
             std::mem::swap(&mut orders.list, &mut self.inbox);
         }
-        if closed && self.closing_since.is_none() {
-            self.closing_since = Some(now);
-            // No retries once closing: each job ends with its current
-            // round, and one waiting (to retry, for a release, for its
-            // turn) ends now, not at its retry delay or key's expiry.
-            // Orders admitted from now on are made so too (`start`).
-            for (index, running) in self.jobs.iter_mut().enumerate() {
-                let Some(running) = running else { continue };
-                running.job.abandon();
-                if !running.in_round {
-                    self.timers.set(running, index, now);
-                }
-            }
+        if closed {
+            self.hub.handle_closing(now);
         }
-        self.driver.prepare(&mut self.engine, now);
+        let (engine, driver) = self.hub.io();
+        driver.prepare(engine, now.mono);
         // Taken and put back, so that both queues keep their storage.
         let mut inbox = std::mem::take(&mut self.inbox);
         for submission in inbox.drain(..) {
-            match submission.order {
-                // Taking a lock to keep sends nothing by itself; its
-                // extensions are admitted ahead of the orders (see
-                // `admit`), and its release is an order like any other.
-                Order::Keep { keeper } => self.keep(*keeper, now),
-                order => self.admitting.push_back(Submission {
-                    order,
-                    completion: submission.completion,
-                }),
-            }
+            self.hub.handle_order(submission, now);
         }
         self.inbox = inbox;
-        self.admit(now);
         if queue.abandoned.swap(false, Ordering::AcqRel) {
-            self.wake_abandoned(now);
+            self.hub.handle_abandoned(now);
         }
-        self.wake_sleepers(now);
-        self.check_subscribing(now, self.closing_since.is_some());
-        self.wake_waiters(now);
-        self.fire_keep_timers(now);
-        self.driver.send(&mut self.engine);
-        let idle = self.is_idle();
-        let next_keep = self.keep_timers.peek().map(|Reverse((at, _, _))| *at);
+        self.hub.handle_timeout(now);
+        let (engine, driver) = self.hub.io();
+        driver.send(engine);
+        let idle = self.hub.is_idle();
+        let next_keep = self.hub.next_keep();
         if idle {
-            if let Some(since) = self.closing_since {
+            if let Some(since) = self.hub.closing_since() {
                 // Everything answered; late replies and cleanup within the
                 // grace period.
-                let deadline = since + shutdown_grace(&self.config);
-                self.driver.settle(&mut self.engine, deadline);
+                let deadline = since + shutdown_grace(self.hub.config());
+                let (engine, driver) = self.hub.io();
+                driver.settle(engine, deadline);
                 // Orders submitted since this turn took the queue (the
                 // releases of dropped futures' locks) take one more turn;
                 // with none, later ones are refused to their submitters.
@@ -1392,19 +1135,10 @@ impl EventLoop {
                 }
                 return Turn::Again;
             }
-            if self.engine.in_flight() == 0 {
+            if self.hub.engine().in_flight() == 0 {
                 return Turn::Idle(next_keep);
             }
         }
-        let wake = [
-            self.engine.poll_timeout(),
-            self.timers.next(),
-            self.subscribing.iter().map(|(_, at)| *at).min(),
-            self.keep_timers.peek().map(|Reverse((at, _, _))| *at),
-        ]
-        .into_iter()
-        .flatten()
-        .min();
         // Idle but for late replies (the slowest masters'): read what has
         // come without waiting, and come back for the rest a per-instance
         // timeout later, so that a late -NOSCRIPT to a release is still
@@ -1412,50 +1146,25 @@ impl EventLoop {
         // A round that completed as it started (every master down, in its
         // reconnect backoff) has no I/O to come: it is handled below
         // without waiting.
-        let timeout = if idle || self.engine.has_completed() {
+        let timeout = if idle || self.hub.engine().has_completed() {
             Some(Duration::ZERO)
         } else {
-            wake.map(|t| t.saturating_duration_since(Instant::now()))
+            self.hub
+                .poll_timeout()
+                .map(|t| t.saturating_duration_since(Instant::now()))
         };
-        if let Err(cause) = self.driver.turn(&mut self.engine, timeout) {
+        let (engine, driver) = self.hub.io();
+        if let Err(cause) = driver.turn(engine, timeout) {
             let now = Instant::now();
-            for i in 0..self.engine.links() {
-                self.engine.handle_failure(i, now, cause.clone());
+            for i in 0..engine.links() {
+                engine.handle_failure(i, now, cause.clone());
             }
         }
-        self.check_distinct();
-        while let Some(id) = self.engine.poll_completed() {
-            let Some(&(index, started)) = self.owners.get(id.index()) else {
-                continue;
-            };
-            let ended = Stamp::now();
-            let EventLoop {
-                engine,
-                jobs,
-                config,
-                names,
-                tokens,
-                jitter,
-                ..
-            } = self;
-            let (Some(round), Some(Some(running))) = (engine.round(id), jobs.get_mut(index)) else {
-                continue;
-            };
-            let mut ctx = Ctx {
-                config,
-                names,
-                tokens,
-                jitter,
-            };
-            running.in_round = false;
-            running.job.handle_round(&mut ctx, round, started, ended);
-            self.engine.finish(id);
-            self.advance(index, ended.mono);
-        }
-        self.admit(Instant::now());
-        if idle && self.is_idle() {
-            self.driver.send(&mut self.engine);
-            let soon = Instant::now().checked_add(self.config.per_instance_timeout);
+        self.hub.handle_completed(Stamp::now());
+        if idle && self.hub.is_idle() {
+            let (engine, driver) = self.hub.io();
+            driver.send(engine);
+            let soon = Instant::now().checked_add(self.hub.config().per_instance_timeout);
             let until = match (next_keep, soon) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
@@ -1473,21 +1182,11 @@ impl EventLoop {
         let span = job.span();
         loop {
             let now = Instant::now();
-            let EventLoop {
+            let Split {
                 engine,
-                driver,
-                config,
-                names,
-                tokens,
-                jitter,
-                ..
-            } = self;
-            let mut ctx = Ctx {
-                config,
-                names,
-                tokens,
-                jitter,
-            };
+                links: driver,
+                mut ctx,
+            } = self.hub.split();
             match job.poll(&mut ctx, now) {
                 Step::Round {
                     requests,
@@ -1507,7 +1206,7 @@ impl EventLoop {
                     // Idle: the only rounds completed are this one and
                     // releases nobody waits for.
                     while engine.poll_completed().is_some() {}
-                    self.check_distinct();
+                    self.hub.check_distinct();
                 }
                 Step::Send(requests) => {
                     driver.prepare(engine, now);
@@ -1532,541 +1231,6 @@ impl EventLoop {
         }
     }
 
-    /// Starts the orders waiting for room, oldest first, while every
-    /// connection that keeps up can take their requests within half of
-    /// [`Config::max_in_flight`] (see [`Engine::has_room`]): many callers
-    /// at once are a burst every master shares, to be queued here, not a
-    /// master lagging alone, which the connection drops as too far behind.
-    fn admit(&mut self, now: Instant) {
-        let limit = self.config.max_in_flight / 2;
-        let patience = self.config.per_instance_timeout;
-        while let Some(&(slot, generation)) = self.kept_admitting.front() {
-            if !self.engine.has_room(1, limit, now, patience) {
-                return;
-            }
-            self.kept_admitting.pop_front();
-            if let Some(Some(kept)) = self.kept.get_mut(slot)
-                && kept.generation == generation
-            {
-                kept.admitting = false;
-                self.drive_kept(slot, now);
-            }
-        }
-        while let Some(submission) = self.admitting.front() {
-            // A batch over the limit is refused when it is made a job.
-            let k = match &submission.order {
-                Order::AcquireBatch { resources, .. } => resources.len(),
-                Order::ReleaseBatch { locks } => locks.len(),
-                _ => 1,
-            }
-            .min(limit);
-            if !self
-                .engine
-                .has_room(k, limit, now, self.config.per_instance_timeout)
-            {
-                return;
-            }
-            if let Some(submission) = self.admitting.pop_front() {
-                self.start(submission, now);
-            }
-        }
-    }
-
-    /// Makes `submission` a job and runs it to its first wait.
-    fn start(&mut self, submission: Submission, now: Instant) {
-        let Submission { order, completion } = submission;
-        let order = match order {
-            Order::Keep { keeper } => return self.keep(*keeper, now),
-            Order::Unkeep { shared } => return self.unkeep(&shared, completion, now),
-            order => order,
-        };
-        match self.make_job(order, now) {
-            Ok(mut job) => {
-                #[cfg(feature = "test-knobs")]
-                if job
-                    .resource()
-                    .is_some_and(|r| self.config.panic_on_resource.as_deref() == Some(r.as_ref()))
-                {
-                    panic!("test knob: panic_on_resource");
-                }
-                // Closing: one attempt, no retries, as for the jobs under
-                // way when the last handle went.
-                if self.closing_since.is_some() {
-                    job.abandon();
-                }
-                // Behind the local waiters already there, not racing them.
-                if job
-                    .resource()
-                    .is_some_and(|r| self.engine.head(r).is_some())
-                {
-                    let _ = job.queue_first();
-                }
-                self.spawn(job, Waiter::Caller(completion), now);
-            }
-            Err(output) => {
-                if let Some(output) = completion.complete(output) {
-                    self.release_abandoned(output, now);
-                }
-            }
-        }
-    }
-
-    /// The job for `order` (not a keep or unkeep), or the output it ends
-    /// with before anything is sent (a setting or argument refused).
-    // Both sides are large and short-lived: boxing would allocate per call.
-    #[allow(clippy::result_large_err)]
-    fn make_job(&mut self, order: Order, now: Instant) -> Result<Job, Output> {
-        let mut ctx = Ctx {
-            config: &self.config,
-            names: &self.names,
-            tokens: &mut self.tokens,
-            jitter: &mut self.jitter,
-        };
-        let takes_keys = !matches!(order, Order::Release { .. } | Order::ReleaseBatch { .. });
-        let refused = match (&self.same_server, takes_keys) {
-            (Some(error), true) => Some(Error::Config(error.clone())),
-            _ => None,
-        };
-        match (order, refused) {
-            (Order::Acquire { .. } | Order::AcquireBatch { .. }, Some(error)) => {
-                Err(Output::Lock(Err(error)))
-            }
-            (Order::Extend { lock, .. }, Some(error)) => Err(Output::Extended(lock, Err(error))),
-            (
-                Order::Acquire {
-                    keys,
-                    op,
-                    ttl,
-                    retry,
-                },
-                None,
-            ) => Acquire::new(&mut ctx, keys, op, ttl, &retry, now)
-                .map(Job::Acquire)
-                .map_err(|e| Output::Lock(Err(e))),
-            (Order::Extend { lock, ttl }, None) => {
-                match Extend::new(&ctx, lock.clone(), ttl, now) {
-                    Ok(extend) => Ok(Job::Extend(extend)),
-                    Err(error) => Err(Output::Extended(lock, Err(error))),
-                }
-            }
-            (Order::Release { lock }, _) => Ok(Job::Release(Release::new(&ctx, &lock, now))),
-            (Order::AcquireBatch { resources, ttl }, None) => {
-                Batch::acquire(&mut ctx, Vec::new(), resources, ttl, now)
-                    .map(Job::AcquireBatch)
-                    .map_err(|e| Output::Lock(Err(e)))
-            }
-            (Order::ReleaseBatch { locks }, _) => Ok(Job::ReleaseBatch(Batch::release(
-                &ctx,
-                Vec::new(),
-                &locks,
-                now,
-            ))),
-            // Never made into jobs (see `start`): nothing to do.
-            (Order::Keep { .. } | Order::Unkeep { .. }, _) => Err(Output::Released(Ok(()))),
-        }
-    }
-
-    /// Puts `job` in the table and runs it to its first wait.
-    fn spawn(&mut self, job: Job, waiter: Waiter, now: Instant) {
-        let span = job.span();
-        self.spawn_with(job, waiter, span, now);
-    }
-
-    /// [`EventLoop::spawn`] for a job whose span is open already.
-    fn spawn_with(&mut self, job: Job, waiter: Waiter, span: OpSpan, now: Instant) {
-        let running = Running::new(job, waiter, span);
-        let index = match self.free_jobs.pop() {
-            Some(index) => {
-                self.jobs[index] = running;
-                index
-            }
-            None => {
-                self.jobs.push(running);
-                self.jobs.len() - 1
-            }
-        };
-        self.advance(index, now);
-    }
-
-    /// Runs job `index` until it waits for a round or a timer, or ends.
-    fn advance(&mut self, index: usize, now: Instant) {
-        loop {
-            let EventLoop {
-                engine,
-                driver,
-                jobs,
-                config,
-                names,
-                tokens,
-                jitter,
-                owners,
-                timers,
-                subscribing,
-                ..
-            } = self;
-            let Some(Some(running)) = jobs.get_mut(index) else {
-                return;
-            };
-            // A timer or a promotion that comes while the job's round is
-            // out waits for the round's outcome.
-            if running.in_round {
-                return;
-            }
-            if running.waiter.is_abandoned() {
-                running.job.abandon();
-            }
-            let mut ctx = Ctx {
-                config,
-                names,
-                tokens,
-                jitter,
-            };
-            match running.job.poll(&mut ctx, now) {
-                Step::Round {
-                    requests,
-                    timeout,
-                    wait,
-                } => {
-                    driver.prepare(engine, now);
-                    if let Some(resource) = &running.waits_for {
-                        running.tried_at = engine.epoch(resource);
-                    }
-                    let started = Stamp::now();
-                    let id = engine.start(requests, started.mono, timeout, wait);
-                    if owners.len() <= id.index() {
-                        owners.resize(id.index() + 1, (usize::MAX, started));
-                    }
-                    owners[id.index()] = (index, started);
-                    running.in_round = true;
-                    return;
-                }
-                Step::Send(requests) => {
-                    if let Some(resource) = &running.waits_for {
-                        for request in requests {
-                            engine.handle_cleanup(resource, request.token);
-                        }
-                    }
-                    driver.prepare(engine, now);
-                    let id = engine.start(requests, now, Duration::ZERO, Wait::Decision);
-                    engine.finish(id);
-                }
-                Step::Sleep(at) => {
-                    timers.set(running, index, at);
-                    return;
-                }
-                Step::Subscribe(resource) => {
-                    let resource = resource.clone();
-                    if running.waits_for.is_none() {
-                        engine.join(&resource, index, now);
-                        running.waits_for = Some(resource.clone());
-                        // Subscriber connections open now, so that the
-                        // SUBSCRIBEs leave in this turn's write.
-                        driver.prepare(engine, now);
-                    }
-                    if engine.head(&resource) == Some(index) {
-                        let until = now.checked_add(config.connect_timeout).unwrap_or(now);
-                        subscribing.push((index, until));
-                    } else if let Some(at) = running.job.give_up_at() {
-                        // Behind others: promoted when the head leaves,
-                        // or done waiting at this instant.
-                        timers.set(running, index, at);
-                    }
-                    return;
-                }
-                Step::Await { resource, until } => {
-                    let at = if engine.epoch(resource) == running.tried_at {
-                        running.awaiting = true;
-                        until
-                    } else {
-                        // Released while the attempt was under way.
-                        let since = running.job.waiting_since();
-                        wake_at(jitter, config.wake_spread, since, now)
-                    };
-                    timers.set(running, index, at);
-                    return;
-                }
-                Step::Done => {
-                    running
-                        .job
-                        .for_each_released(|key, token| engine.handle_released(key, token));
-                    let promoted = match running.waits_for.take() {
-                        Some(resource) => engine.leave(&resource, index, now),
-                        None => None,
-                    };
-                    let output = running.job.take_output(now);
-                    let finished = jobs[index].take();
-                    if let Some(head) = promoted {
-                        let until = now.checked_add(config.connect_timeout).unwrap_or(now);
-                        subscribing.push((head, until));
-                        // Its give-up timer is the subscription's now.
-                        if let Some(Some(head)) = jobs.get_mut(head) {
-                            timers.cancel(head);
-                        }
-                    }
-                    self.free_jobs.push(index);
-                    let (Some(output), Some(finished)) = (output, finished) else {
-                        return;
-                    };
-                    finished.span.record(output.first_error());
-                    match finished.waiter {
-                        Waiter::Caller(completion) => {
-                            if let Some(unclaimed) = completion.complete(output) {
-                                self.release_abandoned(unclaimed, now);
-                            }
-                        }
-                        Waiter::Keeper(slot) => self.handle_extended(slot, output, now),
-                    }
-                    return;
-                }
-            }
-        }
-    }
-
-    /// Jobs whose retry wait is over (all of them once closing) go on.
-    fn wake_sleepers(&mut self, now: Instant) {
-        while let Some(Reverse((at, index, timer))) = self.timers.heap.peek().copied() {
-            let abandoned = self
-                .jobs
-                .get(index)
-                .and_then(Option::as_ref)
-                .is_some_and(|r| r.waiter.is_abandoned());
-            if at > now && !abandoned {
-                break;
-            }
-            self.timers.heap.pop();
-            let Some(Some(running)) = self.jobs.get_mut(index) else {
-                continue;
-            };
-            if running.timer != timer {
-                continue;
-            }
-            running.awaiting = false;
-            running.job.wake();
-            self.advance(index, now);
-        }
-    }
-
-    /// Jobs whose caller went away, waiting for a timer, a release or
-    /// their turn, end now (in the next [`EventLoop::wake_sleepers`]).
-    fn wake_abandoned(&mut self, now: Instant) {
-        for (index, running) in self.jobs.iter_mut().enumerate() {
-            if let Some(running) = running
-                && !running.in_round
-                && running.waiter.is_abandoned()
-            {
-                self.timers.set(running, index, now);
-            }
-        }
-    }
-
-    /// Heads of queues whose subscriptions are in place (or past waiting
-    /// for) make their attempt.
-    fn check_subscribing(&mut self, now: Instant, closing: bool) {
-        let mut i = 0;
-        while let Some(&(index, until)) = self.subscribing.get(i) {
-            let ready = match self.jobs.get(index) {
-                Some(Some(running)) => {
-                    closing
-                        || now >= until
-                        || running.waiter.is_abandoned()
-                        || running
-                            .waits_for
-                            .as_ref()
-                            .is_none_or(|r| self.engine.is_listening(r, now))
-                }
-                _ => true,
-            };
-            if !ready {
-                i += 1;
-                continue;
-            }
-            self.subscribing.swap_remove(i);
-            if let Some(Some(running)) = self.jobs.get_mut(index) {
-                running.job.handle_subscribed();
-                self.advance(index, now);
-            }
-        }
-    }
-
-    /// Releases seen since the last call wake the head of each resource's
-    /// queue, if it waits for one (one waiting in an attempt compares
-    /// epochs when the attempt ends).
-    fn wake_waiters(&mut self, now: Instant) {
-        while let Some(resource) = self.engine.poll_notified() {
-            let Some(head) = self.engine.head(&resource) else {
-                continue;
-            };
-            if let Some(Some(running)) = self.jobs.get_mut(head)
-                && running.awaiting
-            {
-                running.awaiting = false;
-                let since = running.job.waiting_since();
-                let at = wake_at(&mut self.jitter, self.config.wake_spread, since, now);
-                self.timers.set(running, head, at);
-            }
-        }
-    }
-
-    /// Takes a lock to keep, and runs its schedule.
-    fn keep(&mut self, keeper: Keeper, now: Instant) {
-        self.generations += 1;
-        let kept = Some(Kept {
-            keeper,
-            generation: self.generations,
-            extending: false,
-            stopping: None,
-            admitting: false,
-        });
-        let slot = match self.free_kept.pop() {
-            Some(slot) => {
-                self.kept[slot] = kept;
-                slot
-            }
-            None => {
-                self.kept.push(kept);
-                self.kept.len() - 1
-            }
-        };
-        if let Some(Some(kept)) = self.kept.get(slot) {
-            kept.keeper.shared().set_slot(Some(slot));
-        }
-        self.drive_kept(slot, now);
-    }
-
-    /// Runs kept lock `slot`'s schedule: extend it now, or set its timer.
-    fn drive_kept(&mut self, slot: usize, now: Instant) {
-        // Both clocks: a kept lock's deadline counts suspended time.
-        let stamp = Stamp::now();
-        loop {
-            let Some(Some(kept)) = self.kept.get_mut(slot) else {
-                return;
-            };
-            if kept.extending {
-                return;
-            }
-            match kept.keeper.poll(stamp) {
-                KeepStep::Idle => return,
-                KeepStep::Wait(at) => {
-                    self.keep_timers.push(Reverse((at, slot, kept.generation)));
-                    return;
-                }
-                KeepStep::Extend(ttl) => {
-                    // Through the admission every order goes through: a
-                    // burst of extensions falling due together must not
-                    // push a connection others use past its bound.
-                    let limit = self.config.max_in_flight / 2;
-                    let patience = self.config.per_instance_timeout;
-                    if !self.engine.has_room(1, limit, now, patience) {
-                        if !kept.admitting {
-                            kept.admitting = true;
-                            self.kept_admitting.push_back((slot, kept.generation));
-                        }
-                        return;
-                    }
-                    let ctx = Ctx {
-                        config: &self.config,
-                        names: &self.names,
-                        tokens: &mut self.tokens,
-                        jitter: &mut self.jitter,
-                    };
-                    let lock = kept.keeper.lock().clone();
-                    let refused = self.same_server.clone().map(Error::Config);
-                    let extend = match refused {
-                        Some(error) => Err(error),
-                        None => kept
-                            .keeper
-                            .start_extension(ctx.config, ttl, stamp)
-                            .and_then(|lock| Extend::new(&ctx, lock, ttl, now)),
-                    };
-                    match extend {
-                        Ok(extend) => {
-                            kept.extending = true;
-                            self.spawn(Job::Extend(extend), Waiter::Keeper(slot), now);
-                            return;
-                        }
-                        // Refused before anything was sent (the cap, say):
-                        // the schedule decides again.
-                        Err(error) => {
-                            kept.keeper
-                                .handle_extended(lock, Err(error), now, ctx.jitter)
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    /// Kept lock `slot`'s extension ended.
-    fn handle_extended(&mut self, slot: usize, output: Output, now: Instant) {
-        let Some(Some(kept)) = self.kept.get_mut(slot) else {
-            return;
-        };
-        kept.extending = false;
-        if let Output::Extended(lock, result) = output {
-            kept.keeper
-                .handle_extended(lock, result, now, &mut self.jitter);
-        }
-        match kept.stopping.take() {
-            Some(completion) => self.release_kept(slot, completion, now),
-            None => self.drive_kept(slot, now),
-        }
-    }
-
-    /// Kept locks whose timer is due run their schedule.
-    fn fire_keep_timers(&mut self, now: Instant) {
-        while let Some(Reverse((at, slot, generation))) = self.keep_timers.peek().copied() {
-            if at > now {
-                return;
-            }
-            self.keep_timers.pop();
-            let current = self
-                .kept
-                .get(slot)
-                .and_then(Option::as_ref)
-                .is_some_and(|k| k.generation == generation);
-            if current {
-                self.drive_kept(slot, now);
-            }
-        }
-    }
-
-    /// Stops keeping a lock and releases it for `completion`; after the
-    /// extension in flight, if one is.
-    fn unkeep(&mut self, shared: &Arc<KeepShared>, completion: Promise, now: Instant) {
-        let Some(slot) = shared.slot() else {
-            // Never kept (or already released): nothing to release.
-            completion.complete(Output::Released(Ok(())));
-            return;
-        };
-        match self.kept.get_mut(slot) {
-            Some(Some(kept)) if kept.extending => kept.stopping = Some(completion),
-            Some(Some(_)) => self.release_kept(slot, completion, now),
-            _ => {
-                completion.complete(Output::Released(Ok(())));
-            }
-        }
-    }
-
-    /// Forgets kept lock `slot` and releases it for `completion`.
-    fn release_kept(&mut self, slot: usize, completion: Promise, now: Instant) {
-        let Some(kept) = self.kept.get_mut(slot).and_then(Option::take) else {
-            return;
-        };
-        self.free_kept.push(slot);
-        kept.keeper.shared().set_slot(None);
-        let release = Release::new(
-            &Ctx {
-                config: &self.config,
-                names: &self.names,
-                tokens: &mut self.tokens,
-                jitter: &mut self.jitter,
-            },
-            kept.keeper.lock(),
-            now,
-        );
-        self.spawn(Job::Release(release), Waiter::Caller(completion), now);
-    }
-
     /// Locks whose future was dropped after the loop ended: their release
     /// is sent on the connections the loop left, nobody waiting for the
     /// answers (at least one attempt, rather than keys left for a TTL).
@@ -2078,40 +1242,8 @@ impl EventLoop {
         }
         let now = Instant::now();
         let output = Output::Locks(locks.into_iter().map(Ok).collect());
-        self.release_abandoned(output, now);
-        self.driver.send(&mut self.engine);
-    }
-
-    /// An acquire whose caller went away took locks: release them on every
-    /// master, nobody waiting for the answers.
-    fn release_abandoned(&mut self, output: Output, now: Instant) {
-        let release = |lock: &Lock| Request {
-            op: release_op(&lock.keys),
-            keys: lock.keys.clone(),
-            token: lock.token,
-            arg: 0,
-        };
-        let requests: Vec<Request> = match &output {
-            Output::Lock(Ok(lock)) => vec![release(lock)],
-            Output::Locks(results) => results.iter().flatten().map(release).collect(),
-            _ => return,
-        };
-        metrics::released_unclaimed(requests.len());
-        self.driver.prepare(&mut self.engine, now);
-        let id = self
-            .engine
-            .start(&requests, now, Duration::ZERO, Wait::Decision);
-        self.engine.finish(id);
-    }
-
-    fn check_distinct(&mut self) {
-        if let Some((first, second)) = self.engine.poll_same_server()
-            && self.same_server.is_none()
-        {
-            self.same_server = Some(ConfigError::SameServer {
-                first: Arc::clone(&self.names[first]),
-                second: Arc::clone(&self.names[second]),
-            });
-        }
+        self.hub.release_abandoned(output, now);
+        let (engine, driver) = self.hub.io();
+        driver.send(engine);
     }
 }
