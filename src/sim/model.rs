@@ -586,16 +586,10 @@ impl Master {
             }
             Cmd::Pttl => Reply::Integer(self.pttl(now, db, arg(args, 1))),
             Cmd::Pexpire => self.pexpire_command(now, db, args),
-            Cmd::Hgetall => match self.live(now, db, arg(args, 1)) {
+            Cmd::Hgetall => match self.live(now, db, arg(args, 1)).map(|e| &e.value) {
                 None => Reply::Array(Vec::new()),
-                Some(Entry {
-                    value: Value::Str(_),
-                    ..
-                }) => error(ERR_WRONGTYPE),
-                Some(Entry {
-                    value: Value::Hash(fields),
-                    ..
-                }) => Reply::Array(
+                Some(Value::Str(_)) => error(ERR_WRONGTYPE),
+                Some(Value::Hash(fields)) => Reply::Array(
                     fields
                         .iter()
                         .flat_map(|(f, v)| [Reply::Bulk(f.clone()), Reply::Bulk(v.clone())])
@@ -791,13 +785,10 @@ impl Master {
     }
 
     fn get(&mut self, now: i64, db: usize, key: &[u8]) -> Result<Option<Bytes>, &'static str> {
-        match self.live(now, db, key) {
+        match self.live(now, db, key).map(|e| &e.value) {
             None => Ok(None),
-            Some(Entry {
-                value: Value::Str(v),
-                ..
-            }) => Ok(Some(v.clone())),
-            Some(_) => Err(ERR_WRONGTYPE),
+            Some(Value::Str(v)) => Ok(Some(v.clone())),
+            Some(Value::Hash(_)) => Err(ERR_WRONGTYPE),
         }
     }
 
@@ -814,15 +805,10 @@ impl Master {
     }
 
     fn pttl(&mut self, now: i64, db: usize, key: &[u8]) -> i64 {
-        match self.live(now, db, key) {
+        match self.live(now, db, key).map(|e| e.expires_at) {
             None => -2,
-            Some(Entry {
-                expires_at: None, ..
-            }) => -1,
-            Some(Entry {
-                expires_at: Some(at),
-                ..
-            }) => at.saturating_sub(now).max(0),
+            Some(None) => -1,
+            Some(Some(at)) => at.saturating_sub(now).max(0),
         }
     }
 
@@ -992,16 +978,10 @@ impl Master {
         key: &[u8],
         fields: [&[u8]; N],
     ) -> Result<[Option<Bytes>; N], &'static str> {
-        match self.live(now, db, key) {
+        match self.live(now, db, key).map(|e| &e.value) {
             None => Ok(std::array::from_fn(|_| None)),
-            Some(Entry {
-                value: Value::Str(_),
-                ..
-            }) => Err(ERR_WRONGTYPE),
-            Some(Entry {
-                value: Value::Hash(pairs),
-                ..
-            }) => Ok(fields.map(|field| {
+            Some(Value::Str(_)) => Err(ERR_WRONGTYPE),
+            Some(Value::Hash(pairs)) => Ok(fields.map(|field| {
                 pairs
                     .iter()
                     .find(|(f, _)| f.as_ref() == field)
@@ -1020,15 +1000,9 @@ impl Master {
         value: &[u8],
     ) -> Result<(), &'static str> {
         let value = Bytes::copy_from_slice(value);
-        match self.live(now, db, key) {
-            Some(Entry {
-                value: Value::Str(_),
-                ..
-            }) => Err(ERR_WRONGTYPE),
-            Some(Entry {
-                value: Value::Hash(pairs),
-                ..
-            }) => {
+        match self.live(now, db, key).map(|e| &mut e.value) {
+            Some(Value::Str(_)) => Err(ERR_WRONGTYPE),
+            Some(Value::Hash(pairs)) => {
                 match pairs.iter_mut().find(|(f, _)| f.as_ref() == field) {
                     Some(pair) => pair.1 = value,
                     None => pairs.push((Bytes::copy_from_slice(field), value)),
@@ -1050,16 +1024,10 @@ impl Master {
 
     /// HDEL of one field; a hash left empty is deleted, as Redis does.
     fn hdel(&mut self, now: i64, db: usize, key: &[u8], field: &[u8]) -> Result<(), &'static str> {
-        let emptied = match self.live(now, db, key) {
+        let emptied = match self.live(now, db, key).map(|e| &mut e.value) {
             None => false,
-            Some(Entry {
-                value: Value::Str(_),
-                ..
-            }) => return Err(ERR_WRONGTYPE),
-            Some(Entry {
-                value: Value::Hash(pairs),
-                ..
-            }) => {
+            Some(Value::Str(_)) => return Err(ERR_WRONGTYPE),
+            Some(Value::Hash(pairs)) => {
                 pairs.retain(|(f, _)| f.as_ref() != field);
                 pairs.is_empty()
             }
@@ -1643,7 +1611,8 @@ fn lua_max(a: f64, b: f64) -> f64 {
 /// A Lua number as a script's integer reply: C's `(long long)` cast,
 /// truncating, with x86-64's answer for what does not fit.
 fn lua_int(n: f64) -> i64 {
-    if n.is_nan() || n >= 9_223_372_036_854_775_808.0 || n < -9_223_372_036_854_775_808.0 {
+    // NaN is in no range.
+    if !(-9_223_372_036_854_775_808.0..9_223_372_036_854_775_808.0).contains(&n) {
         i64::MIN
     } else {
         n as i64
@@ -1867,4 +1836,1433 @@ fn error_owned(mut msg: Vec<u8>) -> Reply {
         }
     }
     Reply::Error(Bytes::from(msg))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::script::{
+        ACQUIRE_FENCED_SOURCE, ACQUIRE_MANY_SOURCE, ACQUIRE_WAIT_SOURCE, EXTEND_MANY_SOURCE,
+        EXTEND_SOURCE, FENCE_SOURCE, FENCE_STATE_KEY, RELEASE_MANY_SOURCE, RELEASE_SOURCE,
+    };
+
+    /// A start time 300 ms into a second, so that uptime's whole-second
+    /// arithmetic shows.
+    const T0: u64 = 1_700_000_000_300;
+
+    const SCRIPTS: [(&str, &str); 8] = [
+        ("RELEASE", RELEASE_SOURCE),
+        ("ACQUIRE_WAIT", ACQUIRE_WAIT_SOURCE),
+        ("EXTEND", EXTEND_SOURCE),
+        ("ACQUIRE_FENCED", ACQUIRE_FENCED_SOURCE),
+        ("FENCE", FENCE_SOURCE),
+        ("ACQUIRE_MANY", ACQUIRE_MANY_SOURCE),
+        ("RELEASE_MANY", RELEASE_MANY_SOURCE),
+        ("EXTEND_MANY", EXTEND_MANY_SOURCE),
+    ];
+
+    /// One command of a case: `$NAME` stands for a script's source,
+    /// `@NAME` for its SHA1, `STATE` for [`FENCE_STATE_KEY`].
+    struct Step {
+        at: u64,
+        conn: u64,
+        args: Vec<Vec<u8>>,
+        want: Reply,
+    }
+
+    fn s(args: &[&str], want: Reply) -> Step {
+        let args = args
+            .iter()
+            .map(|a| {
+                let named = |prefix: char| {
+                    a.strip_prefix(prefix)
+                        .and_then(|name| SCRIPTS.iter().find(|(n, _)| *n == name))
+                };
+                if let Some((_, source)) = named('$') {
+                    source.as_bytes().to_vec()
+                } else if let Some((_, source)) = named('@') {
+                    Script::new(source).sha().to_vec()
+                } else if *a == "STATE" {
+                    FENCE_STATE_KEY.to_vec()
+                } else {
+                    a.as_bytes().to_vec()
+                }
+            })
+            .collect();
+        Step {
+            at: 0,
+            conn: 1,
+            args,
+            want,
+        }
+    }
+
+    impl Step {
+        /// Run `ms` after [`T0`].
+        fn at(mut self, ms: u64) -> Step {
+            self.at = ms;
+            self
+        }
+
+        /// Run on connection `conn` (1 by default).
+        fn on(mut self, conn: u64) -> Step {
+            self.conn = conn;
+            self
+        }
+    }
+
+    fn ok() -> Reply {
+        super::ok()
+    }
+
+    fn nil() -> Reply {
+        Reply::Nil
+    }
+
+    fn int(n: i64) -> Reply {
+        Reply::Integer(n)
+    }
+
+    fn b(text: &str) -> Reply {
+        bulk(text.as_bytes())
+    }
+
+    fn e(text: &str) -> Reply {
+        Reply::Error(Bytes::copy_from_slice(text.as_bytes()))
+    }
+
+    fn arr(items: Vec<Reply>) -> Reply {
+        Reply::Array(items)
+    }
+
+    fn ints(items: &[i64]) -> Reply {
+        arr(items.iter().map(|n| int(*n)).collect())
+    }
+
+    fn sha(name: &str) -> String {
+        let (_, source) = SCRIPTS.iter().find(|(n, _)| *n == name).expect("a script");
+        String::from_utf8_lossy(Script::new(source).sha()).into_owned()
+    }
+
+    /// The error a script raises from `redis.call`, Redis 7.0's words.
+    fn script_err(text: &str, name: &str, line: u32) -> Reply {
+        e(&format!(
+            "{text} script: {}, on @user_script:{line}.",
+            sha(name)
+        ))
+    }
+
+    fn lua_err(text: &str, name: &str, line: u32) -> Reply {
+        e(&format!(
+            "ERR user_script:{line}: {text} script: {}, on @user_script:{line}.",
+            sha(name)
+        ))
+    }
+
+    fn run_case(name: &str, master: &mut Master, steps: Vec<Step>) {
+        for (i, step) in steps.into_iter().enumerate() {
+            let got = master.handle_command(T0 + step.at, ConnId(step.conn), &step.args);
+            let shown: Vec<_> = step
+                .args
+                .iter()
+                .map(|a| String::from_utf8_lossy(a))
+                .collect();
+            assert_eq!(got, step.want, "{name}: step {i}, {shown:?}");
+        }
+    }
+
+    fn run_cases(cases: Vec<(&str, Vec<Step>)>) {
+        for (name, steps) in cases {
+            run_case(name, &mut Master::new(1, T0), steps);
+        }
+    }
+
+    #[test]
+    fn strings_and_expiry_answer_as_redis_7_0() {
+        const WRONG: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
+        run_cases(vec![
+            (
+                "SET NX PX stores once, and the key is gone only strictly after its time",
+                vec![
+                    s(&["SET", "k", "t", "NX", "PX", "100"], ok()),
+                    s(&["set", "k", "u", "nx", "px", "100"], nil()),
+                    s(&["GET", "k"], b("t")).at(100),
+                    s(&["PTTL", "k"], int(0)).at(100),
+                    s(&["GET", "k"], nil()).at(101),
+                    s(&["PTTL", "k"], int(-2)).at(101),
+                    s(&["SET", "k", "u", "NX", "PX", "100"], ok()).at(101),
+                    s(&["PTTL", "k"], int(90)).at(111),
+                ],
+            ),
+            (
+                "SET refuses conflicting options and bad expiry times as Redis 7.0 does",
+                vec![
+                    s(&["SET", "k", "v", "NX", "XX"], e("ERR syntax error")),
+                    s(
+                        &["SET", "k", "v", "PX", "1", "EX", "1"],
+                        e("ERR syntax error"),
+                    ),
+                    s(&["SET", "k", "v", "PX"], e("ERR syntax error")),
+                    s(&["SET", "k", "v", "FOO"], e("ERR syntax error")),
+                    s(
+                        &["SET", "k", "v", "KEEPTTL", "PX", "5"],
+                        e("ERR syntax error"),
+                    ),
+                    s(
+                        &["SET", "k", "v", "PX", "0"],
+                        e("ERR invalid expire time in 'set' command"),
+                    ),
+                    s(
+                        &["SET", "k", "v", "PX", "-1"],
+                        e("ERR invalid expire time in 'set' command"),
+                    ),
+                    s(
+                        &["SET", "k", "v", "PX", "abc"],
+                        e("ERR value is not an integer or out of range"),
+                    ),
+                    s(
+                        &["SET", "k", "v", "PX", "05"],
+                        e("ERR value is not an integer or out of range"),
+                    ),
+                    s(
+                        &["SET", "k", "v", "PX", "+5"],
+                        e("ERR value is not an integer or out of range"),
+                    ),
+                    s(
+                        &["SET", "k", "v", "PX", "9223372036854775807"],
+                        e("ERR invalid expire time in 'set' command"),
+                    ),
+                    s(
+                        &["SET", "k", "v", "EX", "9223372036854775"],
+                        e("ERR invalid expire time in 'set' command"),
+                    ),
+                    s(
+                        &["SET", "k"],
+                        e("ERR wrong number of arguments for 'set' command"),
+                    ),
+                    s(&["SET", "k", "v", "PX", "5", "PX", "100000"], ok()),
+                    s(&["PTTL", "k"], int(100_000)),
+                    s(&["SET", "k", "v", "NX", "NX"], nil()),
+                ],
+            ),
+            (
+                "KEEPTTL keeps the TTL, a plain SET drops it, and GET returns the old value",
+                vec![
+                    s(&["SET", "k", "v", "PX", "1000"], ok()),
+                    s(&["SET", "k", "w", "KEEPTTL"], ok()),
+                    s(&["PTTL", "k"], int(1000)),
+                    s(&["SET", "k", "x", "GET"], b("w")),
+                    s(&["PTTL", "k"], int(-1)),
+                    s(&["SET", "k", "y", "NX", "GET"], b("x")),
+                    s(&["GET", "k"], b("x")),
+                    s(&["SET", "n", "y", "XX", "GET"], nil()),
+                    s(&["EXISTS", "n"], int(0)),
+                    s(&["SET", "k", "z", "PXAT", &(T0 + 50).to_string()], ok()),
+                    s(&["PTTL", "k"], int(40)).at(10),
+                ],
+            ),
+            (
+                "PEXPIRE sets, refuses by its flags, and deletes for a time not in the future",
+                vec![
+                    s(&["SET", "k", "v"], ok()),
+                    s(&["PEXPIRE", "k", "500", "LT"], int(1)),
+                    s(&["PEXPIRE", "k", "400", "GT"], int(0)),
+                    s(&["PEXPIRE", "k", "600", "gt"], int(1)),
+                    s(&["PTTL", "k"], int(600)),
+                    s(&["PEXPIRE", "k", "500", "NX"], int(0)),
+                    s(&["PEXPIRE", "k", "500", "XX"], int(1)),
+                    s(
+                        &["PEXPIRE", "k", "1", "NX", "XX"],
+                        e("ERR NX and XX, GT or LT options at the same time are not compatible"),
+                    ),
+                    s(
+                        &["PEXPIRE", "k", "1", "GT", "LT"],
+                        e("ERR GT and LT options at the same time are not compatible"),
+                    ),
+                    s(
+                        &["PEXPIRE", "k", "x", "FOO"],
+                        e("ERR Unsupported option FOO"),
+                    ),
+                    s(
+                        &["PEXPIRE", "k", "x"],
+                        e("ERR value is not an integer or out of range"),
+                    ),
+                    s(
+                        &["PEXPIRE", "k", "9223372036854775807"],
+                        e("ERR invalid expire time in 'pexpire' command"),
+                    ),
+                    s(&["PEXPIRE", "k", "0"], int(1)),
+                    s(&["EXISTS", "k"], int(0)),
+                    s(&["PEXPIRE", "k", "100"], int(0)),
+                    s(
+                        &["PEXPIRE", "k"],
+                        e("ERR wrong number of arguments for 'pexpire' command"),
+                    ),
+                ],
+            ),
+            (
+                "DEL and EXISTS count each key named, live keys only",
+                vec![
+                    s(&["SET", "a", "1"], ok()),
+                    s(&["SET", "b", "2", "PX", "10"], ok()),
+                    s(&["EXISTS", "a", "a", "b", "c"], int(3)),
+                    s(&["EXISTS", "a", "a", "b", "c"], int(2)).at(11),
+                    s(&["DEL", "a", "b", "c"], int(1)).at(11),
+                    s(
+                        &["DEL"],
+                        e("ERR wrong number of arguments for 'del' command"),
+                    ),
+                ],
+            ),
+            (
+                "a hash is WRONGTYPE to GET and SET GET, and any key to DEL, EXISTS and PTTL",
+                vec![
+                    s(
+                        &[
+                            "EVAL",
+                            "$ACQUIRE_FENCED",
+                            "3",
+                            "l",
+                            "f",
+                            "STATE",
+                            "t",
+                            "1000",
+                        ],
+                        ints(&[0, 0, 0, 0]),
+                    ),
+                    s(&["GET", "STATE"], e(WRONG)),
+                    s(&["SET", "STATE", "x", "GET"], e(WRONG)),
+                    s(&["PTTL", "STATE"], int(-1)),
+                    s(
+                        &["HGETALL", "STATE"],
+                        arr(vec![b("since"), b(&T0.to_string())]),
+                    ),
+                    s(&["EXISTS", "STATE"], int(1)),
+                    s(&["DEL", "STATE"], int(1)),
+                    s(&["HGETALL", "STATE"], arr(vec![])),
+                    s(&["HGETALL", "l"], e(WRONG)),
+                ],
+            ),
+            (
+                "SELECT keeps each database apart and refuses what Redis refuses",
+                vec![
+                    s(&["SET", "k", "0"], ok()),
+                    s(&["SELECT", "1"], ok()),
+                    s(&["GET", "k"], nil()),
+                    s(&["SELECT", "16"], e("ERR DB index is out of range")),
+                    s(&["SELECT", "-1"], e("ERR DB index is out of range")),
+                    s(
+                        &["SELECT", "x"],
+                        e("ERR value is not an integer or out of range"),
+                    ),
+                    s(
+                        &["SELECT", "99999999999"],
+                        e(
+                            "ERR value is out of range, value must between -2147483648 and 2147483647",
+                        ),
+                    ),
+                    s(&["GET", "k"], nil()),
+                    s(&["GET", "k"], b("0")).on(2),
+                    s(&["SELECT", "15"], ok()).on(2),
+                ],
+            ),
+        ]);
+    }
+
+    #[test]
+    fn commands_and_connections_answer_as_redis_7_0() {
+        run_cases(vec![
+            (
+                "unknown commands and subcommands, and wrong arities, are named as Redis names them",
+                vec![
+                    s(
+                        &["FOO", "a", "b"],
+                        e("ERR unknown command 'FOO', with args beginning with: 'a' 'b' "),
+                    ),
+                    s(
+                        &["FOO"],
+                        e("ERR unknown command 'FOO', with args beginning with: "),
+                    ),
+                    s(
+                        &["FOO", "a\r\nb"],
+                        e("ERR unknown command 'FOO', with args beginning with: 'a  b' "),
+                    ),
+                    s(
+                        &["script", "foo"],
+                        e("ERR unknown subcommand 'foo'. Try SCRIPT HELP."),
+                    ),
+                    s(
+                        &["CLIENT", "FOO"],
+                        e("ERR unknown subcommand 'FOO'. Try CLIENT HELP."),
+                    ),
+                    s(
+                        &["SCRIPT"],
+                        e("ERR wrong number of arguments for 'script' command"),
+                    ),
+                    s(
+                        &["CLIENT"],
+                        e("ERR wrong number of arguments for 'client' command"),
+                    ),
+                    s(
+                        &["SCRIPT", "LOAD"],
+                        e("ERR wrong number of arguments for 'script|load' command"),
+                    ),
+                    s(
+                        &["SCRIPT", "EXISTS"],
+                        e("ERR wrong number of arguments for 'script|exists' command"),
+                    ),
+                    s(
+                        &["GET"],
+                        e("ERR wrong number of arguments for 'get' command"),
+                    ),
+                    s(
+                        &["PING", "a", "b"],
+                        e("ERR wrong number of arguments for 'ping' command"),
+                    ),
+                    s(
+                        &["EVAL", "return 1"],
+                        e("ERR wrong number of arguments for 'eval' command"),
+                    ),
+                    s(&["PING"], Reply::Status(Bytes::from_static(b"PONG"))),
+                    s(&["PING", "hi"], b("hi")),
+                ],
+            ),
+            (
+                "AUTH without requirepass: one argument is an error, default takes any password",
+                vec![
+                    s(
+                        &["AUTH", "pw"],
+                        e(
+                            "ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?",
+                        ),
+                    ),
+                    s(&["AUTH", "default", "x"], ok()),
+                    s(
+                        &["AUTH", "u", "p"],
+                        e("WRONGPASS invalid username-password pair or user is disabled."),
+                    ),
+                    s(&["AUTH", "a", "b", "c"], e("ERR syntax error")),
+                    s(
+                        &["AUTH"],
+                        e("ERR wrong number of arguments for 'auth' command"),
+                    ),
+                ],
+            ),
+            (
+                "CLIENT SETNAME takes printable names only, and an empty one clears it",
+                vec![
+                    s(
+                        &["CLIENT", "SETNAME", "a b"],
+                        e(
+                            "ERR Client names cannot contain spaces, newlines or special characters.",
+                        ),
+                    ),
+                    s(&["CLIENT", "GETNAME"], nil()),
+                    s(&["CLIENT", "SETNAME", "ab"], ok()),
+                    s(&["client", "getname"], b("ab")),
+                    s(&["CLIENT", "GETNAME"], nil()).on(2),
+                    s(&["CLIENT", "SETNAME", ""], ok()),
+                    s(&["CLIENT", "GETNAME"], nil()),
+                ],
+            ),
+            (
+                "PUBSUB NUMSUB counts subscribers per channel, and PUBLISH how many got it",
+                vec![
+                    s(
+                        &["SUBSCRIBE", "a"],
+                        arr(vec![b("subscribe"), b("a"), int(1)]),
+                    )
+                    .on(2),
+                    s(
+                        &["SUBSCRIBE", "a"],
+                        arr(vec![b("subscribe"), b("a"), int(1)]),
+                    )
+                    .on(3),
+                    s(
+                        &["PUBSUB", "NUMSUB", "a", "b"],
+                        arr(vec![b("a"), int(2), b("b"), int(0)]),
+                    ),
+                    s(&["PUBSUB", "NUMSUB"], arr(vec![])),
+                    s(&["PUBLISH", "a", "m"], int(2)),
+                    s(&["PUBLISH", "b", "m"], int(0)),
+                    s(
+                        &["PUBLISH", "a"],
+                        e("ERR wrong number of arguments for 'publish' command"),
+                    ),
+                ],
+            ),
+        ]);
+    }
+
+    #[test]
+    fn requirepass_makes_connections_authenticate_first() {
+        let settings = Settings {
+            requirepass: Some(Bytes::from_static(b"pw")),
+            users: vec![(Bytes::from_static(b"u"), Bytes::from_static(b"up"))],
+            ..Settings::default()
+        };
+        let mut master = Master::new(1, T0).with_settings(settings);
+        let noauth = || e("NOAUTH Authentication required.");
+        let wrongpass = || e("WRONGPASS invalid username-password pair or user is disabled.");
+        run_case(
+            "requirepass",
+            &mut master,
+            vec![
+                s(&["GET", "k"], noauth()),
+                s(&["PING"], noauth()),
+                s(&["SELECT", "1"], noauth()),
+                // Existence and arity are checked before authentication.
+                s(
+                    &["FOO"],
+                    e("ERR unknown command 'FOO', with args beginning with: "),
+                ),
+                s(
+                    &["GET"],
+                    e("ERR wrong number of arguments for 'get' command"),
+                ),
+                s(&["AUTH", "bad"], wrongpass()),
+                s(&["AUTH", "default", "bad"], wrongpass()),
+                s(&["GET", "k"], noauth()),
+                s(&["AUTH", "pw"], ok()),
+                // A failed AUTH leaves the connection authenticated.
+                s(&["AUTH", "bad"], wrongpass()),
+                s(&["GET", "k"], nil()),
+                s(&["GET", "k"], noauth()).on(2),
+                s(&["AUTH", "u", "up"], ok()).on(2),
+                s(&["GET", "k"], nil()).on(2),
+                s(&["AUTH", "default", "pw"], ok()).on(3),
+            ],
+        );
+        master.handle_disconnect(ConnId(1));
+        run_case(
+            "requirepass after a reconnect",
+            &mut master,
+            vec![s(&["GET", "k"], noauth())],
+        );
+        master.settings_mut().requirepass = None;
+        run_case(
+            "requirepass removed",
+            &mut master,
+            vec![s(&["GET", "k"], nil())],
+        );
+    }
+
+    #[test]
+    fn the_script_cache_answers_as_redis_7_0() {
+        let cannot = "ERR redlock-mio's model of a master cannot run script e0e1f9fabfc9d4800c877a703b823ac0578ff8db: it runs only the scripts of src/script.rs";
+        run_cases(vec![(
+            "SCRIPT LOAD returns the SHA1, EXISTS ignores case, FLUSH empties, EVALSHA before a load is NOSCRIPT",
+            vec![
+                s(
+                    &["EVALSHA", "@RELEASE", "1", "k", "t"],
+                    e("NOSCRIPT No matching script. Please use EVAL."),
+                ),
+                s(
+                    &["SCRIPT", "LOAD", "return 1"],
+                    b("e0e1f9fabfc9d4800c877a703b823ac0578ff8db"),
+                ),
+                s(
+                    &[
+                        "SCRIPT",
+                        "EXISTS",
+                        "E0E1F9FABFC9D4800C877A703B823AC0578FF8DB",
+                        "e0e1f9fabfc9d4800c877a703b823ac0578ff8db",
+                        "zz",
+                    ],
+                    ints(&[1, 1, 0]),
+                ),
+                s(
+                    &["EVALSHA", "E0E1F9FABFC9D4800C877A703B823AC0578FF8DB", "0"],
+                    e(cannot),
+                ),
+                s(&["EVAL", "return 1", "0"], e(cannot)),
+                s(
+                    &["EVALSHA", "e0e1f9fabfc9d4800c877a703b823ac0578ff8dbX", "0"],
+                    e("NOSCRIPT No matching script. Please use EVAL."),
+                ),
+                s(
+                    &["EVALSHA", "ffffffffbfc9d4800c877a703b823ac0578ff8db", "x"],
+                    e("ERR value is not an integer or out of range"),
+                ),
+                s(
+                    &[
+                        "EVALSHA",
+                        "e0e1f9fabfc9d4800c877a703b823ac0578ff8db",
+                        "2",
+                        "a",
+                    ],
+                    e("ERR Number of keys can't be greater than number of args"),
+                ),
+                s(
+                    &["EVALSHA", "e0e1f9fabfc9d4800c877a703b823ac0578ff8db", "-1"],
+                    e("ERR Number of keys can't be negative"),
+                ),
+                s(
+                    &["EVALSHA", "x"],
+                    e("ERR wrong number of arguments for 'evalsha' command"),
+                ),
+                s(
+                    &["SCRIPT", "FLUSH", "x"],
+                    e("ERR SCRIPT FLUSH only support SYNC|ASYNC option"),
+                ),
+                s(
+                    &["SCRIPT", "FLUSH", "SYNC", "ASYNC"],
+                    e("ERR SCRIPT FLUSH only support SYNC|ASYNC option"),
+                ),
+                s(&["SCRIPT", "FLUSH", "async"], ok()),
+                s(
+                    &[
+                        "SCRIPT",
+                        "EXISTS",
+                        "e0e1f9fabfc9d4800c877a703b823ac0578ff8db",
+                    ],
+                    ints(&[0]),
+                ),
+                s(&["EVAL", "$RELEASE", "1", "k", "t"], int(0)),
+                s(&["EVALSHA", "@RELEASE", "1", "k", "t"], int(0)),
+                s(&["SCRIPT", "FLUSH"], ok()),
+                s(
+                    &["EVALSHA", "@RELEASE", "1", "k", "t"],
+                    e("NOSCRIPT No matching script. Please use EVAL."),
+                ),
+            ],
+        )]);
+    }
+
+    /// Each script's cases, with what Redis 7.0 answered to the same
+    /// commands (times fixed here: the master's clock does not move).
+    #[test]
+    fn each_script_answers_as_its_lua_does_on_redis_7_0() {
+        let args_err = "ERR Lua redis lib command arguments must be strings or integers";
+        let wrong = "WRONGTYPE Operation against a key holding the wrong kind of value";
+        let not_int = "ERR value is not an integer or out of range";
+        let bad_set = "ERR invalid expire time in 'set' command";
+        run_cases(vec![
+            (
+                "RELEASE deletes only its own token's key",
+                vec![
+                    s(
+                        &["EVAL", "$RELEASE", "0"],
+                        script_err(args_err, "RELEASE", 1),
+                    ),
+                    s(&["EVAL", "$RELEASE", "1", "k"], int(0)),
+                    s(&["SET", "k", "t"], ok()),
+                    s(&["EVALSHA", "@RELEASE", "1", "k", "u"], int(0)),
+                    s(&["EVAL", "$RELEASE", "1", "k"], int(0)),
+                    s(&["EVALSHA", "@RELEASE", "1", "k", "t"], int(1)),
+                    s(&["GET", "k"], nil()),
+                    s(
+                        &["EVAL", "$ACQUIRE_FENCED", "3", "l", "f", "h", "t", "100"],
+                        ints(&[0, 0, 0, 0]),
+                    ),
+                    s(
+                        &["EVAL", "$RELEASE", "1", "h", "t"],
+                        script_err(wrong, "RELEASE", 1),
+                    ),
+                ],
+            ),
+            (
+                "ACQUIRE_WAIT sets, or answers minus the holder's PTTL",
+                vec![
+                    s(
+                        &["EVAL", "$ACQUIRE_WAIT", "1", "k", "t"],
+                        script_err(args_err, "ACQUIRE_WAIT", 1),
+                    ),
+                    s(
+                        &["EVAL", "$ACQUIRE_WAIT", "1", "k", "t", "x"],
+                        script_err(not_int, "ACQUIRE_WAIT", 1),
+                    ),
+                    s(
+                        &["EVAL", "$ACQUIRE_WAIT", "1", "k", "t", "0"],
+                        script_err(bad_set, "ACQUIRE_WAIT", 1),
+                    ),
+                    s(&["EVAL", "$ACQUIRE_WAIT", "1", "k", "t", "100000"], int(1)),
+                    s(
+                        &["EVAL", "$ACQUIRE_WAIT", "1", "k", "u", "100000"],
+                        int(-99_980),
+                    )
+                    .at(20),
+                    s(&["SET", "p", "v"], ok()),
+                    s(&["EVAL", "$ACQUIRE_WAIT", "1", "p", "u", "100000"], int(0)),
+                    s(&["EVAL", "$ACQUIRE_WAIT", "1", "k", "u", "100000"], int(1)).at(100_001),
+                ],
+            ),
+            (
+                "EXTEND sets the TTL of its own token's key, and deletes it for a TTL not in the future",
+                vec![
+                    s(&["SET", "k", "t", "PX", "100"], ok()),
+                    s(
+                        &["EVAL", "$EXTEND", "1", "k", "t", "x"],
+                        script_err(not_int, "EXTEND", 1),
+                    ),
+                    s(
+                        &["EVAL", "$EXTEND", "1", "k", "t", "9223372036854775807"],
+                        script_err("ERR invalid expire time in 'pexpire' command", "EXTEND", 1),
+                    ),
+                    s(
+                        &["EVAL", "$EXTEND", "1", "k", "t"],
+                        script_err(args_err, "EXTEND", 1),
+                    ),
+                    s(&["EVAL", "$EXTEND", "1", "k", "u", "5000"], int(0)),
+                    s(&["EVAL", "$EXTEND", "1", "k", "t", "5000"], int(1)),
+                    s(&["PTTL", "k"], int(5000)),
+                    s(&["EVAL", "$EXTEND", "1", "k", "t", "-5"], int(1)),
+                    s(&["EXISTS", "k"], int(0)),
+                ],
+            ),
+            (
+                "ACQUIRE_FENCED and FENCE keep the fence state as their Lua does",
+                vec![
+                    s(
+                        &[
+                            "EVAL",
+                            "$ACQUIRE_FENCED",
+                            "3",
+                            "fk",
+                            "ff",
+                            "STATE",
+                            "t",
+                            "100000",
+                        ],
+                        ints(&[0, 0, 0, 0]),
+                    ),
+                    s(
+                        &[
+                            "EVAL",
+                            "$ACQUIRE_FENCED",
+                            "3",
+                            "fk",
+                            "ff",
+                            "STATE",
+                            "t",
+                            "100000",
+                        ],
+                        int(-1),
+                    ),
+                    s(
+                        &[
+                            "EVAL",
+                            "$FENCE",
+                            "3",
+                            "fk",
+                            "ff",
+                            "STATE",
+                            "bootstrap",
+                            "t",
+                            "1.5",
+                        ],
+                        int(1),
+                    ),
+                    s(&["GET", "ff"], b("1.5")),
+                    s(
+                        &["HGETALL", "STATE"],
+                        arr(vec![b("marked"), b("1"), b("high"), b("1.5")]),
+                    ),
+                    s(
+                        &[
+                            "EVAL",
+                            "$FENCE",
+                            "3",
+                            "fk",
+                            "ff",
+                            "STATE",
+                            "bootstrap",
+                            "t",
+                            "abc",
+                        ],
+                        lua_err("attempt to compare number with nil", "FENCE", 4),
+                    ),
+                    s(
+                        &["EVAL", "$FENCE", "3", "fk", "ff", "STATE", "bootstrap", "t"],
+                        lua_err("attempt to compare number with nil", "FENCE", 4),
+                    ),
+                    s(&["DEL", "fk"], int(1)),
+                    s(
+                        &[
+                            "EVAL",
+                            "$ACQUIRE_FENCED",
+                            "3",
+                            "fk",
+                            "ff",
+                            "STATE",
+                            "t",
+                            "100000",
+                        ],
+                        ints(&[1, 2, 1, -1]),
+                    ),
+                    s(&["DEL", "fk", "STATE"], int(2)),
+                    s(&["SET", "STATE", "x"], ok()),
+                    s(
+                        &[
+                            "EVAL",
+                            "$ACQUIRE_FENCED",
+                            "3",
+                            "fk",
+                            "ff",
+                            "STATE",
+                            "t",
+                            "100000",
+                        ],
+                        script_err(wrong, "ACQUIRE_FENCED", 3),
+                    ),
+                    s(&["PTTL", "fk"], int(100_000)),
+                    s(&["DEL", "fk", "STATE"], int(2)),
+                    s(
+                        &[
+                            "EVAL",
+                            "$ACQUIRE_FENCED",
+                            "3",
+                            "fk",
+                            "ff",
+                            "STATE",
+                            "t",
+                            "100000",
+                        ],
+                        ints(&[1, 1, 0, 0]),
+                    ),
+                    // What HSET STATE since zzz did on Redis.
+                    s(
+                        &[
+                            "EVAL",
+                            "$FENCE",
+                            "3",
+                            "fk",
+                            "ff",
+                            "STATE",
+                            "readmit:5",
+                            "t",
+                            "7",
+                        ],
+                        int(1),
+                    )
+                    .at(0),
+                    s(
+                        &[
+                            "EVAL", "$FENCE", "3", "fk", "ff", "STATE", "readmit:", "t", "7",
+                        ],
+                        int(1),
+                    ),
+                    s(
+                        &["EVAL", "$FENCE", "2", "fk", "ff", "STATE", "t", "7"],
+                        script_err(args_err, "FENCE", 5),
+                    ),
+                    s(&["EVAL", "$FENCE", "3", "fk", "ff", "STATE"], int(0)),
+                ],
+            ),
+            (
+                "FENCE readmits a master seen unmarked for long enough, by its own clock",
+                vec![
+                    s(
+                        &[
+                            "EVAL",
+                            "$ACQUIRE_FENCED",
+                            "3",
+                            "fk",
+                            "ff",
+                            "STATE",
+                            "t",
+                            "100000",
+                        ],
+                        ints(&[0, 0, 0, 0]),
+                    ),
+                    s(
+                        &[
+                            "EVAL",
+                            "$FENCE",
+                            "3",
+                            "fk",
+                            "ff",
+                            "STATE",
+                            "readmit:1000",
+                            "t",
+                            "4",
+                        ],
+                        int(1),
+                    )
+                    .at(999),
+                    s(
+                        &["HGETALL", "STATE"],
+                        arr(vec![b("since"), b(&T0.to_string()), b("high"), b("4")]),
+                    ),
+                    s(
+                        &[
+                            "EVAL",
+                            "$FENCE",
+                            "3",
+                            "fk",
+                            "ff",
+                            "STATE",
+                            "readmit:1000",
+                            "t",
+                            "9",
+                        ],
+                        int(1),
+                    )
+                    .at(1000),
+                    s(
+                        &["HGETALL", "STATE"],
+                        arr(vec![
+                            b("high"),
+                            b("9"),
+                            b("floor"),
+                            b("9"),
+                            b("marked"),
+                            b("1"),
+                        ]),
+                    ),
+                    s(&["GET", "ff"], b("9")),
+                    s(
+                        &["EVAL", "$FENCE", "3", "fk", "ff", "STATE", "none", "t", "3"],
+                        int(1),
+                    ),
+                    s(&["GET", "ff"], b("9")),
+                    s(&["DEL", "fk"], int(1)),
+                    s(
+                        &[
+                            "EVAL",
+                            "$ACQUIRE_FENCED",
+                            "3",
+                            "fk",
+                            "ff",
+                            "STATE",
+                            "t",
+                            "100000",
+                        ],
+                        ints(&[9, 2, 9, -1]),
+                    ),
+                ],
+            ),
+            (
+                "ACQUIRE_MANY, RELEASE_MANY and EXTEND_MANY go key by key as their Lua does",
+                vec![
+                    s(&["EVAL", "$ACQUIRE_MANY", "0", "t", "100"], int(1)),
+                    s(
+                        &["EVAL", "$ACQUIRE_MANY", "2", "m1", "m1", "t", "100000"],
+                        int(1),
+                    ),
+                    s(
+                        &["EVAL", "$ACQUIRE_MANY", "2", "m2", "m1", "t", "100000"],
+                        int(0),
+                    ),
+                    s(
+                        &["EVAL", "$ACQUIRE_MANY", "1", "m2", "t", "-5"],
+                        script_err(bad_set, "ACQUIRE_MANY", 1),
+                    ),
+                    s(
+                        &["EVAL", "$ACQUIRE_MANY", "1", "m2", "t"],
+                        script_err(args_err, "ACQUIRE_MANY", 1),
+                    ),
+                    s(
+                        &["EVAL", "$ACQUIRE_FENCED", "3", "l", "f", "h", "t", "100"],
+                        ints(&[0, 0, 0, 0]),
+                    ),
+                    s(
+                        &["EVAL", "$EXTEND_MANY", "2", "m1", "h", "t", "5"],
+                        script_err(wrong, "EXTEND_MANY", 1),
+                    ),
+                    s(&["EVAL", "$EXTEND_MANY", "2", "m1", "l", "u", "5"], int(0)),
+                    s(
+                        &["EVAL", "$EXTEND_MANY", "2", "m1", "l", "t", "5000"],
+                        int(1),
+                    ),
+                    s(&["PTTL", "l"], int(5000)),
+                    s(
+                        &["EVAL", "$RELEASE_MANY", "3", "m1", "m1", "h", "t"],
+                        script_err(wrong, "RELEASE_MANY", 1),
+                    ),
+                    s(&["EXISTS", "m1"], int(0)),
+                    s(&["EVAL", "$RELEASE_MANY", "2", "l", "m1", "t"], int(0)),
+                    s(&["EVAL", "$EXTEND_MANY", "0", "t", "5"], int(1)),
+                ],
+            ),
+        ]);
+    }
+
+    /// Drains the frames queued for other connections or after a reply.
+    fn pushes(master: &mut Master) -> Vec<(u64, Reply)> {
+        std::iter::from_fn(|| master.poll_push())
+            .map(|(c, r)| (c.0, r))
+            .collect()
+    }
+
+    fn message(channel: &str, payload: &str) -> Reply {
+        arr(vec![b("message"), b(channel), b(payload)])
+    }
+
+    #[test]
+    fn subscribers_get_confirmations_and_messages_as_resp2_frames() {
+        let mut m = Master::new(1, T0);
+        let cmd = |m: &mut Master, conn: u64, args: &[&str]| {
+            let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
+            m.handle_command(T0, ConnId(conn), &args)
+        };
+        let confirm = |kind: &str, channel: Option<&str>, n: i64| {
+            arr(vec![b(kind), channel.map_or(Reply::Nil, b), int(n)])
+        };
+        assert_eq!(
+            cmd(&mut m, 2, &["SUBSCRIBE", "a", "b", "a"]),
+            confirm("subscribe", Some("a"), 1)
+        );
+        assert_eq!(
+            pushes(&mut m),
+            [
+                (2, confirm("subscribe", Some("b"), 2)),
+                (2, confirm("subscribe", Some("a"), 2))
+            ]
+        );
+        // A subscriber refuses everything but (UN)SUBSCRIBE and PING.
+        let refused = |name: &str| {
+            e(&format!(
+                "ERR Can't execute '{name}': only (P|S)SUBSCRIBE / (P|S)UNSUBSCRIBE / PING / QUIT / RESET are allowed in this context"
+            ))
+        };
+        assert_eq!(cmd(&mut m, 2, &["GET", "k"]), refused("get"));
+        assert_eq!(
+            cmd(&mut m, 2, &["SCRIPT", "LOAD", "x"]),
+            refused("script|load")
+        );
+        assert_eq!(
+            cmd(&mut m, 2, &["SET", "k"]),
+            e("ERR wrong number of arguments for 'set' command")
+        );
+        assert_eq!(cmd(&mut m, 2, &["PING"]), arr(vec![b("pong"), b("")]));
+        assert_eq!(cmd(&mut m, 2, &["PING", "x"]), arr(vec![b("pong"), b("x")]));
+        // A release publishes its token on the resource's channel.
+        assert_eq!(
+            cmd(&mut m, 3, &["SUBSCRIBE", "redlock:released:r"]),
+            confirm("subscribe", Some("redlock:released:r"), 1)
+        );
+        assert_eq!(cmd(&mut m, 1, &["SET", "r", "t"]), ok());
+        let release = [RELEASE_SOURCE, "1", "r", "t"];
+        assert_eq!(cmd(&mut m, 1, &[&["EVAL"][..], &release].concat()), int(1));
+        assert_eq!(pushes(&mut m), [(3, message("redlock:released:r", "t"))]);
+        assert_eq!(cmd(&mut m, 1, &["PUBLISH", "a", "hello"]), int(1));
+        assert_eq!(pushes(&mut m), [(2, message("a", "hello"))]);
+        assert_eq!(
+            cmd(&mut m, 2, &["UNSUBSCRIBE", "c"]),
+            confirm("unsubscribe", Some("c"), 2)
+        );
+        assert_eq!(
+            cmd(&mut m, 2, &["UNSUBSCRIBE"]),
+            confirm("unsubscribe", Some("a"), 1)
+        );
+        assert_eq!(pushes(&mut m), [(2, confirm("unsubscribe", Some("b"), 0))]);
+        assert_eq!(
+            cmd(&mut m, 2, &["UNSUBSCRIBE"]),
+            confirm("unsubscribe", None, 0)
+        );
+        assert_eq!(cmd(&mut m, 2, &["GET", "k"]), nil());
+        assert_eq!(
+            cmd(&mut m, 2, &["PING"]),
+            Reply::Status(Bytes::from_static(b"PONG"))
+        );
+        // A disconnect drops the subscriptions and the frames queued.
+        assert_eq!(
+            cmd(&mut m, 1, &["PUBLISH", "redlock:released:r", "x"]),
+            int(1)
+        );
+        m.handle_disconnect(ConnId(3));
+        assert_eq!(pushes(&mut m), []);
+        assert_eq!(
+            cmd(&mut m, 1, &["PUBSUB", "NUMSUB", "redlock:released:r"]),
+            arr(vec![b("redlock:released:r"), int(0)])
+        );
+    }
+
+    #[test]
+    fn refusals_answer_as_an_acl_on_redis_7_0() {
+        let settings = Settings {
+            deny_publish: true,
+            deny_subscribe: true,
+            deny_info: true,
+            deny_script_load: true,
+            ..Settings::default()
+        };
+        let mut m = Master::new(1, T0).with_settings(settings);
+        let channel =
+            "NOPERM this user has no permissions to access one of the channels used as arguments";
+        run_case(
+            "every refusal on",
+            &mut m,
+            vec![
+                s(&["PUBLISH", "c", "m"], e(channel)),
+                s(&["SUBSCRIBE", "c"], e(channel)),
+                s(&["PING"], Reply::Status(Bytes::from_static(b"PONG"))),
+                s(
+                    &["INFO"],
+                    e("NOPERM this user has no permissions to run the 'info' command"),
+                ),
+                s(
+                    &["INFO", "server"],
+                    e("NOPERM this user has no permissions to run the 'info' command"),
+                ),
+                s(
+                    &["SCRIPT", "LOAD", "return 1"],
+                    e("NOPERM this user has no permissions to run the 'script|load' command"),
+                ),
+                s(&["SET", "r", "t"], ok()),
+                // The release still releases, and publishes nothing.
+                s(&["EVAL", "$RELEASE", "1", "r", "t"], int(1)),
+                s(&["GET", "r"], nil()),
+            ],
+        );
+        m.settings_mut().deny_subscribe = false;
+        run_case(
+            "subscribing allowed",
+            &mut m,
+            vec![
+                s(
+                    &["SUBSCRIBE", "redlock:released:r"],
+                    arr(vec![b("subscribe"), b("redlock:released:r"), int(1)]),
+                )
+                .on(2),
+                s(&["SET", "r", "t"], ok()),
+                s(&["EVAL", "$RELEASE_MANY", "1", "r", "t"], int(1)),
+            ],
+        );
+        assert_eq!(pushes(&mut m), []);
+        assert_eq!(m.pcall_publish(b"r", b"t"), Err(SCRIPT_PUBLISH_REFUSED));
+        m.settings_mut().deny_publish = false;
+        assert_eq!(m.pcall_publish(b"r", b"t"), Ok(1));
+        assert_eq!(pushes(&mut m), [(2, message("redlock:released:r", "t"))]);
+    }
+
+    fn info_field(info: &Reply, field: &str) -> Option<String> {
+        let Reply::Bulk(text) = info else {
+            return None;
+        };
+        String::from_utf8_lossy(text).lines().find_map(|l| {
+            l.strip_prefix(field)
+                .and_then(|v| v.strip_prefix(':'))
+                .map(str::to_owned)
+        })
+    }
+
+    #[test]
+    fn info_reports_the_run_id_and_uptime_as_redis_computes_them() {
+        let mut m = Master::new(9, T0);
+        let info = |m: &mut Master, at: u64, args: &[&str]| {
+            m.handle_command(
+                T0 + at,
+                ConnId(1),
+                &args.iter().map(|a| a.as_bytes()).collect::<Vec<_>>(),
+            )
+        };
+        let first = info(&mut m, 0, &["INFO", "server"]);
+        let run_id = info_field(&first, "run_id").expect("run_id");
+        assert_eq!(run_id.len(), 40);
+        assert!(
+            run_id
+                .bytes()
+                .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase())
+        );
+        assert_eq!(run_id.as_bytes(), m.run_id());
+        assert_eq!(
+            info_field(&first, "redis_version").as_deref(),
+            Some(REDIS_VERSION)
+        );
+        // Started 300 ms into a second: 700 ms later is the next second.
+        let cases = [
+            ("the same second", 699, "0"),
+            ("the next second", 700, "1"),
+            ("a day on", 86_400_000, "86400"),
+        ];
+        for (name, at, want) in cases {
+            let reply = info(&mut m, at, &["INFO"]);
+            assert_eq!(
+                info_field(&reply, "uptime_in_seconds").as_deref(),
+                Some(want),
+                "{name}"
+            );
+        }
+        assert_eq!(info(&mut m, 0, &["INFO", "foo"]), b(""));
+        let all = info(&mut m, 0, &["INFO", "everything"]);
+        assert_eq!(
+            info_field(&all, "cmdstat_info").as_deref(),
+            Some("calls=6,usec=0,usec_per_call=0.00,rejected_calls=0,failed_calls=0")
+        );
+        assert_eq!(
+            info(&mut m, 0, &["EVALSHA", &"0".repeat(40), "0"]),
+            e("NOSCRIPT No matching script. Please use EVAL.")
+        );
+        let errors = info(&mut m, 0, &["INFO", "errorstats"]);
+        assert_eq!(
+            info_field(&errors, "errorstat_NOSCRIPT").as_deref(),
+            Some("count=1")
+        );
+        m.restart(T0 + 5_000, true);
+        let after = info(&mut m, 5_000, &["INFO", "server"]);
+        assert_ne!(info_field(&after, "run_id"), Some(run_id));
+        assert_eq!(
+            info_field(&after, "uptime_in_seconds").as_deref(),
+            Some("0")
+        );
+        assert_eq!(
+            info_field(
+                &info(&mut m, 5_000, &["INFO", "errorstats"]),
+                "errorstat_NOSCRIPT"
+            ),
+            None
+        );
+    }
+
+    #[test]
+    fn a_restart_keeps_or_loses_the_data_and_always_the_scripts_and_connections() {
+        for keep_data in [true, false] {
+            let mut m = Master::new(1, T0);
+            let settings = Settings {
+                requirepass: Some(Bytes::from_static(b"pw")),
+                ..Settings::default()
+            };
+            *m.settings_mut() = settings;
+            run_case(
+                "before the restart",
+                &mut m,
+                vec![
+                    s(&["AUTH", "pw"], ok()),
+                    s(&["SELECT", "2"], ok()),
+                    s(&["SET", "k", "t", "PX", "1000"], ok()),
+                    s(&["SCRIPT", "LOAD", "$RELEASE"], b(&sha("RELEASE"))),
+                    s(&["AUTH", "pw"], ok()).on(2),
+                    s(
+                        &["SUBSCRIBE", "c"],
+                        arr(vec![b("subscribe"), b("c"), int(1)]),
+                    )
+                    .on(2),
+                ],
+            );
+            m.restart(T0 + 500, keep_data);
+            let held = if keep_data { b("t") } else { nil() };
+            run_case(
+                "after the restart",
+                &mut m,
+                vec![
+                    s(&["GET", "k"], e("NOAUTH Authentication required.")).at(500),
+                    s(&["AUTH", "pw"], ok()).at(500),
+                    s(&["SELECT", "2"], ok()).at(500),
+                    s(&["GET", "k"], held).at(500),
+                    s(&["GET", "k"], nil()).at(1001),
+                    s(
+                        &["EVALSHA", "@RELEASE", "1", "k", "t"],
+                        e("NOSCRIPT No matching script. Please use EVAL."),
+                    )
+                    .at(500),
+                    s(&["PUBSUB", "NUMSUB", "c"], arr(vec![b("c"), int(0)])).at(500),
+                ],
+            );
+            assert_eq!(m.peek(T0 + 900, 2, b"k"), None, "peek after GET expired it");
+        }
+    }
+
+    #[test]
+    fn eval_scripts_beyond_500_are_evicted_least_recently_used_first_when_the_lru_is_on() {
+        for lru in [true, false] {
+            let mut m = Master::new(1, T0);
+            m.settings_mut().eval_lru = lru;
+            let eval = |m: &mut Master, source: &str| {
+                m.handle_command(
+                    T0,
+                    ConnId(1),
+                    &[&b"EVAL"[..], source.as_bytes(), b"1", b"k", b"t"],
+                )
+            };
+            let exists = |m: &mut Master, source: &str| {
+                let sha = sha1_hex(source.as_bytes());
+                m.handle_command(T0, ConnId(1), &[&b"SCRIPT"[..], b"EXISTS", &sha]) == ints(&[1])
+            };
+            // The release script made by EVAL and used again late stays;
+            // the extend script made by EVAL first and never used again
+            // goes; one made by SCRIPT LOAD never goes.
+            assert_eq!(eval(&mut m, EXTEND_SOURCE), int(0));
+            let load = m.handle_command(
+                T0,
+                ConnId(1),
+                &[&b"SCRIPT"[..], b"LOAD", b"return 'loaded'"],
+            );
+            assert!(matches!(load, Reply::Bulk(_)));
+            assert_eq!(eval(&mut m, RELEASE_SOURCE), int(0));
+            for i in 0..(EVAL_LRU_CAPACITY - 2) {
+                let _ = eval(&mut m, &format!("return {i}"));
+            }
+            assert_eq!(eval(&mut m, RELEASE_SOURCE), int(0));
+            let _ = eval(&mut m, "return 'one more'");
+            assert_eq!(exists(&mut m, EXTEND_SOURCE), !lru, "lru {lru}: the oldest");
+            assert!(exists(&mut m, RELEASE_SOURCE), "lru {lru}: used again");
+            assert!(exists(&mut m, "return 'loaded'"), "lru {lru}: loaded");
+            assert!(exists(&mut m, "return 0"), "lru {lru}: only one evicted");
+            let _ = eval(&mut m, "return 'and another'");
+            assert_eq!(
+                exists(&mut m, "return 0"),
+                !lru,
+                "lru {lru}: the next oldest"
+            );
+            // SCRIPT LOAD of an EVAL script takes it out of the LRU.
+            let load = m.handle_command(T0, ConnId(1), &[&b"SCRIPT"[..], b"LOAD", b"return 1"]);
+            assert!(matches!(load, Reply::Bulk(_)));
+            for i in 0..EVAL_LRU_CAPACITY {
+                let _ = eval(&mut m, &format!("return 'later {i}'"));
+            }
+            assert!(
+                exists(&mut m, "return 1"),
+                "lru {lru}: promoted by SCRIPT LOAD"
+            );
+            assert_eq!(exists(&mut m, "return 2"), !lru, "lru {lru}: not promoted");
+        }
+    }
+
+    #[test]
+    fn every_script_of_src_script_rs_runs_natively() {
+        let source = include_str!("../script.rs");
+        let declared = source.matches("_SOURCE: &str =").count();
+        let master = Master::new(1, T0);
+        assert_eq!(
+            declared,
+            master.natives.len(),
+            "a script the model does not run"
+        );
+        assert_eq!(declared, SCRIPTS.len());
+        for (name, text) in SCRIPTS {
+            let sha = *Script::new(text).sha();
+            assert!(master.natives.iter().any(|(s, _)| *s == sha), "{name}");
+        }
+    }
+
+    #[test]
+    fn lua_numbers_read_and_convert_as_redis_lua_does() {
+        let cases: [(&str, &[u8], Option<f64>); 12] = [
+            ("an integer", b"42", Some(42.0)),
+            ("a fraction", b"1.5", Some(1.5)),
+            ("blanks around", b" \t7\n", Some(7.0)),
+            ("an exponent", b"1e3", Some(1000.0)),
+            ("hexadecimal", b"0x10", Some(16.0)),
+            ("a negative hexadecimal", b"-0x10", Some(-16.0)),
+            ("stops at a NUL", b"12\0ab", Some(12.0)),
+            ("a plus sign", b"+5", Some(5.0)),
+            ("two signs", b"-+5", None),
+            ("a word", b"abc", None),
+            ("trailing garbage", b"5x", None),
+            ("nothing", b"", None),
+        ];
+        for (name, text, want) in cases {
+            assert_eq!(tonumber(text), want, "{name}");
+        }
+        let ints = [
+            ("truncates toward zero", -2.5, -2),
+            ("a huge number", 1e30, i64::MIN),
+            ("not a number", f64::NAN, i64::MIN),
+        ];
+        for (name, n, want) in ints {
+            assert_eq!(lua_int(n), want, "{name}");
+        }
+        let parsed = [
+            ("zero", &b"0"[..], Some(0)),
+            ("minus zero", b"-0", None),
+            ("a leading zero", b"05", None),
+            ("the smallest", b"-9223372036854775808", Some(i64::MIN)),
+            ("the largest", b"9223372036854775807", Some(i64::MAX)),
+            ("one past the largest", b"9223372036854775808", None),
+            ("a blank", b" 5", None),
+        ];
+        for (name, text, want) in parsed {
+            assert_eq!(parse_i64(text), want, "{name}");
+        }
+    }
+
+    /// A small seeded generator: splitmix64.
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = self.0;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^ (z >> 31)
+        }
+
+        fn below(&mut self, n: usize) -> usize {
+            (self.next() % n as u64) as usize
+        }
+    }
+
+    #[test]
+    fn no_command_panics_and_every_error_stays_one_line() {
+        let words: [&[u8]; 40] = [
+            b"SET",
+            b"GET",
+            b"DEL",
+            b"EXISTS",
+            b"PTTL",
+            b"PEXPIRE",
+            b"EVAL",
+            b"EVALSHA",
+            b"SCRIPT",
+            b"LOAD",
+            b"EXISTS",
+            b"FLUSH",
+            b"SUBSCRIBE",
+            b"UNSUBSCRIBE",
+            b"PUBLISH",
+            b"PUBSUB",
+            b"NUMSUB",
+            b"AUTH",
+            b"SELECT",
+            b"INFO",
+            b"CLIENT",
+            b"SETNAME",
+            b"PING",
+            b"HGETALL",
+            b"NX",
+            b"XX",
+            b"PX",
+            b"EX",
+            b"KEEPTTL",
+            b"GET",
+            b"GT",
+            b"-1",
+            b"0",
+            b"3",
+            b"99999999999999999999",
+            b"k",
+            b"STATE",
+            b"\r\n\0",
+            b"bootstrap",
+            b"readmit:5",
+        ];
+        let scripts: Vec<Vec<u8>> = SCRIPTS
+            .iter()
+            .flat_map(|(_, src)| [src.as_bytes().to_vec(), Script::new(src).sha().to_vec()])
+            .collect();
+        let mut rng = Rng(22);
+        let mut m = Master::new(3, T0);
+        let mut now = T0;
+        for step in 0..30_000 {
+            let len = rng.below(8);
+            let args: Vec<Vec<u8>> = (0..len)
+                .map(|i| match rng.below(10) {
+                    0 if i == 1 => scripts[rng.below(scripts.len())].clone(),
+                    1 => (0..rng.below(6)).map(|_| rng.next() as u8).collect(),
+                    2 => FENCE_STATE_KEY.to_vec(),
+                    _ => words[rng.below(words.len())].to_vec(),
+                })
+                .collect();
+            now += rng.below(50) as u64;
+            let conn = ConnId(rng.below(4) as u64);
+            match rng.below(200) {
+                0 => m.restart(now, rng.below(2) == 0),
+                1 => m.handle_disconnect(conn),
+                2 => m.settings_mut().eval_lru ^= true,
+                _ => {}
+            }
+            let reply = m.handle_command(now, conn, &args);
+            for frame in std::iter::once(reply).chain(pushes(&mut m).into_iter().map(|(_, r)| r)) {
+                if let Reply::Error(msg) = frame {
+                    assert!(
+                        !msg.contains(&b'\n') && !msg.contains(&b'\r'),
+                        "step {step}: {msg:?}"
+                    );
+                }
+            }
+        }
+    }
 }
