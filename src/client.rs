@@ -24,7 +24,7 @@ use bytes::Bytes;
 
 use crate::clock::Stamp;
 use crate::config::{Config, ConfigError, Retry};
-use crate::conn::{Conn, Keys, Op, Request, Timing};
+use crate::conn::{Conn, Keys, Op, Request};
 use crate::driver::Driver;
 use crate::engine::{Engine, RoundId, Wait};
 use crate::error::Error;
@@ -211,14 +211,6 @@ impl Parts {
     /// for release notifications (the shared client's, when
     /// [`Config::wake_on_release`] is on).
     pub(crate) fn new(config: &Config, now: Instant, subscribe: bool) -> Result<Parts, Error> {
-        let timing = Timing {
-            connect: config.connect_timeout,
-            stall: config.connect_timeout.max(config.per_instance_timeout),
-            backoff_min: Duration::from_millis(10).min(config.reconnect_backoff_max),
-            backoff_max: config.reconnect_backoff_max,
-            quarantine: config.quarantine,
-            max_in_flight: config.max_in_flight,
-        };
         let mut seed = [0u8; 8];
         getrandom::fill(&mut seed).map_err(|_| Error::Os(io::ErrorKind::Other))?;
         Ok(Parts {
@@ -231,7 +223,7 @@ impl Parts {
                 &config.servers,
                 Scripts::new(),
                 config.limits,
-                timing,
+                config.timing(),
                 now,
                 subscribe,
             ),

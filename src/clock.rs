@@ -23,6 +23,12 @@ impl BootInstant {
         BootInstant(boot_clock())
     }
 
+    /// A reading of `since_boot`, for a clock that is simulated.
+    #[cfg(any(test, feature = "test-knobs"))]
+    pub(crate) fn from_since_boot(since_boot: Duration) -> BootInstant {
+        BootInstant(since_boot)
+    }
+
     /// `self + d`, or `None` on overflow.
     pub(crate) fn checked_add(self, d: Duration) -> Option<BootInstant> {
         self.0.checked_add(d).map(BootInstant)

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::addr::{AddrError, ServerAddr};
+use crate::conn::Timing;
 use crate::quorum::Validity;
 use crate::resolve::Resolver;
 use crate::resp::Limits;
@@ -188,6 +189,20 @@ pub struct Config {
     /// when the loop ends by a panic. Default none.
     #[cfg(feature = "test-knobs")]
     pub panic_on_resource: Option<bytes::Bytes>,
+}
+
+impl Config {
+    /// The connections' time limits under these settings.
+    pub(crate) fn timing(&self) -> Timing {
+        Timing {
+            connect: self.connect_timeout,
+            stall: self.connect_timeout.max(self.per_instance_timeout),
+            backoff_min: Duration::from_millis(10).min(self.reconnect_backoff_max),
+            backoff_max: self.reconnect_backoff_max,
+            quarantine: self.quarantine,
+            max_in_flight: self.max_in_flight,
+        }
+    }
 }
 
 impl Config {

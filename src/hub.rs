@@ -442,8 +442,13 @@ impl<P: Promise, L: Links> Hub<P, L> {
     }
 
     /// The soonest instant the hub needs to run again: a round's limit, a
-    /// job's timer, a subscription's wait, a kept lock's schedule.
+    /// job's timer, a subscription's wait, a kept lock's schedule; at once
+    /// (the time of the last input) when a round completed as it started
+    /// (every master down, in its reconnect backoff: no I/O is to come).
     pub(crate) fn poll_timeout(&self) -> Option<Instant> {
+        if self.engine.has_completed() {
+            return Some(self.stamp.mono);
+        }
         [
             self.engine.poll_timeout(),
             self.timers.next(),

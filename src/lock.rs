@@ -65,7 +65,12 @@ impl Lock {
     /// seen the deadline returned moves earlier by its length. Read it
     /// afresh rather than keeping it across a possible suspend.
     pub fn deadline(&self) -> Instant {
-        self.expiry.deadline(Stamp::now())
+        self.deadline_at(Stamp::now())
+    }
+
+    /// [`Lock::deadline`] as read at `now`.
+    pub(crate) fn deadline_at(&self, now: Stamp) -> Instant {
+        self.expiry.deadline(now)
     }
 
     /// Validity left at `now`; zero once the deadline has passed.

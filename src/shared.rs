@@ -1143,10 +1143,9 @@ impl EventLoop {
         // come without waiting, and come back for the rest a per-instance
         // timeout later, so that a late -NOSCRIPT to a release is still
         // answered with EVAL while no caller is active.
-        // A round that completed as it started (every master down, in its
-        // reconnect backoff) has no I/O to come: it is handled below
-        // without waiting.
-        let timeout = if idle || self.hub.engine().has_completed() {
+        // A round that completed as it started has no I/O to come: the
+        // hub's timeout is now, and it is handled below without waiting.
+        let timeout = if idle {
             Some(Duration::ZERO)
         } else {
             self.hub

@@ -3,3 +3,5 @@
 //! tests only (`cfg(test)` or the `test-knobs` feature): not API.
 
 pub mod model;
+
+pub mod world;

@@ -377,6 +377,18 @@ impl Master {
         }
     }
 
+    /// The string at `key` in database `db` at `now_ms`, and when it
+    /// expires (ms by the master's clock; `None`: never), for checkers.
+    pub fn entry(&self, now_ms: u64, db: usize, key: &[u8]) -> Option<(&[u8], Option<u64>)> {
+        let entry = self.dbs.get(db)?.get(key)?;
+        match &entry.value {
+            Value::Str(v) if !entry.expired(clamp_ms(now_ms)) => {
+                Some((v, entry.expires_at.map(|at| u64::try_from(at).unwrap_or(0))))
+            }
+            _ => None,
+        }
+    }
+
     /// Runs one command sent on connection `conn` at `now_ms` by the
     /// master's clock, and returns its reply: the first frame the master
     /// writes to `conn` for it. A connection is known from its first

@@ -1,0 +1,1448 @@
+//! A seeded, reproducible world around the real client: K clients, each
+//! its own [`Hub`] (the shared client's sans-IO core, exactly as the event
+//! loop drives it) with its own drifting clock, N masters answering from
+//! a model of Redis, and a network that delays, reorders across
+//! connections, resets, half-opens and partitions; faults crash masters
+//! (with and without their data) and restart them, flush their scripts
+//! and stall them; a workload acquires (plain, fenced, many, batch, with
+//! and without waiting), extends, releases, cancels and drops clients.
+//! Checkers read every output and the masters' keys (see [`Checker`]).
+//!
+//! Time is virtual, in microseconds from the start; every choice comes
+//! from one seed, and the event queue breaks ties by insertion order, so
+//! a seed replays exactly. Nothing here reads a clock or touches a
+//! socket.
+
+use std::cell::{Cell, RefCell};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
+use std::fmt;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+
+use crate::clock::{BootInstant, Stamp};
+use crate::config::{Config, Retry};
+use crate::conn::{Cause, Conn, Keys, Op};
+use crate::engine::Engine;
+use crate::hub::{Hub, Links, Order, Promise, Submission};
+use crate::job::{Extend, Output, SplitMix64};
+use crate::lock::Lock;
+use crate::quorum::quorum;
+use crate::resp::{Limits, Reply, decode};
+use crate::script::Scripts;
+use crate::sim::model::{ConnId, Master};
+use crate::token::TokenSource;
+
+/// A seeded pseudo-random source (splitmix64): every choice of a run.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// The source for `seed`.
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed)
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `[0, n)`; 0 for `n == 0`.
+    pub fn below(&mut self, n: u64) -> u64 {
+        if n == 0 { 0 } else { self.next_u64() % n }
+    }
+
+    /// Uniform in `[low, high]`.
+    pub fn range(&mut self, low: u64, high: u64) -> u64 {
+        low + self.below(high.saturating_sub(low) + 1)
+    }
+
+    /// True with probability `p`.
+    pub fn chance(&mut self, p: f64) -> bool {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64 <= p
+    }
+}
+
+/// A bug put in on purpose, to show that a checker catches it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bug {
+    /// Every validity the client computes is overstated by the drift
+    /// allowance and then some: the drift term dropped.
+    DriftDropped,
+}
+
+/// What a run simulates.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Client processes, each with its own hub.
+    pub clients: usize,
+    /// Independent masters.
+    pub masters: usize,
+    /// Operations each client starts.
+    pub ops: usize,
+    /// Whether faults are injected.
+    pub faults: bool,
+    /// A bug put in on purpose.
+    pub bug: Option<Bug>,
+}
+
+impl Default for Settings {
+    fn default() -> Settings {
+        Settings {
+            clients: 3,
+            masters: 3,
+            ops: 60,
+            faults: true,
+            bug: None,
+        }
+    }
+}
+
+/// What a run did and found.
+#[derive(Debug, Clone, Default)]
+pub struct Outcome {
+    /// Operations that ended (with any output).
+    pub ops: u64,
+    /// Locks granted to callers.
+    pub granted: u64,
+    /// Faults injected.
+    pub faults: u64,
+    /// Virtual time simulated.
+    pub simulated: Duration,
+    /// What the checkers found, each in one line; empty when all held.
+    pub violations: Vec<String>,
+}
+
+impl fmt::Display for Outcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} operations ({} locks granted), {} faults, {:?} simulated, {} violations",
+            self.ops,
+            self.granted,
+            self.faults,
+            self.simulated,
+            self.violations.len()
+        )
+    }
+}
+
+/// The resources the workload contends for.
+const RESOURCES: [&str; 3] = ["r0", "r1", "r2"];
+/// The largest TTL the workload asks for, and the clients' restart
+/// quarantine.
+const MAX_TTL: Duration = Duration::from_millis(1_500);
+/// How long a master has been up when the run starts: out of quarantine.
+const MASTER_UPTIME_MS: u64 = 3_600_000;
+
+/// Microseconds of virtual time.
+type Micros = u64;
+
+fn micros(d: Duration) -> Micros {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// One caller's wait for its output.
+#[derive(Debug, Default)]
+struct Slot {
+    output: Option<Output>,
+    abandoned: bool,
+    /// The hub handed an output over, to the caller or, gone, back.
+    ended: bool,
+}
+
+/// The simulated caller's side of a [`Promise`].
+#[derive(Debug)]
+struct SimPromise(Rc<RefCell<Slot>>);
+
+impl Promise for SimPromise {
+    fn complete(self, output: Output) -> Option<Output> {
+        let mut slot = self.0.borrow_mut();
+        slot.ended = true;
+        if slot.abandoned {
+            return Some(output);
+        }
+        slot.output = Some(output);
+        None
+    }
+
+    fn is_abandoned(&self) -> bool {
+        self.0.borrow().abandoned
+    }
+}
+
+/// The links of one client: connections it asks to open, for the world
+/// to connect (or refuse) later.
+#[derive(Debug)]
+struct SimLinks {
+    opened: Rc<RefCell<Vec<usize>>>,
+}
+
+impl Links for SimLinks {
+    fn prepare(&mut self, engine: &mut Engine, now: Instant) {
+        for i in 0..engine.links() {
+            if engine.poll_connect(i, now) {
+                engine.handle_connect_started(i, now);
+                self.opened.borrow_mut().push(i);
+            }
+        }
+    }
+}
+
+/// A client's clock: its own rate (drift) against virtual time.
+#[derive(Debug, Clone, Copy)]
+struct Clock {
+    base: Instant,
+    /// Local microseconds per virtual microsecond.
+    rate: f64,
+}
+
+impl Clock {
+    fn local(&self, t: Micros) -> Duration {
+        Duration::from_nanos((t as f64 * 1_000.0 * self.rate) as u64)
+    }
+
+    fn stamp(&self, t: Micros) -> Stamp {
+        let local = self.local(t);
+        Stamp {
+            mono: self.base + local,
+            // Booted an hour before the run: no suspend is simulated yet.
+            boot: BootInstant::from_since_boot(local + Duration::from_secs(3_600)),
+        }
+    }
+
+    /// The first virtual microsecond at which this clock reads `at` or
+    /// later.
+    fn virtual_at(&self, at: Instant) -> Micros {
+        let local = at.saturating_duration_since(self.base);
+        (local.as_nanos() as f64 / 1_000.0 / self.rate).ceil() as Micros
+    }
+}
+
+/// One side of a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LinkState {
+    Down,
+    Connecting { id: u64 },
+    Up { id: u64 },
+}
+
+/// A client's link `i`: to master `i % n` (commands below `n`,
+/// subscriptions from `n`).
+#[derive(Debug, Clone, Copy)]
+struct Link {
+    state: LinkState,
+    /// The last delivery time each way, for TCP's order.
+    to_master: Micros,
+    to_client: Micros,
+    /// Replies from the master are lost (a half-open connection).
+    half_open: bool,
+}
+
+impl Link {
+    fn new() -> Link {
+        Link {
+            state: LinkState::Down,
+            to_master: 0,
+            to_client: 0,
+            half_open: false,
+        }
+    }
+}
+
+/// What a caller waits for.
+#[derive(Debug, Clone)]
+enum Asked {
+    /// An acquire: plain, fenced or of several resources, waiting or not.
+    Acquire,
+    /// A batch of independent acquires.
+    Batch,
+    /// An extend of held lock `held`.
+    Extend { held: usize },
+    /// A release of held lock `held`.
+    Release { held: usize },
+}
+
+#[derive(Debug)]
+struct Pending {
+    asked: Asked,
+    slot: Rc<RefCell<Slot>>,
+    /// When it was submitted, and the bound it must end within.
+    at: Micros,
+    bound: Micros,
+    /// The masters' restart counts when it was submitted.
+    restarts: Vec<u64>,
+}
+
+/// A lock a simulated caller holds.
+#[derive(Debug)]
+struct Held {
+    lock: Lock,
+    /// Its entry in the checker's history.
+    entries: Vec<usize>,
+    releasing: bool,
+}
+
+struct Client {
+    hub: Hub<SimPromise, SimLinks>,
+    opened: Rc<RefCell<Vec<usize>>>,
+    clock: Clock,
+    links: Vec<Link>,
+    pending: Vec<Pending>,
+    held: Vec<Held>,
+    /// When its hub last asked to run, if an event is queued for then.
+    wake: Option<Micros>,
+    /// Virtual time until which it is paused (a GC pause, say).
+    paused_until: Micros,
+    ops_left: usize,
+    closed: bool,
+}
+
+/// One master: the model and the world's view of it.
+struct Node {
+    model: Master,
+    up: bool,
+    /// Processing stalls until then.
+    stalled_until: Micros,
+    /// Master-local milliseconds per virtual microsecond, and its offset.
+    rate: f64,
+    /// Connections open at the master: id -> (client, link, bytes unread).
+    conns: BTreeMap<u64, (usize, usize, BytesMut)>,
+    restarts: u64,
+}
+
+impl Node {
+    fn now_ms(&self, t: Micros) -> u64 {
+        MASTER_UPTIME_MS + (t as f64 * self.rate / 1_000.0) as u64
+    }
+
+    /// The virtual time at which this master's clock reads `ms`.
+    fn virtual_at(&self, ms: u64) -> Micros {
+        ((ms.saturating_sub(MASTER_UPTIME_MS)) as f64 * 1_000.0 / self.rate) as Micros
+    }
+}
+
+#[derive(Debug)]
+enum Event {
+    /// Bytes from a client's link reach its master.
+    ToMaster { id: u64, bytes: Bytes },
+    /// Bytes from a master reach a client's link.
+    ToClient {
+        client: usize,
+        link: usize,
+        id: u64,
+        bytes: Bytes,
+    },
+    /// A connect finished (or was refused).
+    Connect { client: usize, link: usize, id: u64 },
+    /// A connection was reset; the client learns it now.
+    Reset { client: usize, link: usize, id: u64 },
+    /// A client's hub asked to run at `at` (stale unless it is the
+    /// client's latest request).
+    Wake { client: usize, at: Micros },
+    /// A client's next operation.
+    Work { client: usize },
+    /// The next fault.
+    Fault,
+    /// A crashed master comes back.
+    Restart { master: usize },
+}
+
+/// One lock granted to a caller, as the checkers see it.
+#[derive(Debug, Clone)]
+struct Entry {
+    client: usize,
+    resource: Bytes,
+    token: String,
+    fence: Option<u64>,
+    /// Virtual time the caller got it, and until when it believes it holds
+    /// it (its deadline, or its release, whichever came first).
+    from: Micros,
+    until: Micros,
+    /// When the acquire that got it was submitted.
+    asked_at: Micros,
+}
+
+/// Every grant and what the checkers concluded.
+#[derive(Debug, Default)]
+pub(crate) struct Checker {
+    entries: Vec<Entry>,
+    violations: Vec<String>,
+}
+
+impl Checker {
+    fn violation(&mut self, t: Micros, what: String) {
+        if self.violations.len() < 20 {
+            self.violations
+                .push(format!("at {:.3} ms: {what}", t as f64 / 1_000.0));
+        }
+    }
+
+    /// Mutual exclusion: no two holders of one resource inside their
+    /// validity at once; fences strictly increase in the order acquires
+    /// began after earlier ones returned (SAFETY.md, *Fencing tokens*).
+    fn finish(&mut self) {
+        let mut by_resource: BTreeMap<Bytes, Vec<usize>> = BTreeMap::new();
+        for (i, e) in self.entries.iter().enumerate() {
+            by_resource.entry(e.resource.clone()).or_default().push(i);
+        }
+        let mut found = Vec::new();
+        for indices in by_resource.values() {
+            for (x, &a) in indices.iter().enumerate() {
+                for &b in &indices[x + 1..] {
+                    let (ea, eb) = (&self.entries[a], &self.entries[b]);
+                    if ea.token != eb.token && ea.from < eb.until && eb.from < ea.until {
+                        found.push((
+                            ea.from.max(eb.from),
+                            format!(
+                                "mutual exclusion: clients {} and {} both held {:?} \
+                                 ({:.3}..{:.3} ms and {:.3}..{:.3} ms)",
+                                ea.client,
+                                eb.client,
+                                ea.resource,
+                                ea.from as f64 / 1e3,
+                                ea.until as f64 / 1e3,
+                                eb.from as f64 / 1e3,
+                                eb.until as f64 / 1e3
+                            ),
+                        ));
+                    }
+                    if let (Some(fa), Some(fb)) = (ea.fence, eb.fence) {
+                        let (first, second, f1, f2) = if ea.from <= eb.from {
+                            (ea, eb, fa, fb)
+                        } else {
+                            (eb, ea, fb, fa)
+                        };
+                        if first.from <= second.asked_at && f2 <= f1 {
+                            found.push((
+                                second.from,
+                                format!(
+                                    "fence: {:?} returned fence {f1} to client {}, then {f2} \
+                                     to client {} whose acquire began after",
+                                    first.resource, first.client, second.client
+                                ),
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        for (t, what) in found {
+            self.violation(t, what);
+        }
+    }
+}
+
+/// The world: clients, masters, network, workload, faults, checkers.
+pub struct World {
+    settings: Settings,
+    rng: Rng,
+    now: Micros,
+    events: BinaryHeap<Reverse<(Micros, u64, usize)>>,
+    /// Event bodies by sequence number (the heap holds their keys).
+    bodies: BTreeMap<u64, Event>,
+    seq: u64,
+    clients: Vec<Client>,
+    nodes: Vec<Node>,
+    next_conn: u64,
+    checker: Checker,
+    outcome: Outcome,
+    config: Config,
+    /// Master pairs cut off from clients until then: (master, until).
+    partitions: Vec<(usize, Micros)>,
+    /// Set by a checker of liveness when an operation overran its bound.
+    late: Cell<u64>,
+}
+
+impl World {
+    /// A world for `seed` as `settings` say.
+    pub fn new(seed: u64, settings: Settings) -> World {
+        let mut rng = Rng::new(seed);
+        let urls: Vec<String> = (0..settings.masters)
+            .map(|i| format!("redis://127.0.0.1:{}", 7000 + i))
+            .collect();
+        let mut config = Config::new(&urls).expect("the simulated masters' URLs parse");
+        config.per_instance_timeout = Duration::from_millis(50);
+        config.connect_timeout = Duration::from_millis(100);
+        config.reconnect_backoff_max = Duration::from_millis(200);
+        config.quarantine = Some(MAX_TTL);
+        config.drift_factor = 0.01;
+        if settings.bug == Some(Bug::DriftDropped) {
+            config.overstate_validity = Duration::from_millis(40);
+        }
+        let base = Instant::now();
+        let scripts = Scripts::new();
+        let clients = (0..settings.clients)
+            .map(|c| {
+                // Within a quarter of the drift factor either way.
+                let drift = (rng.below(1_001) as f64 / 1_000.0 - 0.5) * 0.5 * config.drift_factor;
+                let clock = Clock {
+                    base,
+                    rate: 1.0 + drift,
+                };
+                let opened = Rc::new(RefCell::new(Vec::new()));
+                let links = SimLinks {
+                    opened: Rc::clone(&opened),
+                };
+                let now = clock.stamp(0);
+                let engine = Engine::new(
+                    &config.servers,
+                    scripts,
+                    Limits::default(),
+                    config.timing(),
+                    now.mono,
+                    config.wake_on_release,
+                );
+                let names = config
+                    .servers
+                    .iter()
+                    .map(|a| Arc::from(a.to_string()))
+                    .collect();
+                let mut token_seed = [0u8; 16];
+                token_seed[..8].copy_from_slice(&rng.next_u64().to_le_bytes());
+                token_seed[8..].copy_from_slice(&(c as u64).to_le_bytes());
+                let hub = Hub::new(
+                    config.clone(),
+                    names,
+                    engine,
+                    links,
+                    TokenSource::from_seed(token_seed),
+                    SplitMix64(rng.next_u64()),
+                    now,
+                );
+                Client {
+                    hub,
+                    opened,
+                    clock,
+                    links: vec![Link::new(); 2 * settings.masters],
+                    pending: Vec::new(),
+                    held: Vec::new(),
+                    wake: None,
+                    paused_until: 0,
+                    ops_left: settings.ops,
+                    closed: false,
+                }
+            })
+            .collect();
+        let nodes = (0..settings.masters)
+            .map(|m| {
+                let drift = (rng.below(1_001) as f64 / 1_000.0 - 0.5) * 0.5 * config.drift_factor;
+                Node {
+                    model: Master::new(rng.next_u64() ^ m as u64, 0),
+                    up: true,
+                    stalled_until: 0,
+                    rate: 1.0 + drift,
+                    conns: BTreeMap::new(),
+                    restarts: 0,
+                }
+            })
+            .collect();
+        let mut world = World {
+            settings,
+            rng,
+            now: 0,
+            events: BinaryHeap::new(),
+            bodies: BTreeMap::new(),
+            seq: 0,
+            clients,
+            nodes,
+            next_conn: 1,
+            checker: Checker::default(),
+            outcome: Outcome::default(),
+            config,
+            partitions: Vec::new(),
+            late: Cell::new(0),
+        };
+        for c in 0..world.clients.len() {
+            let at = world.rng.range(0, 2_000);
+            world.schedule(at, Event::Work { client: c });
+        }
+        if world.settings.faults {
+            let at = world.rng.range(50_000, 300_000);
+            world.schedule(at, Event::Fault);
+        }
+        world
+    }
+
+    fn schedule(&mut self, at: Micros, event: Event) {
+        self.seq += 1;
+        self.bodies.insert(self.seq, event);
+        self.events.push(Reverse((at, self.seq, 0)));
+    }
+
+    /// Runs until every client has done its operations and everything
+    /// has settled, or `limit` of virtual time.
+    pub fn run(mut self, limit: Duration) -> Outcome {
+        let limit = micros(limit);
+        while let Some(Reverse((at, seq, _))) = self.events.pop() {
+            if at > limit {
+                break;
+            }
+            self.now = self.now.max(at);
+            let Some(event) = self.bodies.remove(&seq) else {
+                continue;
+            };
+            self.handle(event);
+            if self.is_done() {
+                break;
+            }
+        }
+        self.finish()
+    }
+
+    fn is_done(&self) -> bool {
+        self.clients
+            .iter()
+            .all(|c| c.ops_left == 0 && c.pending.is_empty())
+    }
+
+    fn finish(mut self) -> Outcome {
+        let now = self.now;
+        for c in 0..self.clients.len() {
+            for pending in &self.clients[c].pending {
+                if now > pending.at + pending.bound {
+                    self.late.set(self.late.get() + 1);
+                    let what = format!(
+                        "liveness: client {c}'s {:?} submitted at {:.3} ms never ended",
+                        pending.asked,
+                        pending.at as f64 / 1e3
+                    );
+                    self.checker.violation(now, what);
+                }
+            }
+        }
+        self.checker.finish();
+        self.outcome.simulated = Duration::from_micros(self.now);
+        self.outcome.violations = std::mem::take(&mut self.checker.violations);
+        self.outcome
+    }
+
+    fn handle(&mut self, event: Event) {
+        match event {
+            Event::ToMaster { id, bytes } => self.handle_at_master(id, bytes),
+            Event::ToClient {
+                client,
+                link,
+                id,
+                bytes,
+            } => {
+                if self.deferred(
+                    client,
+                    Event::ToClient {
+                        client,
+                        link,
+                        id,
+                        bytes: bytes.clone(),
+                    },
+                ) {
+                    return;
+                }
+                let c = &mut self.clients[client];
+                if c.links[link].state == (LinkState::Up { id }) {
+                    let now = c.clock.stamp(self.now).mono;
+                    c.hub.io().0.handle_input(link, &bytes, now);
+                    self.step(client);
+                }
+            }
+            Event::Connect { client, link, id } => {
+                if self.deferred(client, Event::Connect { client, link, id }) {
+                    return;
+                }
+                self.connect(client, link, id);
+            }
+            Event::Reset { client, link, id } => {
+                if self.deferred(client, Event::Reset { client, link, id }) {
+                    return;
+                }
+                let c = &mut self.clients[client];
+                if matches!(c.links[link].state, LinkState::Up { id: x } | LinkState::Connecting { id: x } if x == id)
+                {
+                    c.links[link].state = LinkState::Down;
+                    let now = c.clock.stamp(self.now).mono;
+                    c.hub.io().0.handle_failure(link, now, Cause::Closed);
+                    self.step(client);
+                }
+            }
+            Event::Wake { client, at } => {
+                if self.clients[client].wake != Some(at) {
+                    return;
+                }
+                let until = self.clients[client].paused_until;
+                if until > self.now {
+                    self.clients[client].wake = Some(until);
+                    self.schedule(until, Event::Wake { client, at: until });
+                    return;
+                }
+                self.clients[client].wake = None;
+                self.step(client);
+            }
+            Event::Work { client } => {
+                if self.deferred(client, Event::Work { client }) {
+                    return;
+                }
+                self.work(client);
+            }
+            Event::Fault => self.fault(),
+            Event::Restart { master } => {
+                let node = &mut self.nodes[master];
+                node.up = true;
+            }
+        }
+    }
+
+    /// A paused client handles nothing: the event waits for its resume.
+    fn deferred(&mut self, client: usize, event: Event) -> bool {
+        let until = self.clients[client].paused_until;
+        if until > self.now {
+            self.schedule(until, event);
+            return true;
+        }
+        false
+    }
+
+    /// The hub's turn after an input: the engine's limits, completed
+    /// rounds, connections to open, jobs and timers, then the writes.
+    fn step(&mut self, client: usize) {
+        let c = &mut self.clients[client];
+        let stamp = c.clock.stamp(self.now);
+        c.hub.io().0.handle_timeout(stamp.mono);
+        c.hub.handle_completed(stamp);
+        let (engine, links) = c.hub.io();
+        links.prepare(engine, stamp.mono);
+        c.hub.handle_timeout(stamp);
+        self.flush(client);
+        self.collect(client);
+        let c = &mut self.clients[client];
+        if let Some(at) = c.hub.poll_timeout() {
+            let at = c.clock.virtual_at(at).max(self.now + 1);
+            if c.wake.is_none_or(|w| w > at) {
+                c.wake = Some(at);
+                self.schedule(at, Event::Wake { client, at });
+            }
+        }
+    }
+
+    /// Opens the connections the client's hub asked for, closes those it
+    /// gave up, and sends what it queued.
+    fn flush(&mut self, client: usize) {
+        let opened: Vec<usize> = self.clients[client].opened.borrow_mut().drain(..).collect();
+        for link in opened {
+            let id = self.next_conn;
+            self.next_conn += 1;
+            let master = link % self.settings.masters;
+            let reachable = self.nodes[master].up && !self.partitioned(master);
+            self.clients[client].links[link].state = LinkState::Connecting { id };
+            if reachable {
+                let at = self.now + self.latency();
+                self.schedule(at, Event::Connect { client, link, id });
+            } else if self.nodes[master].up {
+                // Partitioned: the connect hangs until the client gives up.
+            } else {
+                let at = self.now + self.latency();
+                self.schedule(at, Event::Reset { client, link, id });
+            }
+        }
+        for link in 0..self.clients[client].links.len() {
+            let c = &mut self.clients[client];
+            let down = c.hub.engine().link(link).is_none_or(Conn::is_down);
+            let state = c.links[link].state;
+            if down {
+                if let LinkState::Up { id } | LinkState::Connecting { id } = state {
+                    c.links[link].state = LinkState::Down;
+                    let master = link % self.settings.masters;
+                    self.nodes[master].conns.remove(&id);
+                    self.nodes[master].model.handle_disconnect(ConnId(id));
+                }
+                continue;
+            }
+            let LinkState::Up { id } = state else {
+                continue;
+            };
+            let (engine, _) = c.hub.io();
+            let bytes = Bytes::copy_from_slice(engine.poll_transmit(link));
+            if bytes.is_empty() {
+                continue;
+            }
+            engine.handle_written(link, bytes.len());
+            let latency = self.latency();
+            let link_state = &mut self.clients[client].links[link];
+            let at = (self.now + latency).max(link_state.to_master);
+            link_state.to_master = at;
+            self.schedule(at, Event::ToMaster { id, bytes });
+        }
+    }
+
+    fn connect(&mut self, client: usize, link: usize, id: u64) {
+        let c = &mut self.clients[client];
+        if c.links[link].state != (LinkState::Connecting { id }) {
+            return;
+        }
+        let master = link % self.settings.masters;
+        if !self.nodes[master].up {
+            c.links[link].state = LinkState::Down;
+            let now = c.clock.stamp(self.now).mono;
+            let refused = Cause::Connect(std::io::ErrorKind::ConnectionRefused);
+            c.hub.io().0.handle_failure(link, now, refused);
+            self.step(client);
+            return;
+        }
+        c.links[link] = Link {
+            state: LinkState::Up { id },
+            ..Link::new()
+        };
+        c.links[link].to_master = self.now;
+        c.links[link].to_client = self.now;
+        c.hub.io().0.handle_connected(link);
+        self.nodes[master]
+            .conns
+            .insert(id, (client, link, BytesMut::new()));
+        self.step(client);
+    }
+
+    /// A one-way network delay: mostly short, sometimes long.
+    fn latency(&mut self) -> Micros {
+        if self.rng.chance(0.02) {
+            self.rng.range(2_000, 30_000)
+        } else {
+            self.rng.range(20, 400)
+        }
+    }
+
+    fn partitioned(&self, master: usize) -> bool {
+        self.partitions
+            .iter()
+            .any(|&(m, until)| m == master && until > self.now)
+    }
+
+    fn handle_at_master(&mut self, id: u64, bytes: Bytes) {
+        let Some(master) = self.nodes.iter().position(|n| n.conns.contains_key(&id)) else {
+            return;
+        };
+        let node = &mut self.nodes[master];
+        if !node.up {
+            return;
+        }
+        if node.stalled_until > self.now {
+            let at = node.stalled_until;
+            self.schedule(at, Event::ToMaster { id, bytes });
+            return;
+        }
+        let now_ms = node.now_ms(self.now);
+        let Some((client, link, buf)) = node.conns.get_mut(&id) else {
+            return;
+        };
+        let (client, link) = (*client, *link);
+        buf.extend_from_slice(&bytes);
+        let mut out = BytesMut::new();
+        let mut pushes = Vec::new();
+        while let Some((_, _, buf)) = node.conns.get_mut(&id) {
+            let command = match decode(buf, &Limits::default()) {
+                Ok(Some(Reply::Array(words))) => words,
+                Ok(None) => break,
+                // The client sent garbage: never, or the codec is broken.
+                _ => {
+                    node.conns.remove(&id);
+                    break;
+                }
+            };
+            let args: Vec<Bytes> = command
+                .into_iter()
+                .filter_map(|w| match w {
+                    Reply::Bulk(b) => Some(b),
+                    _ => None,
+                })
+                .collect();
+            let reply = node.model.handle_command(now_ms, ConnId(id), &args);
+            reply.encode(&mut out);
+            // Frames for this connection follow its reply on the wire.
+            while let Some((to, push)) = node.model.poll_push() {
+                if to == ConnId(id) {
+                    push.encode(&mut out);
+                } else {
+                    pushes.push((to, push));
+                }
+            }
+        }
+        if !out.is_empty() {
+            self.deliver(client, link, id, out.freeze());
+        }
+        for (ConnId(to), reply) in pushes {
+            let Some(&(c, l, _)) = self.nodes[master].conns.get(&to) else {
+                continue;
+            };
+            let mut bytes = BytesMut::new();
+            reply.encode(&mut bytes);
+            self.deliver(c, l, to, bytes.freeze());
+        }
+    }
+
+    /// Bytes from a master to a client's link, in TCP order, perhaps in
+    /// pieces, perhaps lost to a half-open connection.
+    fn deliver(&mut self, client: usize, link: usize, id: u64, bytes: Bytes) {
+        if self.clients[client].links[link].half_open {
+            return;
+        }
+        let latency = self.latency();
+        let split = if bytes.len() > 1 && self.rng.chance(0.05) {
+            Some(self.rng.range(1, bytes.len() as u64 - 1) as usize)
+        } else {
+            None
+        };
+        let state = &mut self.clients[client].links[link];
+        let at = (self.now + latency).max(state.to_client);
+        state.to_client = at + 1;
+        match split {
+            Some(k) => {
+                self.schedule(
+                    at,
+                    Event::ToClient {
+                        client,
+                        link,
+                        id,
+                        bytes: bytes.slice(..k),
+                    },
+                );
+                self.schedule(
+                    at + 1,
+                    Event::ToClient {
+                        client,
+                        link,
+                        id,
+                        bytes: bytes.slice(k..),
+                    },
+                );
+            }
+            None => self.schedule(
+                at,
+                Event::ToClient {
+                    client,
+                    link,
+                    id,
+                    bytes,
+                },
+            ),
+        }
+    }
+
+    /// A client's next operation: a new acquire, or something done with a
+    /// lock it holds.
+    fn work(&mut self, client: usize) {
+        let now = self.now;
+        let c = &self.clients[client];
+        if c.closed {
+            return;
+        }
+        if c.ops_left == 0 {
+            // Done: release what is still held, then stop.
+            let held: Vec<usize> = (0..c.held.len())
+                .filter(|&h| !c.held[h].releasing)
+                .collect();
+            for h in held {
+                self.submit_release(client, h);
+            }
+            return;
+        }
+        self.clients[client].ops_left -= 1;
+        let roll = self.rng.below(100);
+        let holding: Vec<usize> = (0..self.clients[client].held.len())
+            .filter(|&h| !self.clients[client].held[h].releasing)
+            .collect();
+        if !holding.is_empty() && roll < 45 {
+            let h = holding[self.rng.below(holding.len() as u64) as usize];
+            if self.rng.chance(0.3) {
+                self.submit_extend(client, h);
+            } else {
+                self.submit_release(client, h);
+            }
+        } else if roll < 90 {
+            self.submit_acquire(client);
+        } else if roll < 95 {
+            // A caller gives up on an operation still under way.
+            let c = &mut self.clients[client];
+            if let Some(p) = c.pending.iter().find(|p| !p.slot.borrow().abandoned) {
+                p.slot.borrow_mut().abandoned = true;
+                let stamp = c.clock.stamp(now);
+                c.hub.handle_abandoned(stamp);
+            }
+        } else {
+            // A pause (GC, a page fault storm) of up to a few TTLs.
+            let pause = self.rng.range(1_000, 200_000);
+            self.clients[client].paused_until = now + pause;
+        }
+        self.step(client);
+        let next = now + self.rng.range(100, 20_000);
+        self.schedule(next, Event::Work { client });
+    }
+
+    fn submit(&mut self, client: usize, asked: Asked, order: Order, bound: Micros) {
+        let slot = Rc::new(RefCell::new(Slot::default()));
+        let restarts = self.nodes.iter().map(|n| n.restarts).collect();
+        let c = &mut self.clients[client];
+        let stamp = c.clock.stamp(self.now);
+        c.pending.push(Pending {
+            asked,
+            slot: Rc::clone(&slot),
+            at: self.now,
+            bound,
+            restarts,
+        });
+        c.hub.handle_order(
+            Submission {
+                order,
+                completion: SimPromise(slot),
+            },
+            stamp,
+        );
+    }
+
+    /// How long any operation may take beyond its own waiting: a few
+    /// rounds, connects and backoffs, and the clients' pauses.
+    fn slack(&self) -> Micros {
+        micros(self.config.per_instance_timeout * 8 + self.config.connect_timeout * 4)
+            + micros(self.config.reconnect_backoff_max * 4)
+            + 1_000_000
+    }
+
+    fn submit_acquire(&mut self, client: usize) {
+        let r = self.rng.below(RESOURCES.len() as u64) as usize;
+        let ttl = Duration::from_millis(self.rng.range(50, micros(MAX_TTL) / 1_000));
+        let waiting = self.rng.chance(0.4);
+        let retry = if waiting {
+            Retry {
+                attempts: u32::MAX,
+                delay: Duration::from_millis(self.rng.range(5, 50)),
+                max_wait: Some(Duration::from_millis(self.rng.range(50, 3_000))),
+            }
+        } else {
+            Retry::once()
+        };
+        let kind = self.rng.below(10);
+        let resource = Bytes::from_static(RESOURCES[r].as_bytes());
+        let bound = retry.max_wait.map_or(0, micros) + self.slack();
+        let (asked, order) = match kind {
+            0..=5 => (
+                Asked::Acquire,
+                Order::Acquire {
+                    keys: Keys::One(resource),
+                    op: Op::Acquire,
+                    ttl,
+                    retry,
+                },
+            ),
+            6 | 7 => (
+                Asked::Acquire,
+                Order::Acquire {
+                    keys: Keys::One(resource),
+                    op: Op::AcquireFenced,
+                    ttl,
+                    retry,
+                },
+            ),
+            8 => {
+                let other = Bytes::from_static(RESOURCES[(r + 1) % RESOURCES.len()].as_bytes());
+                (
+                    Asked::Acquire,
+                    Order::Acquire {
+                        keys: Keys::Many(vec![resource, other].into()),
+                        op: Op::AcquireMany,
+                        ttl,
+                        retry,
+                    },
+                )
+            }
+            _ => {
+                let other = Bytes::from_static(RESOURCES[(r + 1) % RESOURCES.len()].as_bytes());
+                (
+                    Asked::Batch,
+                    Order::AcquireBatch {
+                        resources: vec![resource, other],
+                        ttl,
+                    },
+                )
+            }
+        };
+        self.submit(client, asked, order, bound);
+    }
+
+    fn submit_release(&mut self, client: usize, h: usize) {
+        let now = self.now;
+        let held = &mut self.clients[client].held[h];
+        held.releasing = true;
+        let lock = held.lock.clone();
+        // The caller stops relying on the lock when it asks for the release.
+        for &e in &held.entries {
+            let entry = &mut self.checker.entries[e];
+            entry.until = entry.until.min(now);
+        }
+        let bound = self.slack();
+        self.submit(
+            client,
+            Asked::Release { held: h },
+            Order::Release { lock },
+            bound,
+        );
+    }
+
+    fn submit_extend(&mut self, client: usize, h: usize) {
+        let ttl = Duration::from_millis(self.rng.range(50, micros(MAX_TTL) / 1_000));
+        let c = &mut self.clients[client];
+        let stamp = c.clock.stamp(self.now);
+        let held = &mut c.held[h];
+        held.releasing = true;
+        // As SharedRedlock::extend does: shortened before anything is sent.
+        if Extend::shorten(&self.config, &mut held.lock, ttl, stamp).is_err() {
+            held.releasing = false;
+            return;
+        }
+        let until = c.clock.virtual_at(held.lock.deadline_at(stamp));
+        for &e in &held.entries {
+            let entry = &mut self.checker.entries[e];
+            entry.until = entry.until.min(until);
+        }
+        let lock = held.lock.clone();
+        let bound = self.slack();
+        self.submit(
+            client,
+            Asked::Extend { held: h },
+            Order::Extend { lock, ttl },
+            bound,
+        );
+    }
+
+    /// Takes the outputs the hub handed to this client's callers.
+    fn collect(&mut self, client: usize) {
+        let mut i = 0;
+        while i < self.clients[client].pending.len() {
+            let done = self.clients[client].pending[i].slot.borrow().ended;
+            if !done {
+                i += 1;
+                continue;
+            }
+            let pending = self.clients[client].pending.swap_remove(i);
+            let output = pending.slot.borrow_mut().output.take();
+            match output {
+                Some(output) => self.handle_output(client, pending, output),
+                // Its caller gone, it ended all the same.
+                None => self.outcome.ops += 1,
+            }
+        }
+    }
+
+    fn handle_output(&mut self, client: usize, pending: Pending, output: Output) {
+        self.outcome.ops += 1;
+        if self.now > pending.at + pending.bound {
+            let what = format!(
+                "liveness: client {client}'s {:?} took {:.3} ms, over its bound of {:.3} ms",
+                pending.asked,
+                (self.now - pending.at) as f64 / 1e3,
+                pending.bound as f64 / 1e3
+            );
+            self.checker.violation(self.now, what);
+        }
+        match (pending.asked.clone(), output) {
+            (Asked::Acquire, Output::Lock(Ok(lock))) => {
+                self.granted(client, &pending, lock);
+            }
+            (Asked::Batch, Output::Locks(results)) => {
+                for lock in results.into_iter().flatten() {
+                    self.granted(client, &pending, lock);
+                }
+            }
+            (Asked::Extend { held: h }, Output::Extended(lock, result)) => {
+                let c = &mut self.clients[client];
+                let stamp = c.clock.stamp(self.now);
+                let until = c.clock.virtual_at(lock.deadline_at(stamp));
+                let Some(held) = c.held.get_mut(h) else {
+                    return;
+                };
+                held.releasing = false;
+                held.lock = lock.clone();
+                let entries = held.entries.clone();
+                for e in entries {
+                    let entry = &mut self.checker.entries[e];
+                    entry.until = if result.is_ok() {
+                        until
+                    } else {
+                        entry.until.min(until)
+                    };
+                }
+                if result.is_ok() {
+                    self.check_keys(&lock, client, &pending);
+                }
+            }
+            (Asked::Release { held: h }, Output::Released(_)) => {
+                // Forget the lock; indices of later held locks stay valid
+                // as the slot is kept, emptied.
+                if let Some(held) = self.clients[client].held.get_mut(h) {
+                    held.entries.clear();
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// A lock handed to a caller: into the history, and its validity
+    /// checked against the masters' keys now.
+    fn granted(&mut self, client: usize, pending: &Pending, lock: Lock) {
+        self.outcome.granted += 1;
+        let c = &self.clients[client];
+        let stamp = c.clock.stamp(self.now);
+        let until = c.clock.virtual_at(lock.deadline_at(stamp));
+        let token = lock.token().as_str().to_owned();
+        let mut entries = Vec::new();
+        for resource in lock.resources() {
+            entries.push(self.checker.entries.len());
+            self.checker.entries.push(Entry {
+                client,
+                resource: resource.clone(),
+                token: token.clone(),
+                fence: lock.fence(),
+                from: self.now,
+                until,
+                asked_at: pending.at,
+            });
+        }
+        self.check_keys(&lock, client, pending);
+        self.clients[client].held.push(Held {
+            lock,
+            entries,
+            releasing: false,
+        });
+    }
+
+    /// No validity beyond what the keys allow: a quorum of masters holds
+    /// every key of `lock` with its token until at least its deadline
+    /// (a master restarted since the operation began counts, as its grant
+    /// is gone with its data: restart quarantine is what keeps that safe).
+    fn check_keys(&mut self, lock: &Lock, client: usize, pending: &Pending) {
+        let c = &self.clients[client];
+        let stamp = c.clock.stamp(self.now);
+        let deadline = c.clock.virtual_at(lock.deadline_at(stamp));
+        if deadline <= self.now {
+            return;
+        }
+        let token = lock.token().as_str().as_bytes();
+        let q = quorum(self.settings.masters);
+        let holding = self
+            .nodes
+            .iter()
+            .enumerate()
+            .filter(|(m, node)| {
+                node.restarts != pending.restarts[*m]
+                    || lock.resources().iter().all(|key| {
+                        match node.model.entry(node.now_ms(self.now), 0, key) {
+                            Some((value, expiry)) => {
+                                value == token
+                                    && expiry.is_none_or(|ms| node.virtual_at(ms) >= deadline)
+                            }
+                            None => false,
+                        }
+                    })
+            })
+            .count();
+        if holding < q {
+            let what = format!(
+                "validity: client {client} was told {:?} is valid until {:.3} ms, but only \
+                 {holding} masters hold it that long (quorum {q})",
+                lock.resources(),
+                deadline as f64 / 1e3
+            );
+            self.checker.violation(self.now, what);
+        }
+    }
+
+    /// The next fault, and the one after.
+    fn fault(&mut self) {
+        self.outcome.faults += 1;
+        let m = self.rng.below(self.settings.masters as u64) as usize;
+        match self.rng.below(6) {
+            0 => {
+                // Crash, losing data or not, and come back later.
+                let keep_data = self.rng.chance(0.5);
+                let node = &mut self.nodes[m];
+                node.up = false;
+                node.restarts += 1;
+                let now_ms = node.now_ms(self.now);
+                node.model.restart(now_ms, keep_data);
+                let ids: Vec<u64> = node.conns.keys().copied().collect();
+                node.conns.clear();
+                self.reset_all(m, &ids);
+                let back = self.now + self.rng.range(10_000, 500_000);
+                self.schedule(back, Event::Restart { master: m });
+            }
+            1 => {
+                let node = &mut self.nodes[m];
+                node.model.flush_scripts();
+            }
+            2 => {
+                // A stall: the master stops answering for a while.
+                let until = self.now + self.rng.range(10_000, 300_000);
+                self.nodes[m].stalled_until = until;
+            }
+            3 => {
+                // A partition: connections to the master reset, new ones
+                // hang, for a while.
+                let until = self.now + self.rng.range(10_000, 400_000);
+                self.partitions.push((m, until));
+                let ids: Vec<u64> = self.nodes[m].conns.keys().copied().collect();
+                self.nodes[m].conns.clear();
+                for &id in &ids {
+                    self.nodes[m].model.handle_disconnect(ConnId(id));
+                }
+                self.reset_all(m, &ids);
+            }
+            4 => {
+                // One connection goes half-open: the master's replies are
+                // lost from now on.
+                let conns: Vec<(usize, usize)> = self.nodes[m]
+                    .conns
+                    .values()
+                    .map(|(c, l, _)| (*c, *l))
+                    .collect();
+                if !conns.is_empty() {
+                    let (c, l) = conns[self.rng.below(conns.len() as u64) as usize];
+                    self.clients[c].links[l].half_open = true;
+                }
+            }
+            _ => {
+                // One connection reset.
+                let ids: Vec<u64> = self.nodes[m].conns.keys().copied().collect();
+                if !ids.is_empty() {
+                    let id = ids[self.rng.below(ids.len() as u64) as usize];
+                    self.nodes[m].conns.remove(&id);
+                    self.nodes[m].model.handle_disconnect(ConnId(id));
+                    self.reset_all(m, &[id]);
+                }
+            }
+        }
+        let next = self.now + self.rng.range(50_000, 600_000);
+        self.schedule(next, Event::Fault);
+    }
+
+    /// Tells each client whose connection `ids` to master `m` were, that
+    /// they were reset.
+    fn reset_all(&mut self, m: usize, ids: &[u64]) {
+        for client in 0..self.clients.len() {
+            for link in [m, m + self.settings.masters] {
+                if let LinkState::Up { id } | LinkState::Connecting { id } =
+                    self.clients[client].links[link].state
+                    && ids.contains(&id)
+                {
+                    let at = self.now + self.latency();
+                    self.schedule(at, Event::Reset { client, link, id });
+                }
+            }
+        }
+    }
+}
+
+/// Runs seed `seed` as `settings` say, for at most `limit` of virtual time.
+pub fn simulate(seed: u64, settings: &Settings, limit: Duration) -> Outcome {
+    World::new(seed, settings.clone()).run(limit)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Virtual time one seed may run for.
+    const LIMIT: Duration = Duration::from_secs(600);
+    /// Seeds `cargo test` runs (the CI budget).
+    const SEEDS: u64 = 200;
+
+    /// The command that replays `seed` under `settings`.
+    fn replay(seed: u64, settings: &Settings) -> String {
+        format!(
+            "cargo run --release --features test-knobs --example simulate -- --seed {seed} \
+             --clients {} --masters {} --ops {}",
+            settings.clients, settings.masters, settings.ops
+        )
+    }
+
+    /// Every seed of the budget, faults on, keeps every property; the
+    /// simulation did real work (locks granted, faults injected).
+    #[test]
+    fn every_seed_of_the_budget_keeps_every_property() {
+        let settings = Settings::default();
+        let (mut ops, mut granted, mut faults) = (0, 0, 0);
+        for seed in 0..SEEDS {
+            let outcome = simulate(seed, &settings, LIMIT);
+            assert!(
+                outcome.violations.is_empty(),
+                "seed {seed}: {outcome}\n  {}\nreplay: {}",
+                outcome.violations.join("\n  "),
+                replay(seed, &settings)
+            );
+            ops += outcome.ops;
+            granted += outcome.granted;
+            faults += outcome.faults;
+        }
+        assert!(
+            granted > SEEDS * 10,
+            "{granted} locks granted in {ops} operations"
+        );
+        assert!(faults > SEEDS, "{faults} faults");
+    }
+
+    /// Five masters, more clients.
+    #[test]
+    fn five_masters_and_five_clients_keep_every_property() {
+        let settings = Settings {
+            clients: 5,
+            masters: 5,
+            ..Settings::default()
+        };
+        for seed in 0..SEEDS / 4 {
+            let outcome = simulate(seed, &settings, LIMIT);
+            assert!(
+                outcome.violations.is_empty(),
+                "seed {seed}: {outcome}\n  {}\nreplay: {}",
+                outcome.violations.join("\n  "),
+                replay(seed, &settings)
+            );
+        }
+    }
+
+    /// A seed is a replay: the same seed, the same run.
+    #[test]
+    fn a_seed_replays_exactly() {
+        let settings = Settings::default();
+        let first = simulate(7, &settings, LIMIT);
+        let again = simulate(7, &settings, LIMIT);
+        assert_eq!(
+            (first.ops, first.granted, first.faults, first.simulated),
+            (again.ops, again.granted, again.faults, again.simulated)
+        );
+    }
+
+    /// The checkers are real: a client that drops the drift term from its
+    /// validity is caught within the budget.
+    #[test]
+    fn a_dropped_drift_term_is_caught() {
+        let settings = Settings {
+            bug: Some(Bug::DriftDropped),
+            ..Settings::default()
+        };
+        let caught = (0..SEEDS).find_map(|seed| {
+            let outcome = simulate(seed, &settings, LIMIT);
+            (!outcome.violations.is_empty()).then_some((seed, outcome))
+        });
+        let (seed, outcome) = caught.expect("the dropped drift term went unseen");
+        assert!(
+            outcome
+                .violations
+                .iter()
+                .any(|v| v.starts_with("at ") && v.contains("validity")),
+            "seed {seed}: {:?}",
+            outcome.violations
+        );
+    }
+}
