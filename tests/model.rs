@@ -52,12 +52,12 @@ const KNOWN: &[(&str, &str, &str)] = &[
         "ERR Command arguments must be strings or integers",
     ),
     (
-        "Redis 7.2+, Valkey",
+        "Redis 8.2, Valkey 8.1",
         "NOPERM this user has no permissions to access one of the channels used as arguments",
         "NOPERM No permissions to access a channel",
     ),
     (
-        "Redis 7.2+, Valkey",
+        "Redis 8.2, Valkey 8.1",
         "NOPERM this user has no permissions to run the",
         "NOPERM User r has no permissions to run the",
     ),
@@ -960,4 +960,38 @@ fn eval_scripts_are_evicted_as_the_server_evicts_them() {
         "EVAL LRU against {kind}: {}",
         if eval_lru { "evicts" } else { "keeps" }
     );
+}
+
+/// `INFO server` has what the client reads (the restart quarantine's
+/// `run_id` and `uptime_in_seconds`) on both, in the same form; the
+/// values differ (another process, started at another time).
+#[test]
+fn info_server_has_what_the_client_reads_in_the_same_form() {
+    let server = common::master();
+    let mut model = Master::new(1, now_ms());
+    let info = args(&["INFO", "server"]);
+    let real = common::connect(&server).cmd(&[Arg::Bytes(b"INFO"), Arg::Bytes(b"server")]);
+    let model = model.handle_command(now_ms(), ConnId(0), &info);
+    for (side, reply) in [("model", &model), ("server", &real)] {
+        let Reply::Bulk(text) = reply else {
+            panic!("{side}: INFO server answered {reply:?}");
+        };
+        let text = String::from_utf8_lossy(text);
+        let field = |name: &str| {
+            text.split("\r\n")
+                .find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(':')))
+        };
+        assert!(text.starts_with("# Server\r\n"), "{side}: {text}");
+        let run_id = field("run_id").unwrap_or_default();
+        assert!(
+            run_id.len() == 40
+                && run_id
+                    .bytes()
+                    .all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f')),
+            "{side}: run_id {run_id:?}"
+        );
+        let uptime = field("uptime_in_seconds").and_then(|v| v.parse::<u64>().ok());
+        assert!(uptime.is_some(), "{side}: {text}");
+        assert!(field("redis_version").is_some(), "{side}: {text}");
+    }
 }

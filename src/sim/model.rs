@@ -393,6 +393,7 @@ impl Master {
     /// Every input gets a reply: an unknown command, a wrong number of
     /// arguments or a bad option gets the error Redis 7.0 gives. (An empty
     /// `args`, to which Redis answers nothing, gets an error naming that.)
+    #[must_use]
     pub fn handle_command<A: AsRef<[u8]>>(
         &mut self,
         now_ms: u64,
@@ -410,6 +411,7 @@ impl Master {
 
     /// The next frame the master writes besides a command's first reply,
     /// and the connection it goes to, in the order written.
+    #[must_use]
     pub fn poll_push(&mut self) -> Option<(ConnId, Reply)> {
         self.pushes.pop_front()
     }
