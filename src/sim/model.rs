@@ -36,10 +36,12 @@ pub const EVAL_LRU_CAPACITY: usize = 500;
 /// The version [`Master`] reports in `INFO server`, and answers as.
 pub const REDIS_VERSION: &str = "7.0.15";
 
-/// What `redis.call("publish", ...)` raises in a script whose user may
-/// not publish to the channel (Redis 7.0); `redis.pcall` returns it to the
-/// script as `{err = ...}` instead. The release scripts publish with
-/// `pcall` and ignore the result, so a refused publish still releases.
+/// What a `PUBLISH` run by a script whose user may not publish to the
+/// channel fails with (Redis 7.0): `redis.call` raises it (the script's
+/// reply is then this text, then ` script: <sha>, on @user_script:<line>.`),
+/// `redis.pcall` returns it to the script as the table `{err = ...}`. The
+/// release scripts publish with `pcall` and ignore the result, so a
+/// refused publish still releases.
 pub const SCRIPT_PUBLISH_REFUSED: &str =
     "ERR The user executing the script can't publish to the channel mentioned in the command";
 
@@ -816,7 +818,7 @@ impl Master {
 
     /// Stores `value` at `key` as SET does once its options are parsed:
     /// refused by NX when the key lives or XX when it does not; the expiry
-    /// replaced by `expires_at`, kept with `keep_ttl`, else removed.
+    /// replaced by `expires_at`, kept with [`SET_KEEPTTL`], else removed.
     /// Returns whether it stored.
     fn store(
         &mut self,
@@ -841,7 +843,13 @@ impl Master {
             expires_at: expires_at.or(kept),
         };
         if let Some(map) = self.dbs.get_mut(db) {
-            map.insert(Bytes::copy_from_slice(key), entry);
+            // An overwrite reuses the key: no copy of it.
+            match map.get_mut(key) {
+                Some(slot) => *slot = entry,
+                None => {
+                    map.insert(Bytes::copy_from_slice(key), entry);
+                }
+            }
         }
         true
     }
