@@ -42,12 +42,12 @@ const CLOSE_MS: i64 = 5_000;
 /// start so and agree after the prefixes.
 const KNOWN: &[(&str, &str, &str)] = &[
     (
-        "Valkey 8",
+        "Valkey 8.1",
         "NOSCRIPT No matching script. Please use EVAL.",
         "NOSCRIPT No matching script.",
     ),
     (
-        "Valkey 8",
+        "Valkey 8.1",
         "ERR Lua redis lib command arguments must be strings or integers",
         "ERR Command arguments must be strings or integers",
     ),
