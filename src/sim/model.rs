@@ -36,10 +36,12 @@ pub const EVAL_LRU_CAPACITY: usize = 500;
 /// The version [`Master`] reports in `INFO server`, and answers as.
 pub const REDIS_VERSION: &str = "7.0.15";
 
-/// What `redis.call("publish", ...)` raises in a script whose user may
-/// not publish to the channel (Redis 7.0); `redis.pcall` returns it to the
-/// script as `{err = ...}` instead. The release scripts publish with
-/// `pcall` and ignore the result, so a refused publish still releases.
+/// What a `PUBLISH` run by a script whose user may not publish to the
+/// channel fails with (Redis 7.0): `redis.call` raises it (the script's
+/// reply is then this text, then ` script: <sha>, on @user_script:<line>.`),
+/// `redis.pcall` returns it to the script as the table `{err = ...}`. The
+/// release scripts publish with `pcall` and ignore the result, so a
+/// refused publish still releases.
 pub const SCRIPT_PUBLISH_REFUSED: &str =
     "ERR The user executing the script can't publish to the channel mentioned in the command";
 
@@ -405,6 +407,7 @@ impl Master {
     /// Every input gets a reply: an unknown command, a wrong number of
     /// arguments or a bad option gets the error Redis 7.0 gives. (An empty
     /// `args`, to which Redis answers nothing, gets an error naming that.)
+    #[must_use]
     pub fn handle_command<A: AsRef<[u8]>>(
         &mut self,
         now_ms: u64,
@@ -422,6 +425,7 @@ impl Master {
 
     /// The next frame the master writes besides a command's first reply,
     /// and the connection it goes to, in the order written.
+    #[must_use]
     pub fn poll_push(&mut self) -> Option<(ConnId, Reply)> {
         self.pushes.pop_front()
     }
@@ -826,7 +830,7 @@ impl Master {
 
     /// Stores `value` at `key` as SET does once its options are parsed:
     /// refused by NX when the key lives or XX when it does not; the expiry
-    /// replaced by `expires_at`, kept with `keep_ttl`, else removed.
+    /// replaced by `expires_at`, kept with [`SET_KEEPTTL`], else removed.
     /// Returns whether it stored.
     fn store(
         &mut self,
@@ -851,7 +855,13 @@ impl Master {
             expires_at: expires_at.or(kept),
         };
         if let Some(map) = self.dbs.get_mut(db) {
-            map.insert(Bytes::copy_from_slice(key), entry);
+            // An overwrite reuses the key: no copy of it.
+            match map.get_mut(key) {
+                Some(slot) => *slot = entry,
+                None => {
+                    map.insert(Bytes::copy_from_slice(key), entry);
+                }
+            }
         }
         true
     }
