@@ -9,12 +9,15 @@
 //! ```
 //!
 //! Options: `--for <secs>s` (default 10s), `--seed <n>` (that seed alone),
-//! `--from <n>` (the first seed), `--clients`, `--masters`, `--ops`.
+//! `--from <n>` (the first seed), `--clients`, `--masters`, `--ops`, and
+//! `--bug quorum-off-by-one|drift-dropped|extend-not-shortened|
+//! failure-counted-as-split|resend-decided` to put a bug in on purpose
+//! (the run should then stop at a seed that shows it).
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use redlock_mio::sim::world::{Settings, simulate};
+use redlock_mio::sim::world::{Bug, Settings, simulate};
 
 /// Virtual time one seed may run for.
 const LIMIT: Duration = Duration::from_secs(600);
@@ -29,6 +32,20 @@ fn main() -> ExitCode {
     while let Some(flag) = words.next() {
         let value = words.next().map(String::as_str).unwrap_or("");
         let number = || value.trim_end_matches('s').parse::<u64>().ok();
+        if flag == "--bug" {
+            settings.bug = Some(match value {
+                "quorum-off-by-one" => Bug::QuorumOffByOne,
+                "drift-dropped" => Bug::DriftDropped,
+                "extend-not-shortened" => Bug::ExtendNotShortened,
+                "failure-counted-as-split" => Bug::FailureCountedAsSplit,
+                "resend-decided" => Bug::ResendDecided,
+                _ => {
+                    eprintln!("simulate: unknown bug {value}");
+                    return ExitCode::from(2);
+                }
+            });
+            continue;
+        }
         match (flag.as_str(), number()) {
             ("--for", Some(secs)) => budget = Duration::from_secs(secs),
             ("--seed", Some(seed)) => only = Some(seed),
@@ -60,8 +77,11 @@ fn main() -> ExitCode {
             }
             eprintln!(
                 "replay: cargo run --release --features test-knobs --example simulate -- --seed {seed} \
-                 --clients {} --masters {} --ops {}",
-                settings.clients, settings.masters, settings.ops
+                 --clients {} --masters {} --ops {}{}",
+                settings.clients,
+                settings.masters,
+                settings.ops,
+                bug_flag(&args)
             );
             return ExitCode::FAILURE;
         }
@@ -79,4 +99,12 @@ fn main() -> ExitCode {
         ops as f64 / cpu
     );
     ExitCode::SUCCESS
+}
+
+/// `--bug <name>` as given, for the replay line.
+fn bug_flag(args: &[String]) -> String {
+    args.iter()
+        .position(|a| a == "--bug")
+        .and_then(|i| args.get(i + 1))
+        .map_or(String::new(), |bug| format!(" --bug {bug}"))
 }

@@ -48,6 +48,11 @@ pub(crate) enum Op {
     /// A waiting acquire's attempt: SET NX PX, or the key's remaining time
     /// when it is held.
     AcquireWait,
+    /// The cleanup of an attempt a quorum refused: compare-and-delete,
+    /// publishing nothing.
+    Cleanup,
+    /// [`Op::Cleanup`] for every key of a multi-resource attempt.
+    CleanupMany,
 }
 
 impl Op {
@@ -62,6 +67,8 @@ impl Op {
             Op::ReleaseMany => Some(ScriptId::ReleaseMany),
             Op::ExtendMany => Some(ScriptId::ExtendMany),
             Op::AcquireWait => Some(ScriptId::AcquireWait),
+            Op::Cleanup => Some(ScriptId::Cleanup),
+            Op::CleanupMany => Some(ScriptId::CleanupMany),
         }
     }
 
@@ -86,12 +93,15 @@ impl Op {
     /// worth sending after its round ended (the spec's cleanup after a lost
     /// reply), since it can only free a resource, never hold one.
     pub(crate) fn releases(self) -> bool {
-        matches!(self, Op::Release | Op::ReleaseMany)
+        matches!(
+            self,
+            Op::Release | Op::ReleaseMany | Op::Cleanup | Op::CleanupMany
+        )
     }
 
     /// Whether the request's `arg` goes on the wire after the token.
     fn takes_arg(self) -> bool {
-        !matches!(self, Op::Release | Op::ReleaseMany)
+        !self.releases()
     }
 }
 

@@ -392,6 +392,7 @@ impl Engine {
             // still matters: its slot undecided, or a release.
             let resend = |tag: Tag, op: Op| {
                 op.releases()
+                    || crate::knobs::injected(crate::knobs::Bug::ResendDecided)
                     || lookup(entries, RoundId(tag.round))
                         .is_some_and(|e| e.round.is_undecided(tag.slot as usize))
             };

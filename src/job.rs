@@ -560,7 +560,16 @@ impl Acquire {
                 let Some(expiry) = validity(ctx.config, round, 0, started, ended, self.ttl) else {
                     let error = verdict(ctx, round, self.op, 0, self.first, self.attempt, ended);
                     let next = self.next_wait(ctx, &error, round, started, ended);
-                    return self.fail_then(ctx, error, ended.mono, next);
+                    // Held elsewhere (a quorum refused, or refused and
+                    // failed, as the waiter reckons it): the attempt's keys
+                    // sit on a minority, nobody waits for them, and the
+                    // cleanup publishes nothing (see `CLEANUP_SOURCE`).
+                    let quiet = round.refused(0) + round.failed(0) >= round.quorum();
+                    self.fail_then(ctx, error, ended.mono, next);
+                    if quiet && let Some(cleanup) = &mut self.second {
+                        cleanup.op = cleanup_op(&self.keys);
+                    }
+                    return;
                 };
                 if self.op != Op::AcquireFenced {
                     return self.succeed(expiry, None);
@@ -726,7 +735,11 @@ impl Acquire {
         let n = votes.len();
         let q = round.quorum();
         let refused = round.refused(0);
-        let failed = round.failed(0);
+        let failed = if crate::knobs::injected(crate::knobs::Bug::FailureCountedAsSplit) {
+            0
+        } else {
+            round.failed(0)
+        };
         if refused + failed < q {
             let round_trip = now.saturating_duration_since(started.mono);
             let backoff = ctx.jitter.between(Duration::ZERO, round_trip * 2);
@@ -852,6 +865,9 @@ impl Extend {
         now: Stamp,
     ) -> Result<(), Error> {
         let ttl = Extend::checked(config, lock, ttl)?;
+        if crate::knobs::injected(crate::knobs::Bug::ExtendNotShortened) {
+            return Ok(());
+        }
         let shortened = config
             .validity_span(ttl)
             .and_then(|span| Expiry::after(now, span))
@@ -1184,6 +1200,15 @@ pub(crate) fn release_op(keys: &Keys) -> Op {
     match keys {
         Keys::One(_) => Op::Release,
         Keys::Many(_) => Op::ReleaseMany,
+    }
+}
+
+/// The quiet cleanup (no publish) of an attempt at `keys` that a quorum
+/// refused.
+fn cleanup_op(keys: &Keys) -> Op {
+    match keys {
+        Keys::One(_) => Op::Cleanup,
+        Keys::Many(_) => Op::CleanupMany,
     }
 }
 

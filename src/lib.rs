@@ -78,6 +78,12 @@ mod token;
 
 mod clock;
 
+// Bugs put in on purpose for the simulator's checkers (`test-knobs`).
+#[cfg_attr(any(test, feature = "test-knobs"), doc(hidden))]
+#[allow(unreachable_pub)]
+#[cfg_attr(not(any(test, feature = "test-knobs")), allow(dead_code))]
+pub(crate) mod knobs;
+
 mod addr;
 
 mod conn;

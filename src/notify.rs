@@ -27,6 +27,7 @@
 //! touches a socket or reads a clock.
 
 use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, DefaultHasher};
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -71,7 +72,12 @@ impl Channel {
 /// The resources local waiters wait for, and their subscriptions.
 #[derive(Debug, Default)]
 pub(crate) struct Channels {
-    table: HashMap<Bytes, Channel>,
+    /// By resource. A fixed hasher, so that the order the table is walked
+    /// in (to subscribe again after a reconnect, say) is the same in every
+    /// run: the client's decisions follow from its inputs alone, and a
+    /// simulated run replays. The keys are the application's own resource
+    /// names, not a remote party's.
+    table: HashMap<Bytes, Channel, BuildHasherDefault<DefaultHasher>>,
     /// Resources released since the last [`Channels::poll_notified`],
     /// each at most once.
     notified: VecDeque<Bytes>,

@@ -19,6 +19,9 @@ use crate::resp::Reply;
 
 /// The quorum for `n` masters: `n / 2 + 1`.
 pub(crate) fn quorum(n: usize) -> usize {
+    if crate::knobs::injected(crate::knobs::Bug::QuorumOffByOne) {
+        return (n / 2).max(1);
+    }
     n / 2 + 1
 }
 
@@ -80,6 +83,9 @@ impl Validity {
         };
         let scaled = Duration::try_from_secs_f64(ttl.as_secs_f64() * factor).unwrap_or(ttl);
         let drift = scaled.checked_add(Duration::from_millis(2))?;
+        if crate::knobs::injected(crate::knobs::Bug::DriftDropped) {
+            return Some(ttl);
+        }
         ttl.checked_sub(drift).filter(|span| !span.is_zero())
     }
 

@@ -160,6 +160,22 @@ pub const ACQUIRE_MANY_SOURCE: &str = "for i = 1, #KEYS do if redis.call(\"exist
 /// returns 1 when all of them did, else 0.
 pub const RELEASE_MANY_SOURCE: &str = "local all = 1 for i = 1, #KEYS do if redis.call(\"get\",KEYS[i]) == ARGV[1] then redis.call(\"del\",KEYS[i]) redis.pcall(\"publish\",\"redlock:released:\"..KEYS[i],ARGV[1]) else all = 0 end end return all";
 
+/// The cleanup of an acquire attempt that found the lock held elsewhere
+/// (refused, or refused and failed, by a quorum): the spec's
+/// compare-and-delete, publishing nothing. Such an attempt never held the
+/// resource (its keys sit on a minority of masters, but for a reply lost
+/// on the way back, where a waiter elsewhere then waits for this key's
+/// expiry), so no waiter waits for it; a publish would wake the waiters of other processes, whose next
+/// attempts would be refused as this one was, and their cleanups would
+/// wake this one's process again: a storm at round-trip rate until the
+/// holder's keys expire (found by the simulator, issue 22).
+pub const CLEANUP_SOURCE: &str = "if redis.call(\"get\",KEYS[1]) == ARGV[1] then return redis.call(\"del\",KEYS[1]) else return 0 end";
+
+/// [`CLEANUP_SOURCE`] for a multi-resource attempt: deletes each of `KEYS`
+/// that holds the token `ARGV[1]`, publishing nothing; returns 1 when all
+/// of them did, else 0.
+pub const CLEANUP_MANY_SOURCE: &str = "local all = 1 for i = 1, #KEYS do if redis.call(\"get\",KEYS[i]) == ARGV[1] then redis.call(\"del\",KEYS[i]) else all = 0 end end return all";
+
 /// Multi-resource extend: when every one of `KEYS` holds the token
 /// `ARGV[1]`, sets their TTL to `ARGV[2]` ms and returns 1; else changes
 /// nothing and returns 0.
@@ -184,12 +200,16 @@ pub(crate) enum ScriptId {
     ExtendMany,
     /// [`ACQUIRE_WAIT_SOURCE`].
     AcquireWait,
+    /// [`CLEANUP_SOURCE`].
+    Cleanup,
+    /// [`CLEANUP_MANY_SOURCE`].
+    CleanupMany,
 }
 
 /// Every script the client uses, hashed once per client.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Scripts {
-    all: [Script; 8],
+    all: [Script; 10],
 }
 
 impl Scripts {
@@ -205,6 +225,8 @@ impl Scripts {
                 Script::new(RELEASE_MANY_SOURCE),
                 Script::new(EXTEND_MANY_SOURCE),
                 Script::new(ACQUIRE_WAIT_SOURCE),
+                Script::new(CLEANUP_SOURCE),
+                Script::new(CLEANUP_MANY_SOURCE),
             ],
         }
     }

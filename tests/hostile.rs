@@ -30,7 +30,7 @@ use bytes::BytesMut;
 use common::{Cluster, Server, cluster, connect, wait_empty};
 use redlock_mio::Cause;
 use redlock_mio::resp::{Arg, Limit, Limits, ProtocolError, Reply, decode};
-use redlock_mio::script::{EXTEND_SOURCE, RELEASE_SOURCE, Script};
+use redlock_mio::script::{CLEANUP_SOURCE, EXTEND_SOURCE, RELEASE_SOURCE, Script};
 use redlock_mio::{Config, Error, Failure, Redlock, Vote};
 
 /// The stated bound on how far a client's buffer memory over three masters
@@ -53,7 +53,8 @@ const FLOOD_TIME: Duration = Duration::from_secs(10);
 /// What a fake master does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Behaviour {
-    /// A working master: SET NX PX and the two scripts, in memory.
+    /// A working master: SET NX PX and the release, cleanup and extend
+    /// scripts, in memory.
     Honest,
     /// Honest, but every reply leaves one byte per write, 300 µs apart.
     Dribble,
@@ -361,11 +362,12 @@ fn serve_flood(mut stream: TcpStream, flood: Flood, state: &FakeState) {
 /// What a working master answers.
 fn honest_reply(state: &FakeState, args: &[&[u8]]) -> Vec<u8> {
     let release = Script::new(RELEASE_SOURCE);
+    let cleanup = Script::new(CLEANUP_SOURCE);
     let extend = Script::new(EXTEND_SOURCE);
     let upper = |i: usize| args.get(i).map(|a| a.to_ascii_uppercase());
     let int = |i: usize| -> Option<i64> { std::str::from_utf8(args.get(i)?).ok()?.parse().ok() };
     let script = |body: &[u8], by_sha: bool| {
-        [release, extend].into_iter().find(|s| {
+        [release, cleanup, extend].into_iter().find(|s| {
             if by_sha {
                 body == s.sha()
             } else {
@@ -391,7 +393,7 @@ fn honest_reply(state: &FakeState, args: &[&[u8]]) -> Vec<u8> {
               uptime_in_seconds:86400\r\n",
         ),
         // As Redis does: any script loads, answered with its SHA1 (the
-        // fake runs only the release and extend scripts, below).
+        // fake runs only the release, cleanup and extend scripts, below).
         Some(b"SCRIPT") if upper(1).as_deref() == Some(b"LOAD") && args.len() == 3 => {
             let source = String::from_utf8_lossy(args[2]).into_owned();
             bulk(Script::new(Box::leak(source.into_boxed_str())).sha())
@@ -419,7 +421,7 @@ fn honest_reply(state: &FakeState, args: &[&[u8]]) -> Vec<u8> {
             if !held {
                 return b":0\r\n".to_vec();
             }
-            if s == release {
+            if s == release || s == cleanup {
                 keys.remove(args[3]);
             } else {
                 let Some(ms) = int(5).filter(|ms| *ms > 0) else {

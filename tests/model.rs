@@ -63,7 +63,7 @@ const KNOWN: &[(&str, &str, &str)] = &[
     ),
 ];
 
-const SCRIPTS: [(&str, &str); 8] = [
+const SCRIPTS: [(&str, &str); 10] = [
     ("RELEASE", script::RELEASE_SOURCE),
     ("ACQUIRE_WAIT", script::ACQUIRE_WAIT_SOURCE),
     ("EXTEND", script::EXTEND_SOURCE),
@@ -72,6 +72,8 @@ const SCRIPTS: [(&str, &str); 8] = [
     ("ACQUIRE_MANY", script::ACQUIRE_MANY_SOURCE),
     ("RELEASE_MANY", script::RELEASE_MANY_SOURCE),
     ("EXTEND_MANY", script::EXTEND_MANY_SOURCE),
+    ("CLEANUP", script::CLEANUP_SOURCE),
+    ("CLEANUP_MANY", script::CLEANUP_MANY_SOURCE),
 ];
 
 const LOCKS: [&str; 3] = ["k1", "k2", "k3"];

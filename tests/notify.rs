@@ -1008,3 +1008,46 @@ fn a_subscriber_connection_to_a_stopped_master_is_dropped_and_made_again() {
         "once every waiter has had the lock",
     );
 }
+
+/// Issue 22 (found by the simulator): waiters in two processes, a lock
+/// held elsewhere on two of three masters, the third free. Each waiting
+/// attempt wins the free master and is refused by the other two; its
+/// cleanup deleted the key it had just set there, and the release script
+/// published that, waking the other process's waiter into the same
+/// attempt, whose cleanup woke the first again: a storm at round-trip rate
+/// until the holder's keys expired. The cleanup of an attempt that found
+/// the lock held elsewhere now publishes nothing, and each waiter waits for
+/// the holder's expiry.
+#[test]
+fn a_cleanup_of_an_attempt_refused_elsewhere_wakes_no_other_process() {
+    let masters = cluster(3);
+    let urls = masters.urls();
+    let held_ms = 1_500;
+    common::hold_elsewhere([&masters[0], &masters[1]], R, held_ms);
+    let before = calls(&masters[2]);
+    let waiters: Vec<Waiter> = (0..2)
+        .map(|_| {
+            let redlock = shared(&urls);
+            Waiter::spawn(move || {
+                let lock = redlock.acquire_with(R, HOLD_TTL, &waiting())?;
+                redlock.release(&lock)?;
+                Ok(lock)
+            })
+        })
+        .collect();
+    for waiter in waiters {
+        waiter
+            .outcome()
+            .unwrap_or_else(|e| panic!("a waiter, after the holder's expiry: {e}"));
+    }
+    let after = calls(&masters[2]);
+    // Each waiter: a first attempt, a waiting one, and a few after the
+    // expiry or the other's release (each an attempt and its cleanup).
+    let attempts = after.set - before.set;
+    assert!(
+        attempts <= 20,
+        "{attempts} acquire attempts reached the free master while the lock was held \
+         elsewhere for {held_ms} ms (before {before:?}, after {after:?}): the waiters woke \
+         each other"
+    );
+}

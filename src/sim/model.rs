@@ -297,7 +297,7 @@ pub struct Master {
     /// EVAL-created scripts by last use, oldest first.
     lru: BTreeMap<u64, [u8; 40]>,
     lru_clock: u64,
-    natives: [([u8; 40], ScriptId); 8],
+    natives: [([u8; 40], ScriptId); 10],
     counts: [CallCount; CMD_COUNT],
     /// `INFO errorstats`, sorted by code.
     errors: Vec<(Bytes, u64)>,
@@ -335,6 +335,8 @@ impl Master {
                 native(ScriptId::ReleaseMany, script::RELEASE_MANY_SOURCE),
                 native(ScriptId::ExtendMany, script::EXTEND_MANY_SOURCE),
                 native(ScriptId::AcquireWait, script::ACQUIRE_WAIT_SOURCE),
+                native(ScriptId::Cleanup, script::CLEANUP_SOURCE),
+                native(ScriptId::CleanupMany, script::CLEANUP_MANY_SOURCE),
             ],
             counts: [CallCount::default(); CMD_COUNT],
             errors: Vec::new(),
@@ -1283,18 +1285,35 @@ impl Master {
             ScriptId::AcquireMany => self.acquire_many(run),
             ScriptId::ReleaseMany => self.release_many(run),
             ScriptId::ExtendMany => self.extend_many(run),
+            ScriptId::Cleanup => self.cleanup(run),
+            ScriptId::CleanupMany => self.cleanup_many(run),
         }
     }
 
     /// [`script::RELEASE_SOURCE`].
     fn release<A: AsRef<[u8]>>(&mut self, r: &Run<'_, A>) -> Result<Reply, Fail> {
+        self.compare_and_delete(r, true)
+    }
+
+    /// [`script::CLEANUP_SOURCE`]: the release, publishing nothing.
+    fn cleanup<A: AsRef<[u8]>>(&mut self, r: &Run<'_, A>) -> Result<Reply, Fail> {
+        self.compare_and_delete(r, false)
+    }
+
+    fn compare_and_delete<A: AsRef<[u8]>>(
+        &mut self,
+        r: &Run<'_, A>,
+        publish: bool,
+    ) -> Result<Reply, Fail> {
         let key = need(r.key(1), 1)?;
         let held = self.get(r.now, r.db, key).map_err(|e| raised(1, e))?;
         match r.arg(1) {
             Some(token) if same(&held, token) => {
                 self.del(r.now, r.db, key);
-                // The script ignores what pcall returns.
-                let _ = self.pcall_publish(key, token);
+                if publish {
+                    // The script ignores what pcall returns.
+                    let _ = self.pcall_publish(key, token);
+                }
                 Ok(Reply::Integer(1))
             }
             _ => Ok(Reply::Integer(0)),
@@ -1443,6 +1462,20 @@ impl Master {
     /// [`script::RELEASE_MANY_SOURCE`]: deletions before a failing key
     /// stay, as Redis does not roll a script back.
     fn release_many<A: AsRef<[u8]>>(&mut self, r: &Run<'_, A>) -> Result<Reply, Fail> {
+        self.compare_and_delete_many(r, true)
+    }
+
+    /// [`script::CLEANUP_MANY_SOURCE`]: the release of many, publishing
+    /// nothing.
+    fn cleanup_many<A: AsRef<[u8]>>(&mut self, r: &Run<'_, A>) -> Result<Reply, Fail> {
+        self.compare_and_delete_many(r, false)
+    }
+
+    fn compare_and_delete_many<A: AsRef<[u8]>>(
+        &mut self,
+        r: &Run<'_, A>,
+        publish: bool,
+    ) -> Result<Reply, Fail> {
         let mut all = 1;
         for key in r.keys {
             let key = key.as_ref();
@@ -1450,7 +1483,9 @@ impl Master {
             match r.arg(1) {
                 Some(token) if same(&held, token) => {
                     self.del(r.now, r.db, key);
-                    let _ = self.pcall_publish(key, token);
+                    if publish {
+                        let _ = self.pcall_publish(key, token);
+                    }
                 }
                 _ => all = 0,
             }
@@ -1864,15 +1899,16 @@ fn error_owned(mut msg: Vec<u8>) -> Reply {
 mod tests {
     use super::*;
     use crate::script::{
-        ACQUIRE_FENCED_SOURCE, ACQUIRE_MANY_SOURCE, ACQUIRE_WAIT_SOURCE, EXTEND_MANY_SOURCE,
-        EXTEND_SOURCE, FENCE_SOURCE, FENCE_STATE_KEY, RELEASE_MANY_SOURCE, RELEASE_SOURCE,
+        ACQUIRE_FENCED_SOURCE, ACQUIRE_MANY_SOURCE, ACQUIRE_WAIT_SOURCE, CLEANUP_MANY_SOURCE,
+        CLEANUP_SOURCE, EXTEND_MANY_SOURCE, EXTEND_SOURCE, FENCE_SOURCE, FENCE_STATE_KEY,
+        RELEASE_MANY_SOURCE, RELEASE_SOURCE,
     };
 
     /// A start time 300 ms into a second, so that uptime's whole-second
     /// arithmetic shows.
     const T0: u64 = 1_700_000_000_300;
 
-    const SCRIPTS: [(&str, &str); 8] = [
+    const SCRIPTS: [(&str, &str); 10] = [
         ("RELEASE", RELEASE_SOURCE),
         ("ACQUIRE_WAIT", ACQUIRE_WAIT_SOURCE),
         ("EXTEND", EXTEND_SOURCE),
@@ -1881,6 +1917,8 @@ mod tests {
         ("ACQUIRE_MANY", ACQUIRE_MANY_SOURCE),
         ("RELEASE_MANY", RELEASE_MANY_SOURCE),
         ("EXTEND_MANY", EXTEND_MANY_SOURCE),
+        ("CLEANUP", CLEANUP_SOURCE),
+        ("CLEANUP_MANY", CLEANUP_MANY_SOURCE),
     ];
 
     /// One command of a case: `$NAME` stands for a script's source,

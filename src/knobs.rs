@@ -1,0 +1,62 @@
+//! Bugs put in on purpose, to show that the simulator's checkers catch
+//! them (issue 22, item 4). Only with the `test-knobs` feature (or in the
+//! crate's unit tests), and only on the thread that turned one on: the
+//! simulator runs every client's core on its own thread, so one test's
+//! bug never reaches another test, nor any shared client's event loop.
+//! Without the feature, [`injected`] is `false` and compiles away.
+
+/// A bug the code can be made to have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bug {
+    /// A round is won with one grant fewer than a quorum.
+    QuorumOffByOne,
+    /// The drift term left out of every validity.
+    DriftDropped,
+    /// An extend leaves the caller's lock as it was until the extend
+    /// completes (as before issue 20): a dropped extend can leave it
+    /// claiming validity the keys no longer have.
+    ExtendNotShortened,
+    /// A waiting acquire takes a round with a failed master and fewer than
+    /// a quorum of refusals for a split vote (as before issue 20), and
+    /// tries again at round-trip rate.
+    FailureCountedAsSplit,
+    /// A late `-NOSCRIPT` to an acquire whose round was decided is
+    /// answered by sending the acquire again.
+    ResendDecided,
+}
+
+#[cfg(any(test, feature = "test-knobs"))]
+thread_local! {
+    static INJECTED: std::cell::Cell<Option<Bug>> = const { std::cell::Cell::new(None) };
+}
+
+/// Whether `bug` is on for this thread.
+#[inline(always)]
+pub(crate) fn injected(bug: Bug) -> bool {
+    #[cfg(any(test, feature = "test-knobs"))]
+    return INJECTED.with(|b| b.get() == Some(bug));
+    #[cfg(not(any(test, feature = "test-knobs")))]
+    {
+        let _ = bug;
+        false
+    }
+}
+
+/// Turns `bug` on for this thread until the guard is dropped.
+#[cfg(any(test, feature = "test-knobs"))]
+pub fn inject(bug: Option<Bug>) -> Injected {
+    INJECTED.with(|b| b.set(bug));
+    Injected(())
+}
+
+/// Turns the injected bug off when dropped.
+#[cfg(any(test, feature = "test-knobs"))]
+#[derive(Debug)]
+pub struct Injected(());
+
+#[cfg(any(test, feature = "test-knobs"))]
+impl Drop for Injected {
+    fn drop(&mut self) {
+        INJECTED.with(|b| b.set(None));
+    }
+}
