@@ -1036,7 +1036,8 @@ fn a_cleanup_of_an_attempt_refused_elsewhere_wakes_no_other_process() {
         })
         .collect();
     for waiter in waiters {
-        waiter
+        // Released already, inside the waiter.
+        let _released = waiter
             .outcome()
             .unwrap_or_else(|e| panic!("a waiter, after the holder's expiry: {e}"));
     }
