@@ -702,7 +702,7 @@ fn put_int_line(dst: &mut BytesMut, kind: u8, n: i64) {
 }
 
 /// Formats `n` in decimal into the tail of `buf`, returning the text.
-fn format_i64(n: i64, buf: &mut [u8; 20]) -> &[u8] {
+pub(crate) fn format_i64(n: i64, buf: &mut [u8; 20]) -> &[u8] {
     let mut at = buf.len();
     let mut rest = n.unsigned_abs();
     loop {

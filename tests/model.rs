@@ -24,6 +24,7 @@ use common::{Plain, Server};
 use redlock_mio::resp::{Arg, Reply};
 use redlock_mio::script::{self, FENCE_STATE_KEY, Script};
 use redlock_mio::sim::model::{ConnId, Master, Settings};
+use redlock_mio::sim::rng::Rng;
 use redlock_test::Options;
 
 /// Seeds of the random runs, each on a fresh model and a flushed server.
@@ -95,31 +96,6 @@ const CHANNELS: [&str; 4] = [
 const A: usize = 0;
 const S: usize = 1;
 const B: usize = 2;
-
-/// splitmix64: a small seeded generator.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-
-    fn pick<'a>(&mut self, items: &[&'a str]) -> &'a str {
-        items[self.below(items.len())]
-    }
-
-    fn chance(&mut self, one_in: usize) -> bool {
-        self.below(one_in) == 0
-    }
-}
 
 fn now_ms() -> u64 {
     SystemTime::now()
@@ -406,7 +382,7 @@ struct Draw {
 
 impl Draw {
     fn ttl(&mut self) -> &'static str {
-        if self.rng.chance(15) {
+        if self.rng.one_in(15) {
             self.rng.pick(&BAD_TTLS)
         } else {
             self.rng.pick(&TTLS)
@@ -464,7 +440,7 @@ impl Draw {
             "RELEASE_MANY" => (many(&mut self.rng), vec![token], Check::Exact),
             _ => (many(&mut self.rng), vec![token, self.ttl()], Check::Exact),
         };
-        let numkeys = if self.rng.chance(25) {
+        let numkeys = if self.rng.one_in(25) {
             keys.len() - 1
         } else {
             keys.len()
@@ -487,7 +463,7 @@ impl Draw {
         let token = self.rng.pick(&TOKENS);
         let on_a = |words: &[&str]| (A, args(words), Check::Exact);
         let roll = self.rng.below(if self.with_b { 112 } else { 100 });
-        let rare = self.rng.chance(4);
+        let rare = self.rng.one_in(4);
         match roll {
             0..=11 => {
                 let ttl = self.ttl();
@@ -527,7 +503,7 @@ impl Draw {
                 )
             }
             29..=31 => {
-                let ttl = if self.rng.chance(4) {
+                let ttl = if self.rng.one_in(4) {
                     self.rng.pick(&["0", "-1"])
                 } else {
                     self.ttl()
@@ -691,7 +667,7 @@ fn run_seeds(server: &Server, settings: &Settings, password: Option<&str>) -> (u
             }
         }
         let mut draw = Draw {
-            rng: Rng(seed),
+            rng: Rng::new(seed),
             with_b: password.is_some(),
         };
         for i in 0..STEPS {

@@ -9,7 +9,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{cluster, connect, shared_config};
+use common::{cluster, command_calls as calls, connect, shared_config};
 use redlock_mio::resp::{Arg, Reply};
 use redlock_mio::script::RELEASE_SOURCE;
 use redlock_mio::script::Script;
@@ -25,21 +25,6 @@ fn flush_scripts(masters: &Cluster) {
             Reply::Status("OK".into())
         );
     }
-}
-
-/// `calls` of `cmdstat_<name>` in `INFO commandstats`, 0 when absent.
-fn calls(server: &Server, name: &str) -> u64 {
-    let Reply::Bulk(info) =
-        connect(server).cmd(&[Arg::Bytes(b"INFO"), Arg::Bytes(b"commandstats")])
-    else {
-        panic!("INFO commandstats");
-    };
-    let prefix = format!("cmdstat_{name}:calls=");
-    String::from_utf8_lossy(&info)
-        .lines()
-        .find_map(|l| l.strip_prefix(prefix.as_str()))
-        .and_then(|rest| rest.split(',').next()?.parse().ok())
-        .unwrap_or(0)
 }
 
 fn loaded(server: &Server, script: &Script) -> bool {

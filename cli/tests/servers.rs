@@ -29,7 +29,10 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use command::{code, finish, one_shot, redlock, shipped, stderr, stdout};
-use common::{Cluster, Options, Server, bulk, connect, eventually, shared_config};
+use common::{
+    Cluster, Options, Server, bulk, command_calls as calls, connect, eventually, info_count,
+    shared_config,
+};
 use redlock_mio::resp::{Arg, Reply};
 use redlock_mio::script::{EXTEND_SOURCE, RELEASE_SOURCE, Script, release_channel};
 use redlock_mio::{Error, Redlock, Retry, SharedRedlock};
@@ -240,31 +243,8 @@ fn lifecycle_from_the_shell_and_the_library(flavor: Flavor) {
     wait_free(&masters, &["one", "m1", "m2", "m3", "b1", "b2", "f"]);
 }
 
-/// A field of `INFO <section>` whose value starts `<prefix>=<n>`: `n`,
-/// 0 when the line is absent.
-fn info_count(server: &Server, section: &str, field: &str, prefix: &str) -> u64 {
-    let Reply::Bulk(info) = connect(server).cmd(&["INFO".into(), section.into()]) else {
-        panic!("INFO {section} from {}", server.url());
-    };
-    let start = format!("{field}:{prefix}=");
-    String::from_utf8_lossy(&info)
-        .lines()
-        .find_map(|l| l.strip_prefix(start.as_str()))
-        .and_then(|rest| rest.split(',').next()?.parse().ok())
-        .unwrap_or(0)
-}
-
 fn noscript_errors(server: &Server) -> u64 {
     info_count(server, "errorstats", "errorstat_NOSCRIPT", "count")
-}
-
-fn calls(server: &Server, command: &str) -> u64 {
-    info_count(
-        server,
-        "commandstats",
-        &format!("cmdstat_{command}"),
-        "calls",
-    )
 }
 
 fn loaded(server: &Server, script: &Script) -> bool {

@@ -19,7 +19,7 @@ use std::hash::BuildHasherDefault;
 
 use bytes::Bytes;
 
-use crate::resp::Reply;
+use crate::resp::{Reply, format_i64};
 use crate::script::{self, RELEASE_CHANNEL_PREFIX, Script, ScriptId};
 
 /// Maps with a fixed hasher: the same run gives the same memory layout,
@@ -1704,25 +1704,6 @@ fn parse_i64(s: &[u8]) -> Option<i64> {
     }
 }
 
-/// Formats `n` in decimal into `buf`, returning the text.
-fn format_i64(n: i64, buf: &mut [u8; 20]) -> &[u8] {
-    let mut at = buf.len();
-    let mut rest = n.unsigned_abs();
-    loop {
-        at -= 1;
-        buf[at] = b'0' + (rest % 10) as u8;
-        rest /= 10;
-        if rest == 0 {
-            break;
-        }
-    }
-    if n < 0 {
-        at -= 1;
-        buf[at] = b'-';
-    }
-    &buf[at..]
-}
-
 /// The lowercase hex SHA1 of `data`.
 fn sha1_hex(data: &[u8]) -> [u8; 40] {
     const HEX: &[u8; 16] = b"0123456789abcdef";
@@ -1903,6 +1884,7 @@ mod tests {
         CLEANUP_SOURCE, EXTEND_MANY_SOURCE, EXTEND_SOURCE, FENCE_SOURCE, FENCE_STATE_KEY,
         RELEASE_MANY_SOURCE, RELEASE_SOURCE,
     };
+    use crate::sim::rng::Rng;
 
     /// A start time 300 ms into a second, so that uptime's whole-second
     /// arithmetic shows.
@@ -3228,23 +3210,6 @@ mod tests {
         }
     }
 
-    /// A small seeded generator: splitmix64.
-    struct Rng(u64);
-
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            let mut z = self.0;
-            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            z ^ (z >> 31)
-        }
-
-        fn below(&mut self, n: usize) -> usize {
-            (self.next() % n as u64) as usize
-        }
-    }
-
     #[test]
     fn no_command_panics_and_every_error_stays_one_line() {
         let words: [&[u8]; 40] = [
@@ -3293,7 +3258,7 @@ mod tests {
             .iter()
             .flat_map(|(_, src)| [src.as_bytes().to_vec(), Script::new(src).sha().to_vec()])
             .collect();
-        let mut rng = Rng(22);
+        let mut rng = Rng::new(22);
         let mut m = Master::new(3, T0);
         let mut now = T0;
         for step in 0..30_000 {
@@ -3301,7 +3266,7 @@ mod tests {
             let args: Vec<Vec<u8>> = (0..len)
                 .map(|i| match rng.below(10) {
                     0 if i == 1 => scripts[rng.below(scripts.len())].clone(),
-                    1 => (0..rng.below(6)).map(|_| rng.next() as u8).collect(),
+                    1 => (0..rng.below(6)).map(|_| rng.next_u64() as u8).collect(),
                     2 => FENCE_STATE_KEY.to_vec(),
                     _ => words[rng.below(words.len())].to_vec(),
                 })

@@ -37,42 +37,8 @@ use crate::script::{
     CLEANUP_SOURCE, RELEASE_MANY_SOURCE, RELEASE_SOURCE, Script, Scripts,
 };
 use crate::sim::model::{ConnId, Master};
+use crate::sim::rng::Rng;
 use crate::token::TokenSource;
-
-/// A seeded pseudo-random source (splitmix64): every choice of a run.
-#[derive(Debug, Clone)]
-pub struct Rng(u64);
-
-impl Rng {
-    /// The source for `seed`.
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed)
-    }
-
-    /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `[0, n)`; 0 for `n == 0`.
-    pub fn below(&mut self, n: u64) -> u64 {
-        if n == 0 { 0 } else { self.next_u64() % n }
-    }
-
-    /// Uniform in `[low, high]`.
-    pub fn range(&mut self, low: u64, high: u64) -> u64 {
-        low + self.below(high.saturating_sub(low) + 1)
-    }
-
-    /// True with probability `p`.
-    pub fn chance(&mut self, p: f64) -> bool {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64 <= p
-    }
-}
 
 pub use crate::knobs::Bug;
 
@@ -1137,7 +1103,7 @@ impl World {
             .filter(|&h| !self.clients[client].held[h].releasing)
             .collect();
         if !holding.is_empty() && roll < 45 {
-            let h = holding[self.rng.below(holding.len() as u64) as usize];
+            let h = holding[self.rng.below(holding.len())];
             if self.rng.chance(0.3) {
                 self.submit_extend(client, h);
             } else {
@@ -1193,7 +1159,7 @@ impl World {
     }
 
     fn submit_acquire(&mut self, client: usize) {
-        let r = self.rng.below(RESOURCES.len() as u64) as usize;
+        let r = self.rng.below(RESOURCES.len());
         let ttl = Duration::from_millis(self.rng.range(50, micros(MAX_TTL) / 1_000));
         let waiting = self.rng.chance(0.4);
         let retry = if waiting {
@@ -1447,7 +1413,7 @@ impl World {
     /// The next fault, and the one after.
     fn fault(&mut self) {
         self.outcome.faults += 1;
-        let m = self.rng.below(self.settings.masters as u64) as usize;
+        let m = self.rng.below(self.settings.masters);
         match self.rng.below(6) {
             0 => {
                 // Crash, losing data or not, and come back later.
@@ -1509,7 +1475,7 @@ impl World {
                     .map(|(c, l, _)| (*c, *l))
                     .collect();
                 if !conns.is_empty() {
-                    let (c, l) = conns[self.rng.below(conns.len() as u64) as usize];
+                    let (c, l) = conns[self.rng.below(conns.len())];
                     self.clients[c].links[l].half_open = true;
                 }
             }
@@ -1517,7 +1483,7 @@ impl World {
                 // One connection reset.
                 let ids: Vec<u64> = self.nodes[m].conns.keys().copied().collect();
                 if !ids.is_empty() {
-                    let id = ids[self.rng.below(ids.len() as u64) as usize];
+                    let id = ids[self.rng.below(ids.len())];
                     self.nodes[m].conns.remove(&id);
                     self.nodes[m].model.handle_disconnect(ConnId(id));
                     self.reset_all(m, &[id]);

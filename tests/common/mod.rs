@@ -403,3 +403,27 @@ pub fn connections_received(server: &Server) -> u64 {
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or_else(|| panic!("no total_connections_received from {}", server.url()))
 }
+
+/// The number after `<field>:<prefix>=` in `INFO <section>` (for example
+/// `errorstat_NOSCRIPT:count=`), 0 when the line is absent.
+pub fn info_count(server: &Server, section: &str, field: &str, prefix: &str) -> u64 {
+    let Reply::Bulk(info) = connect(server).cmd(&[Arg::Bytes(b"INFO"), section.into()]) else {
+        panic!("INFO {section} from {}", server.url());
+    };
+    let start = format!("{field}:{prefix}=");
+    String::from_utf8_lossy(&info)
+        .lines()
+        .find_map(|l| l.strip_prefix(start.as_str()))
+        .and_then(|rest| rest.split(',').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// `calls` of `cmdstat_<command>` in `INFO commandstats`, 0 when absent.
+pub fn command_calls(server: &Server, command: &str) -> u64 {
+    info_count(
+        server,
+        "commandstats",
+        &format!("cmdstat_{command}"),
+        "calls",
+    )
+}
