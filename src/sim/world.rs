@@ -223,6 +223,8 @@ struct Link {
     to_client: Micros,
     /// Replies from the master are lost (a half-open connection).
     half_open: bool,
+    /// The next reply from the master is garbage.
+    garbage: bool,
 }
 
 impl Link {
@@ -232,6 +234,7 @@ impl Link {
             to_master: 0,
             to_client: 0,
             half_open: false,
+            garbage: false,
         }
     }
 }
@@ -650,6 +653,12 @@ impl World {
 
     fn finish(mut self) -> Outcome {
         let now = self.now;
+        for (c, client) in self.clients.iter().enumerate() {
+            if client.closed && !client.hub.is_idle() {
+                let what = format!("shutdown: client {c}'s hub still has work after it closed");
+                self.checker.violation(now, what);
+            }
+        }
         for c in 0..self.clients.len() {
             for pending in &self.clients[c].pending {
                 if now > pending.at + pending.bound {
@@ -1035,6 +1044,11 @@ impl World {
         if self.clients[client].links[link].half_open {
             return;
         }
+        let bytes = if std::mem::take(&mut self.clients[client].links[link].garbage) {
+            Bytes::from_static(b"?garbage\r\n")
+        } else {
+            bytes
+        };
         let latency = self.latency();
         let split = if bytes.len() > 1 && self.rng.chance(0.05) {
             Some(self.rng.range(1, bytes.len() as u64 - 1) as usize)
@@ -1092,6 +1106,15 @@ impl World {
                 .collect();
             for h in held {
                 self.submit_release(client, h);
+            }
+            // Half the clients drop their last handle now, with those
+            // releases and perhaps other operations under way: each must
+            // still end, without retries.
+            if self.rng.chance(0.5) {
+                let c = &mut self.clients[client];
+                c.closed = true;
+                let stamp = c.clock.stamp(now);
+                c.hub.handle_closing(stamp);
             }
             // An order wakes the hub, as it wakes the event loop.
             self.step(client);
@@ -1414,7 +1437,30 @@ impl World {
     fn fault(&mut self) {
         self.outcome.faults += 1;
         let m = self.rng.below(self.settings.masters);
-        match self.rng.below(6) {
+        match self.rng.below(9) {
+            6 => {
+                // The next reply on one connection is garbage.
+                let conns: Vec<(usize, usize)> = self.nodes[m]
+                    .conns
+                    .values()
+                    .map(|(c, l, _)| (*c, *l))
+                    .collect();
+                if !conns.is_empty() {
+                    let (c, l) = conns[self.rng.below(conns.len())];
+                    self.clients[c].links[l].garbage = true;
+                }
+            }
+            7 => {
+                // Pub/sub rights taken away or given back (an ACL change).
+                let settings = self.nodes[m].model.settings_mut();
+                settings.deny_publish = !settings.deny_publish;
+                settings.deny_subscribe = !settings.deny_subscribe;
+            }
+            8 => {
+                // The master evicts EVAL-created scripts (Redis 7.4+).
+                let settings = self.nodes[m].model.settings_mut();
+                settings.eval_lru = !settings.eval_lru;
+            }
             0 => {
                 // Crash, losing data or not, and come back later.
                 // SAFETY.md's assumption for fences: at most N - Q masters
