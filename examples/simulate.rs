@@ -62,12 +62,15 @@ fn main() -> ExitCode {
     let started = Instant::now();
     let (mut seeds, mut ops, mut granted, mut faults, mut simulated) =
         (0u64, 0u64, 0u64, 0u64, Duration::ZERO);
+    let (mut kept, mut kept_extensions) = (0u64, 0u64);
     let mut seed = only.unwrap_or(from);
     loop {
         let outcome = simulate(seed, &settings, LIMIT);
         seeds += 1;
         ops += outcome.ops;
         granted += outcome.granted;
+        kept += outcome.kept;
+        kept_extensions += outcome.kept_extensions;
         faults += outcome.faults;
         simulated += outcome.simulated;
         if !outcome.violations.is_empty() {
@@ -92,8 +95,9 @@ fn main() -> ExitCode {
     }
     let cpu = started.elapsed().as_secs_f64();
     println!(
-        "{seeds} seeds ({}..={seed}): {ops} operations ({granted} locks granted), {faults} faults, \
-         {:.1} s simulated, in {cpu:.1} s: {:.0} operations per second",
+        "{seeds} seeds ({}..={seed}): {ops} operations ({granted} locks granted, {kept} kept \
+         and extended {kept_extensions} times), {faults} faults, {:.1} s simulated, in {cpu:.1} s: \
+         {:.0} operations per second",
         only.unwrap_or(from),
         simulated.as_secs_f64(),
         ops as f64 / cpu

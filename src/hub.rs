@@ -964,7 +964,7 @@ impl<P: Promise, L: Links> Hub<P, L> {
                         // the schedule decides again.
                         Err(error) => {
                             kept.keeper
-                                .handle_extended(lock, Err(error), now, ctx.jitter)
+                                .handle_extended(lock, Err(error), stamp, ctx.jitter)
                         }
                     }
                 }
@@ -980,7 +980,7 @@ impl<P: Promise, L: Links> Hub<P, L> {
         kept.extending = false;
         if let Output::Extended(lock, result) = output {
             kept.keeper
-                .handle_extended(lock, result, now, &mut self.jitter);
+                .handle_extended(lock, result, self.stamp, &mut self.jitter);
         }
         match kept.stopping.take() {
             Some(completion) => self.release_kept(slot, completion, now),

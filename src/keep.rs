@@ -257,6 +257,7 @@ impl Keeper {
         config: &Config,
         lock: Lock,
         options: KeepOptions,
+        now: Stamp,
     ) -> Result<(Keeper, Duration), Error> {
         let every = options.every;
         if !(every > 0.0 && every < 1.0) {
@@ -270,8 +271,14 @@ impl Keeper {
         // How long one extension round may take: the loop waits this long
         // for the masters.
         let round = config.per_instance_timeout.min(ttl);
-        let mut schedule =
-            Schedule::new(ttl, every, round, cap, lock.deadline(), lock.extensions());
+        let mut schedule = Schedule::new(
+            ttl,
+            every,
+            round,
+            cap,
+            lock.deadline_at(now),
+            lock.extensions(),
+        );
         schedule.unmeasured = !lock.validity_known();
         let shared = Arc::new(Shared::new(lock.clone()));
         let keeper = Keeper {
@@ -288,13 +295,13 @@ impl Keeper {
     /// the holder listens. The schedule is judged on the lock's deadline
     /// as of `now` on both clocks: after a suspend it is earlier than the
     /// monotonic instant fixed at the last extension (see [`Lock::deadline`]).
-    pub(crate) fn poll(&mut self, now: Stamp) -> KeepStep {
+    pub(crate) fn poll(&mut self, stamp: Stamp) -> KeepStep {
         if self.lost {
             return KeepStep::Idle;
         }
         self.schedule
-            .handle_shortened(self.lock.expiry.deadline(now));
-        let now = now.mono;
+            .handle_shortened(self.lock.expiry.deadline(stamp));
+        let now = stamp.mono;
         match self.schedule.poll_next(now) {
             Next::Extend => KeepStep::Extend(self.schedule.ttl),
             Next::Wait(until) => KeepStep::Wait(until),
@@ -304,7 +311,7 @@ impl Keeper {
                 let report = Lost {
                     reason,
                     at: now,
-                    deadline: self.lock.deadline(),
+                    deadline: self.lock.deadline_at(stamp),
                     extensions: self.lock.extensions(),
                 };
                 let mut state = self.shared.state();
@@ -374,17 +381,18 @@ impl Keeper {
         &mut self,
         lock: Lock,
         result: Result<(), Error>,
-        now: Instant,
+        now: Stamp,
         jitter: &mut SplitMix64,
     ) {
         self.lock = lock;
+        let deadline = self.lock.deadline_at(now);
         match result {
             Ok(()) => self
                 .schedule
-                .handle_extended(self.lock.deadline(), self.lock.extensions()),
+                .handle_extended(deadline, self.lock.extensions()),
             Err(error) => {
-                self.schedule.handle_shortened(self.lock.deadline());
-                self.schedule.handle_failed(error, now);
+                self.schedule.handle_shortened(deadline);
+                self.schedule.handle_failed(error, now.mono);
                 let early = jitter.between(Duration::ZERO, self.schedule.retry_gap / 2);
                 self.schedule.spread_retry(early);
             }
@@ -903,7 +911,7 @@ mod tests {
             .map(|_| {
                 let mut keeper = kept_for_900ms(at);
                 let lock = keeper.lock.clone();
-                keeper.handle_extended(lock, Err(Error::NoQuorum(failure())), at.mono, &mut jitter);
+                keeper.handle_extended(lock, Err(Error::NoQuorum(failure())), at, &mut jitter);
                 keeper.schedule.retry_at.unwrap()
             })
             .collect();

@@ -14,6 +14,7 @@ use std::sync::mpsc::{self, Receiver};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use crate::clock::Stamp;
 use crate::config::Config;
 use crate::error::Error;
 use crate::keep::{KeepOptions, Keeper, Lost, Shared};
@@ -324,7 +325,7 @@ impl SharedRedlock {
     /// not in `(0, 1)`. Nothing is sent then, and the lock is left as it
     /// was.
     pub fn keep(&self, lock: Lock, options: KeepOptions) -> Result<Watchdog, Error> {
-        let (keeper, ttl) = Keeper::new(self.config(), lock, options)?;
+        let (keeper, ttl) = Keeper::new(self.config(), lock, options, Stamp::now())?;
         let watchdog = Watchdog {
             redlock: self.clone(),
             shared: Arc::clone(keeper.shared()),

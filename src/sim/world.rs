@@ -29,6 +29,7 @@ use crate::conn::{Cause, Conn, Keys, Op};
 use crate::engine::Engine;
 use crate::hub::{Hub, Links, Order, Promise, Submission};
 use crate::job::{Extend, Output, SplitMix64};
+use crate::keep::{KeepOptions, Keeper, Shared as KeepShared};
 use crate::lock::Lock;
 use crate::quorum::quorum;
 use crate::resp::{Limits, Reply, decode};
@@ -76,6 +77,10 @@ pub struct Outcome {
     pub ops: u64,
     /// Locks granted to callers.
     pub granted: u64,
+    /// Granted locks handed over to be kept alive, and the extensions
+    /// their keepers made.
+    pub kept: u64,
+    pub kept_extensions: u64,
     /// Faults injected.
     pub faults: u64,
     /// Virtual time simulated.
@@ -88,9 +93,12 @@ impl fmt::Display for Outcome {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{} operations ({} locks granted), {} faults, {:?} simulated, {} violations",
+            "{} operations ({} locks granted, {} kept, extended {} times), {} faults, {:?} \
+             simulated, {} violations",
             self.ops,
             self.granted,
+            self.kept,
+            self.kept_extensions,
             self.faults,
             self.simulated,
             self.violations.len()
@@ -270,6 +278,8 @@ struct Held {
     /// Its entry in the checker's history.
     entries: Vec<usize>,
     releasing: bool,
+    /// Kept alive by the hub (a watchdog): what the holder reads.
+    kept: Option<Arc<KeepShared>>,
 }
 
 struct Client {
@@ -783,6 +793,7 @@ impl World {
         c.hub.handle_timeout(stamp);
         self.flush(client);
         self.collect(client);
+        self.watch_kept(client);
         // Every buffer within its bound: no connection holds more requests
         // than the admission lets in.
         let limit = self.config.max_in_flight;
@@ -1127,7 +1138,10 @@ impl World {
             .collect();
         if !holding.is_empty() && roll < 45 {
             let h = holding[self.rng.below(holding.len())];
-            if self.rng.chance(0.3) {
+            let kept = self.clients[client].held[h].kept.is_some();
+            if !kept && self.rng.chance(0.1) {
+                self.keep(client, h);
+            } else if !kept && self.rng.chance(0.4) {
                 self.submit_extend(client, h);
             } else {
                 self.submit_release(client, h);
@@ -1257,12 +1271,72 @@ impl World {
             entry.until = entry.until.min(now);
         }
         let bound = self.slack();
-        self.submit(
-            client,
-            Asked::Release { held: h },
-            Order::Release { lock },
-            bound,
+        let order = match self.clients[client].held[h].kept.take() {
+            Some(shared) => {
+                let start = self.clients[client].held[h].lock.extensions();
+                let now = shared.state().lock.extensions();
+                self.outcome.kept_extensions += u64::from(now.saturating_sub(start));
+                Order::Unkeep { shared }
+            }
+            None => Order::Release { lock },
+        };
+        self.submit(client, Asked::Release { held: h }, order, bound);
+    }
+
+    /// Hands held lock `h` to the hub to keep alive, as
+    /// `SharedRedlock::keep` does.
+    fn keep(&mut self, client: usize, h: usize) {
+        let ttl = Duration::from_millis(self.rng.range(50, micros(MAX_TTL) / 1_000));
+        let options = KeepOptions {
+            ttl: Some(ttl),
+            ..KeepOptions::default()
+        };
+        let lock = self.clients[client].held[h].lock.clone();
+        let stamp = self.clients[client].clock.stamp(self.now);
+        let Ok((keeper, _)) = Keeper::new(&self.config, lock, options, stamp) else {
+            return;
+        };
+        let shared = Arc::clone(keeper.shared());
+        self.outcome.kept += 1;
+        let c = &mut self.clients[client];
+        c.held[h].kept = Some(shared);
+        let stamp = c.clock.stamp(self.now);
+        let slot = Rc::new(RefCell::new(Slot::default()));
+        c.hub.handle_order(
+            Submission {
+                order: Order::Keep {
+                    keeper: Box::new(keeper),
+                },
+                completion: SimPromise(slot),
+            },
+            stamp,
         );
+    }
+
+    /// What the holders of kept locks believe now: held until the kept
+    /// lock's deadline, as long as it is not lost (then until the deadline
+    /// the loss reported).
+    fn watch_kept(&mut self, client: usize) {
+        let c = &self.clients[client];
+        let stamp = c.clock.stamp(self.now);
+        for held in &c.held {
+            let Some(shared) = &held.kept else { continue };
+            let state = shared.state();
+            let (deadline, lost) = match &state.lost {
+                Some(lost) => (lost.deadline, true),
+                None => (state.lock.deadline_at(stamp), false),
+            };
+            let deadline = c.clock.virtual_at(deadline);
+            for &e in &held.entries {
+                let entry = &mut self.checker.entries[e];
+                entry.until = if lost || deadline < entry.until {
+                    // Believed held up to now under the longer deadline.
+                    entry.until.min(self.now.max(deadline))
+                } else {
+                    deadline
+                };
+            }
+        }
     }
 
     fn submit_extend(&mut self, client: usize, h: usize) {
@@ -1389,6 +1463,7 @@ impl World {
             lock,
             entries,
             releasing: false,
+            kept: None,
         });
     }
 
