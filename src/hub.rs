@@ -650,16 +650,7 @@ impl<P: Promise, L: Links> Hub<P, L> {
     /// [`Hub::spawn`] for a job whose span is open already.
     fn spawn_with(&mut self, job: Job, waiter: Waiter<P>, span: OpSpan, now: Instant) {
         let running = Running::new(job, waiter, span);
-        let index = match self.free_jobs.pop() {
-            Some(index) => {
-                self.jobs[index] = running;
-                index
-            }
-            None => {
-                self.jobs.push(running);
-                self.jobs.len() - 1
-            }
-        };
+        let index = place(&mut self.jobs, &mut self.free_jobs, running);
         self.advance(index, now);
     }
 
@@ -893,16 +884,7 @@ impl<P: Promise, L: Links> Hub<P, L> {
             stopping: None,
             admitting: false,
         });
-        let slot = match self.free_kept.pop() {
-            Some(slot) => {
-                self.kept[slot] = kept;
-                slot
-            }
-            None => {
-                self.kept.push(kept);
-                self.kept.len() - 1
-            }
-        };
+        let slot = place(&mut self.kept, &mut self.free_kept, kept);
         if let Some(Some(kept)) = self.kept.get(slot) {
             kept.keeper.shared().set_slot(Some(slot));
         }
@@ -1075,6 +1057,21 @@ impl<P: Promise, L: Links> Hub<P, L> {
                 first: Arc::clone(&self.names[first]),
                 second: Arc::clone(&self.names[second]),
             });
+        }
+    }
+}
+
+/// Puts `item` in a free slot of `table` (from `free`), or a new one at
+/// the end, and returns its index: a table whose indices stay put.
+fn place<T>(table: &mut Vec<Option<T>>, free: &mut Vec<usize>, item: Option<T>) -> usize {
+    match free.pop() {
+        Some(index) => {
+            table[index] = item;
+            index
+        }
+        None => {
+            table.push(item);
+            table.len() - 1
         }
     }
 }

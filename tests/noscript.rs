@@ -9,12 +9,12 @@ mod common;
 
 use std::time::Duration;
 
-use common::{cluster, command_calls as calls, connect, shared_config};
+use common::{cluster, command_calls as calls, connect, script_loaded as loaded, shared_config};
 use redlock_mio::resp::{Arg, Reply};
 use redlock_mio::script::RELEASE_SOURCE;
 use redlock_mio::script::Script;
 use redlock_mio::{Redlock, SharedRedlock};
-use redlock_test::{Cluster, Server};
+use redlock_test::Cluster;
 
 const TTL: Duration = Duration::from_secs(30);
 
@@ -25,14 +25,6 @@ fn flush_scripts(masters: &Cluster) {
             Reply::Status("OK".into())
         );
     }
-}
-
-fn loaded(server: &Server, script: &Script) -> bool {
-    connect(server).cmd(&[
-        Arg::Bytes(b"SCRIPT"),
-        Arg::Bytes(b"EXISTS"),
-        Arg::Bytes(script.sha()),
-    ]) == Reply::Array(vec![Reply::Integer(1)])
 }
 
 #[test]

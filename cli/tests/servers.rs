@@ -31,7 +31,7 @@ use std::time::Duration;
 use command::{code, finish, one_shot, redlock, shipped, stderr, stdout};
 use common::{
     Cluster, Options, Server, bulk, command_calls as calls, connect, eventually, info_count,
-    shared_config,
+    script_loaded as loaded, shared_config,
 };
 use redlock_mio::resp::{Arg, Reply};
 use redlock_mio::script::{EXTEND_SOURCE, RELEASE_SOURCE, Script, release_channel};
@@ -245,14 +245,6 @@ fn lifecycle_from_the_shell_and_the_library(flavor: Flavor) {
 
 fn noscript_errors(server: &Server) -> u64 {
     info_count(server, "errorstats", "errorstat_NOSCRIPT", "count")
-}
-
-fn loaded(server: &Server, script: &Script) -> bool {
-    connect(server).cmd(&[
-        Arg::Bytes(b"SCRIPT"),
-        Arg::Bytes(b"EXISTS"),
-        Arg::Bytes(script.sha()),
-    ]) == Reply::Array(vec![Reply::Integer(1)])
 }
 
 /// `FLOOD` EVALs of distinct scripts on `server`, pipelined, as other

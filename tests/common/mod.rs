@@ -427,3 +427,12 @@ pub fn command_calls(server: &Server, command: &str) -> u64 {
         "calls",
     )
 }
+
+/// Whether `script` is in `server`'s script cache (`SCRIPT EXISTS`).
+pub fn script_loaded(server: &Server, script: &redlock_mio::script::Script) -> bool {
+    connect(server).cmd(&[
+        Arg::Bytes(b"SCRIPT"),
+        Arg::Bytes(b"EXISTS"),
+        Arg::Bytes(script.sha()),
+    ]) == Reply::Array(vec![Reply::Integer(1)])
+}
