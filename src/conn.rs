@@ -48,7 +48,8 @@ pub(crate) enum Op {
     /// A waiting acquire's attempt: SET NX PX, or the key's remaining time
     /// when it is held.
     AcquireWait,
-    /// The cleanup of an attempt a quorum refused: compare-and-delete,
+    /// The cleanup of an attempt that found the lock held elsewhere
+    /// (refused, or refused and failed, by a quorum): compare-and-delete,
     /// publishing nothing.
     Cleanup,
     /// [`Op::Cleanup`] for every key of a multi-resource attempt.

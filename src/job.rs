@@ -1203,8 +1203,8 @@ pub(crate) fn release_op(keys: &Keys) -> Op {
     }
 }
 
-/// The quiet cleanup (no publish) of an attempt at `keys` that a quorum
-/// refused.
+/// The quiet cleanup (no publish) of an attempt at `keys` that found the
+/// lock held elsewhere.
 fn cleanup_op(keys: &Keys) -> Op {
     match keys {
         Keys::One(_) => Op::Cleanup,
