@@ -564,12 +564,12 @@ impl Acquire {
                     // failed, as the waiter reckons it): the attempt's keys
                     // sit on a minority, nobody waits for them, and the
                     // cleanup publishes nothing (see `CLEANUP_SOURCE`).
-                    let quiet = round.refused(0) + round.failed(0) >= round.quorum();
-                    self.fail_then(ctx, error, ended.mono, next);
-                    if quiet && let Some(cleanup) = &mut self.second {
-                        cleanup.op = cleanup_op(&self.keys);
-                    }
-                    return;
+                    let cleanup = if round.refused(0) + round.failed(0) >= round.quorum() {
+                        cleanup_op(&self.keys)
+                    } else {
+                        release_op(&self.keys)
+                    };
+                    return self.fail_then(ctx, error, ended.mono, next, cleanup);
                 };
                 if self.op != Op::AcquireFenced {
                     return self.succeed(expiry, None);
@@ -657,14 +657,23 @@ impl Acquire {
     /// back, so a release goes to every master (nobody waits for it); then
     /// a retry after a jittered wait, or the error.
     fn fail(&mut self, ctx: &mut Ctx<'_>, error: Error, now: Instant) {
-        self.fail_then(ctx, error, now, None);
+        let cleanup = release_op(&self.keys);
+        self.fail_then(ctx, error, now, None, cleanup);
     }
 
-    /// [`Acquire::fail`], going on as `next` says when it is given (a
-    /// notified wait for a held lock), else after the retry delay.
-    fn fail_then(&mut self, ctx: &mut Ctx<'_>, error: Error, now: Instant, next: Option<After>) {
+    /// [`Acquire::fail`] with `cleanup` as the release to send, going on as
+    /// `next` says when it is given (a notified wait for a held lock), else
+    /// after the retry delay.
+    fn fail_then(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        error: Error,
+        now: Instant,
+        next: Option<After>,
+        cleanup: Op,
+    ) {
         self.second = Some(Request {
-            op: release_op(&self.keys),
+            op: cleanup,
             keys: self.keys.clone(),
             token: self.request.token,
             arg: 0,

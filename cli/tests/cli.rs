@@ -146,6 +146,22 @@ fn wait_for_pid(path: &Path, running: &mut Running) -> libc::pid_t {
 /// for the file, and must never read it half-written).
 const WRITE_PID: &str = r#"echo $$ > "$1.tmp" && mv "$1.tmp" "$1""#;
 
+/// The arguments after `sh -c` of a command that writes its pid to
+/// `pid_file` ([`WRITE_PID`]), then runs until `go` exists, for at most
+/// `secs` seconds.
+fn until_go(pid_file: &Path, go: &Path, secs: u32) -> [std::ffi::OsString; 4] {
+    let ticks = secs * 20;
+    [
+        format!(
+            r#"{WRITE_PID}; i=0; while [ ! -e "$2" ] && [ $i -lt {ticks} ]; do sleep 0.05; i=$((i+1)); done"#
+        )
+        .into(),
+        "sh".into(),
+        pid_file.into(),
+        go.into(),
+    ]
+}
+
 /// The value of `key` on every master.
 fn get_all(masters: &Cluster, key: &str) -> Vec<Reply> {
     masters
@@ -898,12 +914,7 @@ fn a_short_ttl_is_kept_alive_for_as_long_as_the_command_runs() {
         ])
         // Runs until told to stop, so that no contender can come after it
         // however slowly the contenders run.
-        .arg(format!(
-            r#"{WRITE_PID}; i=0; while [ ! -e "$2" ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done"#
-        ))
-        .arg("sh")
-        .arg(&pid_file)
-        .arg(&go);
+        .args(until_go(&pid_file, &go, 60));
     let mut holder = Running::start(holder);
     wait_for_file(&pid_file, &mut holder);
     let started = Instant::now();
@@ -1723,12 +1734,7 @@ fn run_extends_its_lock_on_the_connections_that_acquired_it() {
             "sh",
             "-c",
         ])
-        .arg(format!(
-            r#"{WRITE_PID}; i=0; while [ ! -e "$2" ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done"#
-        ))
-        .arg("sh")
-        .arg(&pid_file)
-        .arg(&go);
+        .args(until_go(&pid_file, &go, 60));
     let mut holder = Running::start(holder);
     wait_for_pid(&pid_file, &mut holder);
 
@@ -1846,12 +1852,7 @@ fn the_command_runs_in_a_process_group_of_its_own_unless_foreground() {
         }
         holder
             .args(["pgroup", "--", "sh", "-c"])
-            .arg(format!(
-                r#"{WRITE_PID}; i=0; while [ ! -e "$2" ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done"#
-            ))
-            .arg("sh")
-            .arg(&pid_file)
-            .arg(&go);
+            .args(until_go(&pid_file, &go, 30));
         let mut holder = Running::start(holder);
         let command = wait_for_pid(&pid_file, &mut holder);
         let (group, redlocks) = (process_group(command), process_group(holder.pid()));
@@ -1964,12 +1965,7 @@ fn ctrl_z_on_the_terminal_stops_the_command_with_redlock_and_fg_continues_both()
     let mut holder = redlock(&masters.urls());
     holder
         .args(["run", "ctrl-z", "--", "sh", "-c"])
-        .arg(format!(
-            r#"{WRITE_PID}; i=0; while [ ! -e "$2" ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done"#
-        ))
-        .arg("sh")
-        .arg(&pid_file)
-        .arg(&go);
+        .args(until_go(&pid_file, &go, 30));
     let (mut holder, mut terminal) = Terminal::start(holder);
     let command = wait_for_pid(&pid_file, &mut holder);
     let _command = KillOnDrop::new(command);

@@ -13,7 +13,7 @@
 //! a seed replays exactly. Nothing here reads a clock or touches a
 //! socket.
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 use std::fmt;
@@ -491,8 +491,6 @@ pub struct World {
     config: Config,
     /// Master pairs cut off from clients until then: (master, until).
     partitions: Vec<(usize, Micros)>,
-    /// Set by a checker of liveness when an operation overran its bound.
-    late: Cell<u64>,
     /// The scripts that acquire or release, for [`effect`].
     effects: Vec<(Script, Effect)>,
     /// Per client: acquires submitted, and acquire attempts the masters
@@ -602,7 +600,6 @@ impl World {
             outcome: Outcome::default(),
             config,
             partitions: Vec::new(),
-            late: Cell::new(0),
             effects: vec![
                 (Script::new(ACQUIRE_WAIT_SOURCE), Effect::WaitingAcquire),
                 (Script::new(ACQUIRE_FENCED_SOURCE), Effect::Acquire),
@@ -672,7 +669,6 @@ impl World {
         for c in 0..self.clients.len() {
             for pending in &self.clients[c].pending {
                 if now > pending.at + pending.bound {
-                    self.late.set(self.late.get() + 1);
                     let what = format!(
                         "liveness: client {c}'s {:?} submitted at {:.3} ms never ended",
                         pending.asked,
@@ -1210,6 +1206,7 @@ impl World {
         };
         let kind = self.rng.below(10);
         let resource = Bytes::from_static(RESOURCES[r].as_bytes());
+        let other = Bytes::from_static(RESOURCES[(r + 1) % RESOURCES.len()].as_bytes());
         let bound = retry.max_wait.map_or(0, micros) + self.slack();
         let (asked, order) = match kind {
             0..=5 => (
@@ -1230,28 +1227,22 @@ impl World {
                     retry,
                 },
             ),
-            8 => {
-                let other = Bytes::from_static(RESOURCES[(r + 1) % RESOURCES.len()].as_bytes());
-                (
-                    Asked::Acquire,
-                    Order::Acquire {
-                        keys: Keys::Many(vec![resource, other].into()),
-                        op: Op::AcquireMany,
-                        ttl,
-                        retry,
-                    },
-                )
-            }
-            _ => {
-                let other = Bytes::from_static(RESOURCES[(r + 1) % RESOURCES.len()].as_bytes());
-                (
-                    Asked::Batch,
-                    Order::AcquireBatch {
-                        resources: vec![resource, other],
-                        ttl,
-                    },
-                )
-            }
+            8 => (
+                Asked::Acquire,
+                Order::Acquire {
+                    keys: Keys::Many(vec![resource, other].into()),
+                    op: Op::AcquireMany,
+                    ttl,
+                    retry,
+                },
+            ),
+            _ => (
+                Asked::Batch,
+                Order::AcquireBatch {
+                    resources: vec![resource, other],
+                    ttl,
+                },
+            ),
         };
         self.acquires[client] += match asked {
             Asked::Batch => 2,
