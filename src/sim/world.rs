@@ -1636,6 +1636,8 @@ mod tests {
     const LIMIT: Duration = Duration::from_secs(600);
     /// Seeds `cargo test` runs with three masters (the CI budget).
     const SEEDS: u64 = 300;
+    /// Seeds run twice to see them replay.
+    const REPLAYS: u64 = 40;
     /// Seeds within which each injected bug must be caught.
     const BUG_SEEDS: u64 = 100;
 
@@ -1668,6 +1670,8 @@ mod tests {
             );
             total.ops += outcome.ops;
             total.granted += outcome.granted;
+            total.kept += outcome.kept;
+            total.kept_extensions += outcome.kept_extensions;
             total.faults += outcome.faults;
             total.simulated += outcome.simulated;
         }
@@ -1682,6 +1686,8 @@ mod tests {
         println!("{SEEDS} seeds: {total}");
         assert!(total.granted > SEEDS * 10, "{total}");
         assert!(total.faults > SEEDS * 3, "{total}");
+        // Kept locks were extended by the hub, on the simulated clock.
+        assert!(total.kept_extensions > SEEDS, "{total}");
     }
 
     /// Five masters and five clients.
@@ -1700,7 +1706,7 @@ mod tests {
     #[test]
     fn a_seed_replays_exactly() {
         let settings = Settings::default();
-        for seed in 0..10 {
+        for seed in 0..REPLAYS {
             let first = format!("{:?}", simulate(seed, &settings, LIMIT));
             let again = format!("{:?}", simulate(seed, &settings, LIMIT));
             assert_eq!(first, again, "seed {seed}");
