@@ -2,12 +2,14 @@
 //!
 //! [`Redlock`] is the API a caller uses (its settings are in
 //! [`config`](crate::config), its errors in [`error`](crate::error)); it implements
-//! `shared/spec/redlock.md` on top of one [`Round`] per operation, driven by
-//! the [`Driver`]. It owns the rules that turn votes into a [`Lock`] or an
+//! `shared/spec/redlock.md` by driving the same sans-IO [`Hub`] as the
+//! shared client, on its caller's thread, with the [`Driver`] for I/O: each
+//! operation's job (the rules that turn votes into a [`Lock`] or an
 //! [`Error`]: the quorum and validity check, the release to all N masters
 //! after a failed acquire, retries with jitter, the extension cap, and
-//! argument checks. One `Redlock` is one client with its own connections;
-//! it is `Send` but used from one thread at a time (`&mut self`).
+//! argument checks) runs inline, and one that waits is driven by the hub's
+//! timers. One `Redlock` is one client with its own connections; it is
+//! `Send` but used from one thread at a time (`&mut self`).
 //!
 //! What dropping does: a [`Lock`] is a plain value (its own module,
 //! [`lock`](crate::lock), below the jobs that make it) and dropping it
@@ -17,20 +19,21 @@
 
 use std::io;
 use std::ops::Deref;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
 use crate::clock::Stamp;
 use crate::config::{Config, ConfigError, Retry};
-use crate::conn::{Conn, Keys, Op, Request};
+use crate::conn::{Conn, Keys, Op};
 use crate::driver::Driver;
-use crate::engine::{Engine, RoundId, Wait};
+use crate::engine::{Engine, RoundId};
 use crate::error::Error;
-use crate::job::{Acquire, Batch, Ctx, Extend, Job, Output, Release, SplitMix64, Step};
+use crate::hub::{Drive, Hub, Links, Promise, Ran};
+use crate::job::{Acquire, Batch, Extend, Job, Output, Release, SplitMix64};
 use crate::lock::Lock;
-use crate::quorum::{Round, quorum};
+use crate::quorum::quorum;
 use crate::script::Scripts;
 use crate::token::TokenSource;
 /// A lock that releases itself when dropped. It borrows its client, so the
@@ -116,26 +119,52 @@ impl Drop for LockGuard<'_> {
 /// ```
 #[derive(Debug)]
 pub struct Redlock {
-    config: Config,
-    names: Vec<Arc<str>>,
-    engine: Engine,
-    /// The last round run, readable until the next one starts.
-    last: Option<RoundId>,
-    /// What [`Redlock::round`] shows before the first round.
-    idle: Round,
-    driver: Driver,
-    tokens: TokenSource,
-    jitter: SplitMix64,
-    /// Reused request list for batches.
-    batch: Vec<Request>,
-    /// Both clocks at the start of the last round.
-    started: Stamp,
-    /// Both clocks when the last round ended: every slot's validity is
-    /// checked against this one reading.
-    ended: Stamp,
-    /// Set once two masters turned out to be one server: every operation
-    /// is refused from then on.
-    same_server: Option<ConfigError>,
+    /// The core the shared client's loop runs too, driven on the caller's
+    /// thread: each operation runs inline ([`Hub::run_inline`]), and one
+    /// that waits (to retry, or for a lock's expiry) is handed to the hub
+    /// and driven by [`Redlock::wait`] until its output is in.
+    hub: Hub<Local, Driver>,
+    /// Where the hub leaves the output of an operation that waited.
+    done: Arc<Mutex<Option<Output>>>,
+}
+
+/// Where a [`Redlock`] caller waits for an operation handed to its hub:
+/// the caller is the thread that drives the hub, so it never goes first.
+#[derive(Debug)]
+struct Local(Arc<Mutex<Option<Output>>>);
+
+impl Promise for Local {
+    fn complete(self, output: Output) -> Option<Output> {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = Some(output);
+        None
+    }
+
+    fn is_abandoned(&self) -> bool {
+        false
+    }
+}
+
+/// The driver opens the hub's connections ...
+impl Links for Driver {
+    fn prepare(&mut self, engine: &mut Engine, now: Instant) {
+        Driver::prepare(self, engine, now);
+    }
+}
+
+/// ... and drives the rounds a caller runs on its own thread, on the
+/// real clocks.
+impl Drive for Driver {
+    fn now(&self) -> Stamp {
+        Stamp::now()
+    }
+
+    fn run(&mut self, engine: &mut Engine, id: RoundId, spin: bool) {
+        Driver::run(self, engine, id, spin);
+    }
+
+    fn send(&mut self, engine: &mut Engine) {
+        Driver::send(self, engine);
+    }
 }
 
 /// The least time [`Redlock::warm_up_quorum`] gives the masters that are
@@ -281,38 +310,28 @@ impl Redlock {
     /// the OS refuses a poll instance or random bytes.
     pub fn new(config: Config) -> Result<Redlock, Error> {
         config.check()?;
-        let now = Instant::now();
+        let now = Stamp::now();
         let Parts {
             names,
             engine,
             driver,
             tokens,
             jitter,
-        } = Parts::new(&config, now, false)?;
+        } = Parts::new(&config, now.mono, false)?;
         Ok(Redlock {
-            names,
-            engine,
-            last: None,
-            idle: Round::new(config.servers.len(), now),
-            driver,
-            tokens,
-            jitter,
-            batch: Vec::new(),
-            started: Stamp::now(),
-            ended: Stamp::now(),
-            same_server: None,
-            config,
+            hub: Hub::new(config, names, engine, driver, tokens, jitter, now),
+            done: Arc::new(Mutex::new(None)),
         })
     }
 
     /// The settings in force.
     pub fn config(&self) -> &Config {
-        &self.config
+        self.hub.config()
     }
 
     /// The quorum: how many masters must agree.
     pub fn quorum(&self) -> usize {
-        quorum(self.engine.masters())
+        quorum(self.hub.engine().masters())
     }
 
     /// One attempt to acquire `resource` for `ttl`.
@@ -345,7 +364,7 @@ impl Redlock {
     /// # Errors
     /// As [`Redlock::try_acquire`], for the last attempt.
     pub fn acquire(&mut self, resource: impl Into<Bytes>, ttl: Duration) -> Result<Lock, Error> {
-        let retry = self.config.retry;
+        let retry = self.config().retry;
         self.acquire_with(resource, ttl, &retry)
     }
 
@@ -480,9 +499,9 @@ impl Redlock {
     ) -> Result<Lock, Error> {
         self.check_servers()?;
         let now = Instant::now();
-        let acquire = Acquire::new(&mut self.ctx(), keys, op, ttl, retry, now)?;
-        match self.run_job(&mut Job::Acquire(acquire)) {
-            Some(Output::Lock(result)) => result,
+        let acquire = Acquire::new(&mut self.hub.split().ctx, keys, op, ttl, retry, now)?;
+        match self.run(Job::Acquire(acquire)) {
+            Output::Lock(result) => result,
             _ => Err(Error::Os(io::ErrorKind::Other)),
         }
     }
@@ -509,16 +528,11 @@ impl Redlock {
         I::Item: Into<Bytes>,
     {
         self.check_servers()?;
-        let requests = std::mem::take(&mut self.batch);
+        let requests = self.hub.take_spare();
         let now = Instant::now();
-        let batch = Batch::acquire(&mut self.ctx(), requests, resources, ttl, now)?;
-        let mut job = Job::AcquireBatch(batch);
-        let output = self.run_job(&mut job);
-        if let Job::AcquireBatch(batch) = job {
-            self.batch = batch.into_requests();
-        }
-        match output {
-            Some(Output::Locks(results)) => Ok(results),
+        let batch = Batch::acquire(&mut self.hub.split().ctx, requests, resources, ttl, now)?;
+        match self.run(Job::AcquireBatch(batch)) {
+            Output::Locks(results) => Ok(results),
             _ => Err(Error::Os(io::ErrorKind::Other)),
         }
     }
@@ -529,15 +543,10 @@ impl Redlock {
     /// of [`Config::max_in_flight`] are refused before anything is sent,
     /// each result [`ConfigError::BatchTooLarge`].
     pub fn release_batch(&mut self, locks: &[Lock]) -> Vec<Result<(), Error>> {
-        let requests = std::mem::take(&mut self.batch);
-        let batch = Batch::release(&self.ctx(), requests, locks, Instant::now());
-        let mut job = Job::ReleaseBatch(batch);
-        let output = self.run_job(&mut job);
-        if let Job::ReleaseBatch(batch) = job {
-            self.batch = batch.into_requests();
-        }
-        match output {
-            Some(Output::Releases(results)) => results,
+        let requests = self.hub.take_spare();
+        let batch = Batch::release(&self.hub.split().ctx, requests, locks, Instant::now());
+        match self.run(Job::ReleaseBatch(batch)) {
+            Output::Releases(results) => results,
             _ => Vec::new(),
         }
     }
@@ -549,9 +558,9 @@ impl Redlock {
     /// had expired); [`Error::NoQuorum`] or [`Error::Protocol`] when too
     /// few masters answered. Keys not released expire after their TTL.
     pub fn release(&mut self, lock: &Lock) -> Result<(), Error> {
-        let release = Release::new(&self.ctx(), lock, Instant::now());
-        match self.run_job(&mut Job::Release(release)) {
-            Some(Output::Released(result)) => result,
+        let release = Release::new(&self.hub.split().ctx, lock, Instant::now());
+        match self.run(Job::Release(release)) {
+            Output::Released(result) => result,
             _ => Err(Error::Os(io::ErrorKind::Other)),
         }
     }
@@ -576,10 +585,10 @@ impl Redlock {
     /// extension limit).
     pub fn extend(&mut self, lock: &mut Lock, ttl: Duration) -> Result<(), Error> {
         self.check_servers()?;
-        Extend::shorten(&self.config, lock, ttl, Stamp::now())?;
-        let extend = Extend::new(&self.ctx(), lock.clone(), ttl, Instant::now())?;
-        match self.run_job(&mut Job::Extend(extend)) {
-            Some(Output::Extended(now_standing, result)) => {
+        Extend::shorten(self.hub.config(), lock, ttl, Stamp::now())?;
+        let extend = Extend::new(&self.hub.split().ctx, lock.clone(), ttl, Instant::now())?;
+        match self.run(Job::Extend(extend)) {
+            Output::Extended(now_standing, result) => {
                 *lock = now_standing;
                 result
             }
@@ -587,68 +596,54 @@ impl Redlock {
         }
     }
 
-    /// Runs `job` to its end on this thread: its rounds, its cleanup
-    /// releases, its retry waits.
-    fn run_job(&mut self, job: &mut Job) -> Option<Output> {
-        let span = job.span();
-        let _entered = span.enter();
-        loop {
-            let now = Instant::now();
-            match job.poll(&mut self.ctx(), now) {
-                Step::Round {
-                    requests,
-                    timeout,
-                    wait,
-                } => {
-                    self.run_round(requests, timeout, wait);
-                    let Redlock {
-                        engine,
-                        last,
-                        idle,
-                        config,
-                        names,
-                        tokens,
-                        jitter,
-                        started,
-                        ended,
-                        ..
-                    } = self;
-                    let round = last.and_then(|id| engine.round(id)).unwrap_or(idle);
-                    let mut ctx = Ctx {
-                        config,
-                        names,
-                        tokens,
-                        jitter,
-                    };
-                    job.handle_round(&mut ctx, round, *started, *ended);
-                }
-                Step::Send(requests) => self.send_only(requests),
-                Step::Sleep(at) => std::thread::sleep(at.saturating_duration_since(now)),
-                // No subscriber connections here: a wait for a held lock
-                // lasts until the holder's key expires.
-                Step::Subscribe(_) => job.handle_subscribed(),
-                Step::Await { until, .. } => {
-                    std::thread::sleep(until.saturating_duration_since(now));
-                    job.wake();
-                }
-                Step::Done => {
-                    let output = job.take_output(now);
-                    if let Some(output) = &output {
-                        span.record(output.first_error());
-                    }
-                    return output;
-                }
+    /// Runs `job` to its end on this thread: inline on the hub while it
+    /// has rounds to run, then, if it waits, handed to the hub and driven
+    /// there ([`Redlock::wait`]).
+    fn run(&mut self, job: Job) -> Output {
+        match self.hub.run_inline(job) {
+            Ran::Done(output) => output,
+            Ran::Waiting(job, span) => {
+                let local = Local(Arc::clone(&self.done));
+                self.hub.handle_waiting_job(job, local, span, Stamp::now());
+                self.wait()
             }
         }
     }
 
-    /// What a job borrows from this client.
-    fn ctx(&mut self) -> Ctx<'_> {
-        Ctx {
-            config: &self.config,
-            names: &self.names,
-            tokens: &mut self.tokens,
-            jitter: &mut self.jitter,
+    /// Drives the hub on this thread until the operation handed to it is
+    /// done: its timers (retry delays, a held lock's expiry), its rounds,
+    /// and the late replies of earlier ones read meanwhile.
+    fn wait(&mut self) -> Output {
+        let spin = self.hub.config().spin;
+        loop {
+            let (engine, driver) = self.hub.io();
+            driver.send(engine);
+            if let Some(output) = self
+                .done
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take()
+            {
+                return output;
+            }
+            let now = Instant::now();
+            let timeout = match self.hub.poll_timeout() {
+                _ if spin => Duration::ZERO,
+                Some(at) => at.saturating_duration_since(now),
+                // Nothing due, nothing in flight, and no output: the hub
+                // lost the operation (a bug), which must not hang.
+                None => return Output::Failed(Error::Os(io::ErrorKind::Other)),
+            };
+            let (engine, driver) = self.hub.io();
+            if let Err(cause) = driver.turn(engine, Some(timeout)) {
+                let now = Instant::now();
+                for i in 0..engine.links() {
+                    engine.handle_failure(i, now, cause.clone());
+                }
+            }
+            let now = Stamp::now();
+            self.hub.handle_completed(now);
+            self.hub.handle_timeout(now);
         }
     }
 
@@ -660,11 +655,13 @@ impl Redlock {
         let start = Instant::now();
         let deadline = start.checked_add(timeout).unwrap_or(start);
         loop {
-            self.driver.prepare(&mut self.engine, Instant::now());
+            let (engine, driver) = self.hub.io();
+            driver.prepare(engine, Instant::now());
             let left = deadline.saturating_duration_since(Instant::now());
             self.settle(left);
             let ready = self
-                .engine
+                .hub
+                .engine()
                 .conns()
                 .iter()
                 .filter(|c| !c.is_down() && !c.is_connecting())
@@ -672,7 +669,7 @@ impl Redlock {
             // A master whose host name is still being looked up is asked
             // again shortly; one that failed otherwise is left to its
             // reconnect backoff.
-            let resolving = self.engine.conns().iter().any(Conn::is_resolving);
+            let resolving = self.hub.engine().conns().iter().any(Conn::is_resolving);
             if !resolving || Instant::now() >= deadline {
                 return ready;
             }
@@ -710,13 +707,14 @@ impl Redlock {
         let mut resolving = true;
         loop {
             let now = Instant::now();
+            let (engine, driver) = self.hub.io();
             if resolving {
-                self.driver.prepare(&mut self.engine, now);
+                driver.prepare(engine, now);
             }
-            self.driver.send(&mut self.engine);
-            self.check_distinct();
+            driver.send(engine);
+            self.hub.check_distinct();
             self.check_servers()?;
-            let progress = WarmUp::of(self.engine.conns());
+            let progress = WarmUp::of(self.hub.engine().conns());
             resolving = progress.resolving;
             if resolving {
                 looked_up_at = now;
@@ -740,7 +738,8 @@ impl Redlock {
                 // The lookup runs off this thread: ask again shortly.
                 wait = wait.min(Duration::from_millis(2));
             }
-            if self.driver.turn(&mut self.engine, Some(wait)).is_err() {
+            let (engine, driver) = self.hub.io();
+            if driver.turn(engine, Some(wait)).is_err() {
                 // A broken poll instance: the first round will say so.
                 return Ok(progress.ready);
             }
@@ -751,7 +750,12 @@ impl Redlock {
     /// queues: bounded whatever the masters send or leave unanswered, and
     /// constant while replies stay small (see [`Config::max_in_flight`]).
     pub fn buffer_capacity(&self) -> usize {
-        self.engine.conns().iter().map(Conn::buffer_capacity).sum()
+        self.hub
+            .engine()
+            .conns()
+            .iter()
+            .map(Conn::buffer_capacity)
+            .sum()
     }
 
     /// Finishes what earlier operations left in flight: reads every late
@@ -768,61 +772,19 @@ impl Redlock {
     pub fn settle(&mut self, timeout: Duration) -> usize {
         let deadline = Instant::now().checked_add(timeout);
         let deadline = deadline.unwrap_or_else(|| Instant::now() + Duration::from_secs(86_400));
-        let unanswered = self.driver.settle(&mut self.engine, deadline);
-        self.check_distinct();
+        let (engine, driver) = self.hub.io();
+        let unanswered = driver.settle(engine, deadline);
+        self.hub.check_distinct();
         unanswered
-    }
-
-    /// Runs one round of `requests` until it is complete as `wait` says.
-    fn run_round(&mut self, requests: &[Request], timeout: Duration, wait: Wait) {
-        if let Some(last) = self.last.take() {
-            self.engine.free(last);
-        }
-        self.started = Stamp::now();
-        let now = self.started.mono;
-        self.driver.prepare(&mut self.engine, now);
-        let id = self.engine.start(requests, now, timeout, wait);
-        self.driver.run(&mut self.engine, id, self.config.spin);
-        self.ended = Stamp::now();
-        self.engine.end(id);
-        // One round at a time: completion is read from the round itself.
-        while self.engine.poll_completed().is_some() {}
-        self.last = Some(id);
-        self.check_distinct();
-    }
-
-    /// Looks for two masters that are one server, once a connection has
-    /// read a new `run_id`.
-    fn check_distinct(&mut self) {
-        let Some((first, second)) = self.engine.poll_same_server() else {
-            return;
-        };
-        if self.same_server.is_none() {
-            self.same_server = Some(ConfigError::SameServer {
-                first: Arc::clone(&self.names[first]),
-                second: Arc::clone(&self.names[second]),
-            });
-        }
     }
 
     /// Refuses to take or extend locks once two masters turned out to be
     /// one server (releasing stays allowed: it can only free keys).
     fn check_servers(&self) -> Result<(), Error> {
-        match &self.same_server {
+        match self.hub.same_server() {
             Some(error) => Err(Error::Config(error.clone())),
             None => Ok(()),
         }
-    }
-
-    fn send_only(&mut self, requests: &[Request]) {
-        let now = Instant::now();
-        self.driver.prepare(&mut self.engine, now);
-        let id = self
-            .engine
-            .start(requests, now, Duration::ZERO, Wait::Decision);
-        self.driver.send(&mut self.engine);
-        self.engine.finish(id);
-        while self.engine.poll_completed().is_some() {}
     }
 }
 

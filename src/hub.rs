@@ -30,10 +30,18 @@ use crate::conn::{Keys, Op, Request};
 use crate::engine::{Engine, Wait};
 use crate::error::Error;
 use crate::job::{Acquire, Batch, Ctx, Extend, Job, Output, Release, SplitMix64, Step, release_op};
-use crate::keep::{KeepStep, Keeper, Shared as KeepShared};
+use crate::keep::{Keeper, Shared as KeepShared};
 use crate::lock::Lock;
 use crate::metrics::{self, OpSpan};
 use crate::token::TokenSource;
+
+mod inline;
+mod kept;
+mod waiters;
+
+pub(crate) use inline::{Drive, Ran};
+use kept::Kept;
+use waiters::{Timers, wake_at};
 
 /// Where a caller waits for its operation's output: the thread's
 /// hand-off in the real client, a plain cell in a simulation.
@@ -162,83 +170,6 @@ impl<P: Promise> Waiter<P> {
     }
 }
 
-/// A kept lock in the loop's table.
-#[derive(Debug)]
-struct Kept<P> {
-    keeper: Keeper,
-    /// Tells this lock's timers from those of an earlier lock in the slot.
-    generation: u64,
-    /// An extension is in flight.
-    extending: bool,
-    /// Told to stop while extending: release once the extension ends, and
-    /// hand the result to this caller.
-    stopping: Option<P>,
-    /// Its extension waits for room, in [`Hub::kept_admitting`].
-    admitting: bool,
-}
-
-/// When a waiter woken by a release at `now` tries: after a random delay
-/// within [`Config::wake_spread`], so that the waiters of several
-/// processes woken together do not split the masters' votes, shorter the
-/// longer it has waited (since `waiting_since`), down to a quarter of the
-/// spread at 20 ms, so that the waiter that has waited longest tends to
-/// send its attempt first.
-fn wake_at(
-    jitter: &mut SplitMix64,
-    spread: Duration,
-    waiting_since: Option<Instant>,
-    now: Instant,
-) -> Instant {
-    let age = waiting_since
-        .map(|t| now.saturating_duration_since(t))
-        .unwrap_or_default()
-        .min(AGE_PRIORITY);
-    let share = 1.0 - age.as_secs_f64() / AGE_PRIORITY.as_secs_f64();
-    now + jitter.between(Duration::ZERO, spread.mul_f64(share.max(MIN_SPREAD_SHARE)))
-}
-
-/// The jobs' timers: when each waiting job goes on (to retry, to stop
-/// waiting for a release or its turn, or after its wake delay). A job has
-/// one live timer; setting or cancelling it makes its earlier entries
-/// stale.
-#[derive(Debug, Default)]
-struct Timers {
-    /// (when, job, timer), soonest first; an entry whose timer is not the
-    /// job's is stale.
-    heap: BinaryHeap<Reverse<(Instant, usize, u64)>>,
-    /// The last timer handed out.
-    issued: u64,
-}
-
-impl Timers {
-    /// Sets job `index`'s (`running`'s) timer to `at`, replacing any other.
-    fn set<P>(&mut self, running: &mut Running<P>, index: usize, at: Instant) {
-        self.cancel(running);
-        self.heap.push(Reverse((at, index, running.timer)));
-    }
-
-    /// Makes `running`'s timer, if it has one, stale.
-    fn cancel<P>(&mut self, running: &mut Running<P>) {
-        self.issued += 1;
-        running.timer = self.issued;
-    }
-
-    /// The soonest entry's instant (perhaps a stale one's).
-    fn next(&self) -> Option<Instant> {
-        self.heap.peek().map(|Reverse((at, _, _))| *at)
-    }
-}
-
-/// Past this wait, a woken waiter's delay is the least share of the
-/// spread (see [`wake_at`]).
-const AGE_PRIORITY: Duration = Duration::from_millis(20);
-
-/// The least share of [`Config::wake_spread`] a woken waiter's delay is
-/// drawn from, however long it has waited: the waiters of several
-/// processes that have all waited long are still spread apart, or they
-/// would all try at once and split the votes.
-const MIN_SPREAD_SHARE: f64 = 0.25;
-
 /// The shared client's decisions (see the module's docs).
 #[derive(Debug)]
 pub(crate) struct Hub<P, L> {
@@ -274,6 +205,8 @@ pub(crate) struct Hub<P, L> {
     generations: u64,
     /// When the last handle went: from then on no job retries.
     closing_since: Option<Instant>,
+    /// A finished batch's request list, kept for the next batch.
+    spare: Vec<Request>,
 }
 
 /// A hub's parts for running one job on a caller's thread, while the hub
@@ -316,6 +249,7 @@ impl<P: Promise, L: Links> Hub<P, L> {
             keep_timers: BinaryHeap::new(),
             generations: 0,
             closing_since: None,
+            spare: Vec::new(),
             config,
         }
     }
@@ -468,11 +402,6 @@ impl<P: Promise, L: Links> Hub<P, L> {
         self.spawn_with(job, Waiter::Caller(completion), span, now.mono);
     }
 
-    /// When the next kept lock's schedule needs the hub.
-    pub(crate) fn next_keep(&self) -> Option<Instant> {
-        self.keep_timers.peek().map(|Reverse((at, _, _))| *at)
-    }
-
     /// Ends every job, every order waiting for room and every kept lock
     /// with `error` (the loop stopped): callers get it, kept locks report
     /// their loss.
@@ -498,6 +427,17 @@ impl<P: Promise, L: Links> Hub<P, L> {
                 completion.complete(Output::Released(Err(error.clone())));
             }
         }
+    }
+
+    /// A batch's request list to fill, kept from the last batch's.
+    pub(crate) fn take_spare(&mut self) -> Vec<Request> {
+        std::mem::take(&mut self.spare)
+    }
+
+    /// The error every acquire and extend is refused with once two masters
+    /// turned out to be one server.
+    pub(crate) fn same_server(&self) -> Option<&ConfigError> {
+        self.same_server.as_ref()
     }
 
     /// Nothing in flight, nothing waiting: a caller may use the engine.
@@ -625,14 +565,18 @@ impl<P: Promise, L: Links> Hub<P, L> {
                 }
             }
             (Order::Release { lock }, _) => Ok(Job::Release(Release::new(&ctx, &lock, now))),
-            (Order::AcquireBatch { resources, ttl }, None) => {
-                Batch::acquire(&mut ctx, Vec::new(), resources, ttl, now)
-                    .map(Job::AcquireBatch)
-                    .map_err(|e| Output::Lock(Err(e)))
-            }
+            (Order::AcquireBatch { resources, ttl }, None) => Batch::acquire(
+                &mut ctx,
+                std::mem::take(&mut self.spare),
+                resources,
+                ttl,
+                now,
+            )
+            .map(Job::AcquireBatch)
+            .map_err(|e| Output::Lock(Err(e))),
             (Order::ReleaseBatch { locks }, _) => Ok(Job::ReleaseBatch(Batch::release(
                 &ctx,
-                Vec::new(),
+                std::mem::take(&mut self.spare),
                 &locks,
                 now,
             ))),
@@ -775,6 +719,9 @@ impl<P: Promise, L: Links> Hub<P, L> {
                         return;
                     };
                     finished.span.record(output.first_error());
+                    if let Some(requests) = finished.job.into_requests() {
+                        self.spare = requests;
+                    }
                     match finished.waiter {
                         Waiter::Caller(completion) => {
                             if let Some(unclaimed) = completion.complete(output) {
@@ -787,242 +734,6 @@ impl<P: Promise, L: Links> Hub<P, L> {
                 }
             }
         }
-    }
-
-    /// Jobs whose retry wait is over (all of them once closing) go on.
-    fn wake_sleepers(&mut self, now: Instant) {
-        while let Some(Reverse((at, index, timer))) = self.timers.heap.peek().copied() {
-            let abandoned = self
-                .jobs
-                .get(index)
-                .and_then(Option::as_ref)
-                .is_some_and(|r| r.waiter.is_abandoned());
-            if at > now && !abandoned {
-                break;
-            }
-            self.timers.heap.pop();
-            let Some(Some(running)) = self.jobs.get_mut(index) else {
-                continue;
-            };
-            if running.timer != timer {
-                continue;
-            }
-            running.awaiting = false;
-            running.job.wake();
-            self.advance(index, now);
-        }
-    }
-
-    /// Jobs whose caller went away, waiting for a timer, a release or
-    /// their turn, end now (in the next [`Hub::wake_sleepers`]).
-    fn wake_abandoned(&mut self, now: Instant) {
-        for (index, running) in self.jobs.iter_mut().enumerate() {
-            if let Some(running) = running
-                && !running.in_round
-                && running.waiter.is_abandoned()
-            {
-                self.timers.set(running, index, now);
-            }
-        }
-    }
-
-    /// Heads of queues whose subscriptions are in place (or past waiting
-    /// for) make their attempt.
-    fn check_subscribing(&mut self, now: Instant, closing: bool) {
-        let mut i = 0;
-        while let Some(&(index, until)) = self.subscribing.get(i) {
-            let ready = match self.jobs.get(index) {
-                Some(Some(running)) => {
-                    closing
-                        || now >= until
-                        || running.waiter.is_abandoned()
-                        || running
-                            .waits_for
-                            .as_ref()
-                            .is_none_or(|r| self.engine.is_listening(r, now))
-                }
-                _ => true,
-            };
-            if !ready {
-                i += 1;
-                continue;
-            }
-            self.subscribing.swap_remove(i);
-            if let Some(Some(running)) = self.jobs.get_mut(index) {
-                running.job.handle_subscribed();
-                self.advance(index, now);
-            }
-        }
-    }
-
-    /// Releases seen since the last call wake the head of each resource's
-    /// queue, if it waits for one (one waiting in an attempt compares
-    /// epochs when the attempt ends).
-    fn wake_waiters(&mut self, now: Instant) {
-        while let Some(resource) = self.engine.poll_notified() {
-            let Some(head) = self.engine.head(&resource) else {
-                continue;
-            };
-            if let Some(Some(running)) = self.jobs.get_mut(head)
-                && running.awaiting
-            {
-                running.awaiting = false;
-                let since = running.job.waiting_since();
-                let at = wake_at(&mut self.jitter, self.config.wake_spread, since, now);
-                self.timers.set(running, head, at);
-            }
-        }
-    }
-
-    /// Takes a lock to keep, and runs its schedule.
-    fn keep(&mut self, keeper: Keeper, now: Instant) {
-        self.generations += 1;
-        let kept = Some(Kept {
-            keeper,
-            generation: self.generations,
-            extending: false,
-            stopping: None,
-            admitting: false,
-        });
-        let slot = place(&mut self.kept, &mut self.free_kept, kept);
-        if let Some(Some(kept)) = self.kept.get(slot) {
-            kept.keeper.shared().set_slot(Some(slot));
-        }
-        self.drive_kept(slot, now);
-    }
-
-    /// Runs kept lock `slot`'s schedule: extend it now, or set its timer.
-    fn drive_kept(&mut self, slot: usize, now: Instant) {
-        // Both clocks: a kept lock's deadline counts suspended time.
-        let stamp = self.stamp;
-        loop {
-            let Some(Some(kept)) = self.kept.get_mut(slot) else {
-                return;
-            };
-            if kept.extending {
-                return;
-            }
-            match kept.keeper.poll(stamp) {
-                KeepStep::Idle => return,
-                KeepStep::Wait(at) => {
-                    self.keep_timers.push(Reverse((at, slot, kept.generation)));
-                    return;
-                }
-                KeepStep::Extend(ttl) => {
-                    // Through the admission every order goes through: a
-                    // burst of extensions falling due together must not
-                    // push a connection others use past its bound.
-                    let limit = self.config.max_in_flight / 2;
-                    let patience = self.config.per_instance_timeout;
-                    if !self.engine.has_room(1, limit, now, patience) {
-                        if !kept.admitting {
-                            kept.admitting = true;
-                            self.kept_admitting.push_back((slot, kept.generation));
-                        }
-                        return;
-                    }
-                    let ctx = Ctx {
-                        config: &self.config,
-                        names: &self.names,
-                        tokens: &mut self.tokens,
-                        jitter: &mut self.jitter,
-                    };
-                    let lock = kept.keeper.lock().clone();
-                    let refused = self.same_server.clone().map(Error::Config);
-                    let extend = match refused {
-                        Some(error) => Err(error),
-                        None => kept
-                            .keeper
-                            .start_extension(ctx.config, ttl, stamp)
-                            .and_then(|lock| Extend::new(&ctx, lock, ttl, now)),
-                    };
-                    match extend {
-                        Ok(extend) => {
-                            kept.extending = true;
-                            self.spawn(Job::Extend(extend), Waiter::Keeper(slot), now);
-                            return;
-                        }
-                        // Refused before anything was sent (the cap, say):
-                        // the schedule decides again.
-                        Err(error) => {
-                            kept.keeper
-                                .handle_extended(lock, Err(error), stamp, ctx.jitter)
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    /// Kept lock `slot`'s extension ended.
-    fn handle_extended(&mut self, slot: usize, output: Output, now: Instant) {
-        let Some(Some(kept)) = self.kept.get_mut(slot) else {
-            return;
-        };
-        kept.extending = false;
-        if let Output::Extended(lock, result) = output {
-            kept.keeper
-                .handle_extended(lock, result, self.stamp, &mut self.jitter);
-        }
-        match kept.stopping.take() {
-            Some(completion) => self.release_kept(slot, completion, now),
-            None => self.drive_kept(slot, now),
-        }
-    }
-
-    /// Kept locks whose timer is due run their schedule.
-    fn fire_keep_timers(&mut self, now: Instant) {
-        while let Some(Reverse((at, slot, generation))) = self.keep_timers.peek().copied() {
-            if at > now {
-                return;
-            }
-            self.keep_timers.pop();
-            let current = self
-                .kept
-                .get(slot)
-                .and_then(Option::as_ref)
-                .is_some_and(|k| k.generation == generation);
-            if current {
-                self.drive_kept(slot, now);
-            }
-        }
-    }
-
-    /// Stops keeping a lock and releases it for `completion`; after the
-    /// extension in flight, if one is.
-    fn unkeep(&mut self, shared: &Arc<KeepShared>, completion: P, now: Instant) {
-        let Some(slot) = shared.slot() else {
-            // Never kept (or already released): nothing to release.
-            completion.complete(Output::Released(Ok(())));
-            return;
-        };
-        match self.kept.get_mut(slot) {
-            Some(Some(kept)) if kept.extending => kept.stopping = Some(completion),
-            Some(Some(_)) => self.release_kept(slot, completion, now),
-            _ => {
-                completion.complete(Output::Released(Ok(())));
-            }
-        }
-    }
-
-    /// Forgets kept lock `slot` and releases it for `completion`.
-    fn release_kept(&mut self, slot: usize, completion: P, now: Instant) {
-        let Some(kept) = self.kept.get_mut(slot).and_then(Option::take) else {
-            return;
-        };
-        self.free_kept.push(slot);
-        kept.keeper.shared().set_slot(None);
-        let release = Release::new(
-            &Ctx {
-                config: &self.config,
-                names: &self.names,
-                tokens: &mut self.tokens,
-                jitter: &mut self.jitter,
-            },
-            kept.keeper.lock(),
-            now,
-        );
-        self.spawn(Job::Release(release), Waiter::Caller(completion), now);
     }
 
     /// An acquire whose caller went away took locks: release them on every

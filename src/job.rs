@@ -268,6 +268,15 @@ impl Job {
         }
     }
 
+    /// A batch's request list, for reuse by the next batch; none for
+    /// other jobs.
+    pub(crate) fn into_requests(self) -> Option<Vec<Request>> {
+        match self {
+            Job::AcquireBatch(batch) | Job::ReleaseBatch(batch) => Some(batch.into_requests()),
+            _ => None,
+        }
+    }
+
     /// The result, once [`Step::Done`], taken at `now` (for the metrics).
     pub(crate) fn take_output(&mut self, now: Instant) -> Option<Output> {
         match self {

@@ -22,7 +22,7 @@
 //!
 //! `resp -> script -> token -> clock -> addr -> conn -> quorum -> resolve ->
 //! config -> error -> metrics -> notify -> engine -> tls -> driver -> lock ->
-//! job -> client -> keep -> hub -> shared -> watchdog`
+//! job -> keep -> hub -> client -> shared -> watchdog`
 //!
 //! `resp` encodes commands and parses replies; `conn` is one master's
 //! connection state; `quorum` one round's votes and validity arithmetic;
@@ -31,11 +31,12 @@
 //! channels; `engine` owns the N connections and every round in flight;
 //! `driver` is the one module that touches mio; `lock` is the held lock as
 //! a value; `job` is each operation (retries, cleanup, fencing) as a state
-//! machine; `client` runs jobs on the caller's thread; `keep` is the
-//! policy that keeps locks alive; `hub` is everything the shared client
-//! decides (admission, the job table, timers, waiters, kept locks,
-//! shutdown), and `shared` the thread that drives it for many callers;
-//! `watchdog` is the holder's handle on a kept lock.
+//! machine; `keep` is the policy that keeps locks alive; `hub` is
+//! everything a client decides (admission, the job table, timers,
+//! waiters, kept locks, shutdown, a job run on its caller's thread);
+//! `client` drives a hub on the caller's thread, and `shared` on a thread
+//! of its own for many callers; `watchdog` is the holder's handle on a
+//! kept lock.
 //! Everything but `resolve`, `driver`, `client` and `shared` is sans-IO:
 //! plain data in, plain data out, `now` passed in.
 //!
@@ -111,11 +112,11 @@ mod lock;
 
 mod job;
 
-mod client;
-
 mod keep;
 
 mod hub;
+
+mod client;
 
 mod shared;
 

@@ -45,13 +45,11 @@ use crate::clock::Stamp;
 use crate::config::{Config, ConfigError, Retry};
 use crate::conn::{Keys, Op};
 use crate::driver::Driver;
-use crate::engine::{Engine, Wait};
 use crate::error::Error;
-use crate::hub::{Hub, Links, Order, Promise, Split, Submission};
-use crate::job::{Extend, Job, Output, Step};
+use crate::hub::{Hub, Order, Promise, Ran, Submission};
+use crate::job::{Extend, Output};
 use crate::keep::{Keeper, Shared as KeepShared};
 use crate::lock::Lock;
-use crate::metrics::OpSpan;
 use crate::quorum::quorum;
 
 /// A thread-safe Redlock client: one event loop thread owns the
@@ -757,7 +755,7 @@ impl SharedRedlock {
             Ok(job) => job,
             Err(output) => return Inline::Done(output),
         };
-        match core.run_inline(job) {
+        match core.hub.run_inline(job) {
             Ran::Done(output) => {
                 // The slowest masters' replies are still to come: the loop
                 // must be awake to read them (a late -NOSCRIPT to a release
@@ -971,18 +969,6 @@ enum Inline {
     Busy(Order),
 }
 
-/// How a job run on a caller's thread ended.
-// Held for a moment on the stack: boxing the job would allocate.
-#[allow(clippy::large_enum_variant)]
-#[derive(Debug)]
-enum Ran {
-    /// Done: its output.
-    Done(Output),
-    /// It waits (to retry, or for a release): the loop takes it over,
-    /// with its span.
-    Waiting(Job, OpSpan),
-}
-
 /// What the loop thread does after a turn.
 #[derive(Debug)]
 enum Turn {
@@ -1004,13 +990,6 @@ struct EventLoop {
     inbox: Vec<Submission<Handoff>>,
     /// Set when a panic ended the loop: nothing runs on this state again.
     stopped: Option<Error>,
-}
-
-/// The driver opens the hub's connections.
-impl Links for Driver {
-    fn prepare(&mut self, engine: &mut Engine, now: Instant) {
-        Driver::prepare(self, engine, now);
-    }
 }
 
 /// How long the loop, once its last handle is gone, waits for late
@@ -1171,63 +1150,6 @@ impl EventLoop {
             return Turn::Idle(until);
         }
         Turn::Again
-    }
-
-    /// Runs `job` on the calling thread, with the loop idle: its rounds,
-    /// sends and outcome, as [`Redlock`](crate::Redlock) runs a job.
-    /// [`Ran::Waiting`] when the job would wait to retry: it goes to the
-    /// loop then, with the instant it waits for.
-    fn run_inline(&mut self, mut job: Job) -> Ran {
-        let span = job.span();
-        loop {
-            let now = Instant::now();
-            let Split {
-                engine,
-                links: driver,
-                mut ctx,
-            } = self.hub.split();
-            match job.poll(&mut ctx, now) {
-                Step::Round {
-                    requests,
-                    timeout,
-                    wait,
-                } => {
-                    driver.prepare(engine, now);
-                    let started = Stamp::now();
-                    let id = engine.start(requests, started.mono, timeout, wait);
-                    driver.run(engine, id, false);
-                    let ended = Stamp::now();
-                    engine.end(id);
-                    if let Some(round) = engine.round(id) {
-                        job.handle_round(&mut ctx, round, started, ended);
-                    }
-                    engine.free(id);
-                    // Idle: the only rounds completed are this one and
-                    // releases nobody waits for.
-                    while engine.poll_completed().is_some() {}
-                    self.hub.check_distinct();
-                }
-                Step::Send(requests) => {
-                    driver.prepare(engine, now);
-                    let id = engine.start(requests, now, Duration::ZERO, Wait::Decision);
-                    driver.send(engine);
-                    engine.finish(id);
-                    while engine.poll_completed().is_some() {}
-                }
-                Step::Sleep(_) | Step::Subscribe(_) | Step::Await { .. } => {
-                    return Ran::Waiting(job, span);
-                }
-                Step::Done => {
-                    return match job.take_output(now) {
-                        Some(output) => {
-                            span.record(output.first_error());
-                            Ran::Done(output)
-                        }
-                        None => Ran::Done(Output::Released(Err(lost()))),
-                    };
-                }
-            }
-        }
     }
 
     /// Locks whose future was dropped after the loop ended: their release

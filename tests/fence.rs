@@ -10,7 +10,7 @@ mod common;
 
 use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
@@ -438,6 +438,13 @@ fn a_master_that_lost_its_data_is_readmitted_with_a_floor_after_twice_the_max_tt
     m2.set_swallow(true);
     assert_eq!(take(&mut a, "item"), 3);
     drop(a);
+    // Everything the client sent M2 is swallowed before the relay passes
+    // bytes again: on a loaded machine the relay's thread may read the
+    // write-back only after the client is gone.
+    assert!(
+        eventually(Duration::from_secs(30), || m2.reading() == 0),
+        "the relay still reads a closed client's bytes"
+    );
     m2.set_swallow(false);
     let stored: Vec<_> = masters.iter().map(|s| stored_fence(s, "item")).collect();
     assert_eq!(stored, [Some(3), Some(2), Some(3)]);
@@ -479,6 +486,8 @@ const PUMP_POLL: Duration = Duration::from_millis(20);
 struct Relay {
     upstream: SocketAddr,
     swallow: AtomicBool,
+    /// Client connections whose bytes are still being read (to their end).
+    reading: AtomicUsize,
     stop: AtomicBool,
     /// The key to delete on the master before forwarding a write-back.
     delete: Mutex<Option<String>>,
@@ -502,6 +511,7 @@ impl Proxy {
         let relay = Arc::new(Relay {
             upstream,
             swallow: AtomicBool::new(false),
+            reading: AtomicUsize::new(0),
             stop: AtomicBool::new(false),
             delete: Mutex::new(None),
             deletions: Mutex::new(0),
@@ -524,6 +534,13 @@ impl Proxy {
     /// unreachable, though the connection stays open.
     fn set_swallow(&self, on: bool) {
         self.relay.swallow.store(on, Ordering::SeqCst);
+    }
+
+    /// Client connections whose bytes are still being read: 0 once every
+    /// client that connected has closed and all it sent has been read
+    /// (and, while swallowing, dropped).
+    fn reading(&self) -> usize {
+        self.relay.reading.load(Ordering::SeqCst)
     }
 
     /// From now on, `resource`'s lock key is deleted on the master just
@@ -573,6 +590,7 @@ fn accept(listener: &TcpListener, relay: &Arc<Relay>) {
             continue;
         };
         let mut threads = lock(&relay.threads);
+        relay.reading.fetch_add(1, Ordering::SeqCst);
         for (from, to, to_server) in [(client, server_out, true), (server, client_out, false)] {
             let relay = Arc::clone(relay);
             threads.push(thread::spawn(move || pump(from, to, to_server, &relay)));
@@ -645,4 +663,7 @@ fn pump(mut from: TcpStream, mut to: TcpStream, to_server: bool, relay: &Relay) 
     }
     let _ = from.shutdown(Shutdown::Both);
     let _ = to.shutdown(Shutdown::Both);
+    if to_server {
+        relay.reading.fetch_sub(1, Ordering::SeqCst);
+    }
 }
