@@ -199,8 +199,8 @@ impl Engine {
     }
 
     /// A lock was released through this client.
-    pub(crate) fn handle_released(&mut self, resource: &[u8], token: crate::token::Token) {
-        self.channels.handle_released(resource, token);
+    pub(crate) fn handle_released(&mut self, resource: &[u8]) {
+        self.channels.handle_released(resource);
     }
 
     /// A waiter's failed attempt on `resource` is being undone (the

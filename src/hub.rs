@@ -699,7 +699,7 @@ impl<P: Promise, L: Links> Hub<P, L> {
                 Step::Done => {
                     running
                         .job
-                        .for_each_released(|key, token| engine.handle_released(key, token));
+                        .for_each_released(|key| engine.handle_released(key));
                     let promoted = match running.waits_for.take() {
                         Some(resource) => engine.leave(&resource, index, now),
                         None => None,

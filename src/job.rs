@@ -246,12 +246,12 @@ impl Job {
         }
     }
 
-    /// What a finished release (or batch of releases) freed: each key and
-    /// its token, where a quorum confirmed it.
-    pub(crate) fn for_each_released(&self, mut freed: impl FnMut(&[u8], crate::token::Token)) {
+    /// What a finished release (or batch of releases) freed: each key,
+    /// where a quorum confirmed it.
+    pub(crate) fn for_each_released(&self, mut freed: impl FnMut(&[u8])) {
         let mut each = |request: &Request| {
             for key in request.keys.as_slice() {
-                freed(key, request.token);
+                freed(key);
             }
         };
         match self {

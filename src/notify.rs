@@ -54,9 +54,9 @@ struct Channel {
     waiters: VecDeque<usize>,
     /// Moved on by each release seen.
     epoch: u64,
-    /// The token of the last release seen: each master publishes it, and
-    /// a local release is also seen from the masters; it counts once.
-    last: Option<Token>,
+    /// The token of this client's last cleanup of a waiter's failed
+    /// attempt: the masters' messages for it wake nobody.
+    cleanup: Option<Token>,
     /// In [`Channels::notified`].
     queued: bool,
     /// Per subscriber connection.
@@ -117,7 +117,7 @@ impl Channels {
             .or_insert_with(|| Channel {
                 waiters: VecDeque::new(),
                 epoch: 0,
-                last: None,
+                cleanup: None,
                 queued: false,
                 links: vec![Link::default(); subs.len()],
             });
@@ -229,15 +229,15 @@ impl Channels {
         settled || confirmed + quorum > subs.len()
     }
 
-    /// A lock on `resource` holding `token` was released through this
-    /// client: its local waiters are woken without waiting for the
-    /// masters' messages (which then count for nothing).
-    pub(crate) fn handle_released(&mut self, resource: &[u8], token: Token) {
+    /// A lock on `resource` was released through this client: its local
+    /// waiters are woken without waiting for the masters' messages (each
+    /// of which still counts: see [`Channels::handle_push`]).
+    pub(crate) fn handle_released(&mut self, resource: &[u8]) {
         if self.table.is_empty() {
             return;
         }
         if let Some(channel) = self.table.get_mut(resource) {
-            release(&mut self.notified, resource, channel, Some(token));
+            release(&mut self.notified, resource, channel);
         }
     }
 
@@ -248,7 +248,7 @@ impl Channels {
     /// once, into the same refusal, for as long as the lock is held).
     pub(crate) fn handle_cleanup(&mut self, resource: &[u8], token: Token) {
         if let Some(channel) = self.table.get_mut(resource) {
-            channel.last = Some(token);
+            channel.cleanup = Some(token);
         }
     }
 
@@ -383,8 +383,15 @@ impl Channels {
                         .and_then(|text| Token::parse(text).ok()),
                     _ => None,
                 };
-                if token.is_none() || token != channel.last {
-                    release(&mut self.notified, resource, channel, token);
+                // Every master's message counts, those of one release
+                // included: a release reaches the masters one by one, and
+                // a waiter woken by the first may try before the others
+                // have freed the lock, and be refused there. Only the
+                // later masters' messages can then tell it to try again
+                // (counted once per release, they were dropped, and the
+                // waiter waited for the holder's expiry).
+                if token.is_none() || token != channel.cleanup {
+                    release(&mut self.notified, resource, channel);
                 }
             }
             b"subscribe" | b"unsubscribe" => {
@@ -393,7 +400,7 @@ impl Channels {
                 };
                 state.pending = state.pending.saturating_sub(1);
                 if kind[..] == b"subscribe"[..] && std::mem::take(&mut state.renewed) {
-                    release(&mut self.notified, resource, channel, None);
+                    release(&mut self.notified, resource, channel);
                 }
                 if channel.waiters.is_empty() && channel.is_settled() {
                     self.table.remove(resource);
@@ -426,18 +433,10 @@ impl Channels {
     }
 }
 
-/// Moves `channel`'s epoch on for a release (of `token`, when known) and
-/// queues `resource` for [`Channels::poll_notified`], once.
-fn release(
-    notified: &mut VecDeque<Bytes>,
-    resource: &[u8],
-    channel: &mut Channel,
-    token: Option<Token>,
-) {
+/// Moves `channel`'s epoch on for a release and queues `resource` for
+/// [`Channels::poll_notified`], once.
+fn release(notified: &mut VecDeque<Bytes>, resource: &[u8], channel: &mut Channel) {
     channel.epoch += 1;
-    if token.is_some() {
-        channel.last = token;
-    }
     if !channel.queued {
         channel.queued = true;
         notified.push_back(Bytes::copy_from_slice(resource));
@@ -617,23 +616,37 @@ mod tests {
     }
 
     #[test]
-    fn a_release_counts_once_however_many_masters_publish_it_and_a_local_one_first() {
+    fn every_masters_message_of_a_release_counts_and_a_cleanups_none() {
         let now = Instant::now();
         let mut subs = subs(3, now);
         let mut channels = Channels::default();
         channels.join(&mut subs, &Bytes::from_static(R), 1, now);
         confirm(&mut channels, 3, "subscribe");
         let mut tokens = TokenSource::from_seed([1; 16]);
-        let (local, remote) = (tokens.next_token(), tokens.next_token());
-        channels.handle_released(R, local);
+        let (local, remote, cleanup) = (
+            tokens.next_token(),
+            tokens.next_token(),
+            tokens.next_token(),
+        );
+        channels.handle_released(R);
+        assert_eq!(channels.epoch(R), 1);
+        // The release reaches the masters one by one: a waiter that tried
+        // after the first must hear of each later one.
         for link in 0..3 {
             channels.handle_push(link, message(R, &local)).unwrap();
+            assert_eq!(channels.epoch(R), 2 + link as u64);
         }
-        assert_eq!(channels.epoch(R), 1);
         for link in 0..3 {
             channels.handle_push(link, message(R, &remote)).unwrap();
         }
-        assert_eq!(channels.epoch(R), 2);
+        assert_eq!(channels.epoch(R), 7);
+        // A waiter's own cleanup frees only what its attempt took.
+        channels.handle_cleanup(R, cleanup);
+        for link in 0..3 {
+            channels.handle_push(link, message(R, &cleanup)).unwrap();
+        }
+        assert_eq!(channels.epoch(R), 7);
+        // Queued once, however many releases came.
         assert_eq!(channels.poll_notified().as_deref(), Some(R));
         assert_eq!(channels.poll_notified(), None);
     }
