@@ -387,7 +387,17 @@ pub(crate) struct Acquire {
     waited: u32,
     /// The next attempt follows a wait for a held lock.
     after_wait: bool,
+    /// Waiting attempts in a row that met a split (see
+    /// [`Acquire::next_wait`]): each doubles the longest delay before the
+    /// next, up to [`SPLIT_DOUBLINGS`] times.
+    splits: u32,
 }
+
+/// How many times a run of splits doubles a waiting acquire's longest
+/// delay before it tries again (from twice the round trip, at most the
+/// retry delay): racers that split the masters again and again spread
+/// apart, and none spins.
+const SPLIT_DOUBLINGS: u32 = 12;
 
 /// Where an acquire goes after the cleanup release of a failed attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -454,6 +464,7 @@ impl Acquire {
             },
             waited: 0,
             after_wait: false,
+            splits: 0,
             keys,
             op,
             ttl,
@@ -569,10 +580,12 @@ impl Acquire {
                 let Some(expiry) = validity(ctx.config, round, 0, started, ended, self.ttl) else {
                     let error = verdict(ctx, round, self.op, 0, self.first, self.attempt, ended);
                     let next = self.next_wait(ctx, &error, round, started, ended);
-                    // Held elsewhere (a quorum refused, or refused and
-                    // failed, as the waiter reckons it): the attempt's keys
-                    // sit on a minority, nobody waits for them, and the
-                    // cleanup publishes nothing (see `CLEANUP_SOURCE`).
+                    // Held elsewhere, or split among racers (a quorum
+                    // refused, or refused and failed): the attempt's keys
+                    // sit on a minority, nobody waits for them (a holder's
+                    // waiters wait for its release, racers try again on
+                    // their own), and the cleanup publishes nothing (see
+                    // `CLEANUP_SOURCE`).
                     let cleanup = if round.refused(0) + round.failed(0) >= round.quorum() {
                         cleanup_op(&self.keys)
                     } else {
@@ -758,11 +771,27 @@ impl Acquire {
         } else {
             round.failed(0)
         };
+        let round_trip = now.saturating_duration_since(started.mono);
+        // Too few refusals to be anyone's lock: masters were free (and are
+        // being cleaned up). Try again within two round trips.
         if refused + failed < q {
-            let round_trip = now.saturating_duration_since(started.mono);
             let backoff = ctx.jitter.between(Duration::ZERO, round_trip * 2);
             return Some(After::Sleep(cap(now + backoff)));
         }
+        // A split: the keys in the way are racers', each cleaned up by its
+        // owner at once (no one holds a quorum, and no one will publish).
+        // Try again after a short random delay, growing with each split in
+        // a row (a racer that crashed leaves its key for its TTL), rather
+        // than wait for keys that are mostly already going.
+        if round.refused_by_one(0) + failed < q {
+            let most = (round_trip * 2)
+                .saturating_mul(1 << self.splits.min(SPLIT_DOUBLINGS))
+                .min(self.retry.delay.max(round_trip * 2));
+            self.splits += 1;
+            let backoff = ctx.jitter.between(Duration::ZERO, most);
+            return Some(After::Sleep(cap(now + backoff)));
+        }
+        self.splits = 0;
         // The lock is free once `needed` of the refusing masters' keys
         // have expired, beside the masters that neither refused nor failed
         // (a failed master may hold the key: it counts as holding). When

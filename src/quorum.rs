@@ -150,6 +150,10 @@ pub(crate) struct Round {
     /// What each master reported in phase one of a fenced acquire, laid
     /// out as `votes`.
     reads: Vec<Option<FenceRead>>,
+    /// Who holds the key where a waiting attempt was refused: a hash of
+    /// the key's value ([`holder_id`]), 0 when unknown; laid out as
+    /// `votes`.
+    holders: Vec<u64>,
     tallies: Vec<Tally>,
     undecided: usize,
 }
@@ -166,6 +170,7 @@ impl Round {
             votes: vec![Vote::Pending; n],
             values: vec![None; n],
             reads: vec![None; n],
+            holders: vec![0; n],
             tallies: vec![EMPTY],
             undecided: 0,
         }
@@ -185,6 +190,8 @@ impl Round {
         self.values.resize(k * self.n, None);
         self.reads.clear();
         self.reads.resize(k * self.n, None);
+        self.holders.clear();
+        self.holders.resize(k * self.n, 0);
         self.tallies.clear();
         self.tallies.resize(k, EMPTY);
         self.undecided = k;
@@ -256,6 +263,35 @@ impl Round {
         self.values
             .get(slot * self.n..(slot + 1) * self.n)
             .unwrap_or_default()
+    }
+
+    /// How many of the masters that refused `slot` may hold one lock: the
+    /// most that refused with one holder's value, plus those whose holder
+    /// is unknown (a master on the older waiting script, or another
+    /// operation), which may hold it too. With the masters that failed, a
+    /// quorum of them can be one holder's lock, who will release it; less
+    /// is racers that each took some masters (a split), who will each
+    /// clean up. Allocates nothing.
+    pub(crate) fn refused_by_one(&self, slot: usize) -> usize {
+        let range = slot * self.n..(slot + 1) * self.n;
+        let (Some(votes), Some(holders)) = (self.votes.get(range.clone()), self.holders.get(range))
+        else {
+            return 0;
+        };
+        let refused = || {
+            votes
+                .iter()
+                .zip(holders)
+                .filter(|(v, _)| matches!(v, Vote::Refused))
+                .map(|(_, h)| *h)
+        };
+        let unknown = refused().filter(|h| *h == 0).count();
+        let most = refused()
+            .filter(|h| *h != 0)
+            .map(|h| refused().filter(|o| *o == h).count())
+            .max()
+            .unwrap_or(0);
+        most + unknown
     }
 
     /// What each master reported in phase one of a fenced acquire on
@@ -343,6 +379,16 @@ impl Round {
         }
         if let (Op::AcquireFenced, Some(cell)) = (op, self.reads.get_mut(slot * self.n + i)) {
             *cell = FenceRead::parse(&reply);
+        }
+        if let (Op::AcquireWait, Reply::Array(items)) = (op, &reply)
+            && let [Reply::Integer(value), Reply::Bulk(holder)] = items.as_slice()
+        {
+            if let Some(cell) = self.values.get_mut(slot * self.n + i) {
+                *cell = Some(*value);
+            }
+            if let Some(cell) = self.holders.get_mut(slot * self.n + i) {
+                *cell = holder_id(holder);
+            }
         }
         let mut vote = classify(op, reply);
         if let (Vote::Granted, true, Some(conn)) = (&vote, op.keeps_keys(), conns.get_mut(i)) {
@@ -623,6 +669,18 @@ pub(crate) fn plan_fence(
     }
 }
 
+/// A refusing key's holder, from its value: a 64-bit FNV-1a hash, never 0
+/// (which stands for "unknown"). Two holders' tokens collide with odds of
+/// one in 2^64, and a collision only makes a split read as a holder's lock,
+/// waited for until it expires or is released, as before holders were told
+/// apart.
+fn holder_id(value: &[u8]) -> u64 {
+    let hash = value.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    hash.max(1)
+}
+
 /// What one reply means for one operation.
 fn classify(op: Op, reply: Reply) -> Vote {
     match (op, reply) {
@@ -633,8 +691,13 @@ fn classify(op: Op, reply: Reply) -> Vote {
         // but its value vouches for nothing (no fence read is kept).
         (Op::AcquireFenced, Reply::Integer(n)) if n >= 0 => Vote::Granted,
         (Op::AcquireFenced, Reply::Integer(-1)) => Vote::Refused,
-        // Minus the holder's remaining time, kept in the round's values.
+        // Minus the holder's remaining time, kept in the round's values,
+        // and the holder's value (a master running the older script sends
+        // the time alone).
         (Op::AcquireWait, Reply::Integer(n)) if n < 0 => Vote::Refused,
+        (Op::AcquireWait, Reply::Array(ref items)) if matches!(items.as_slice(), [Reply::Integer(n), Reply::Bulk(_)] if *n <= 0) => {
+            Vote::Refused
+        }
         // Every script but the fenced acquire answers 1 or 0.
         (op, Reply::Integer(1)) if !matches!(op, Op::Acquire | Op::AcquireFenced) => Vote::Granted,
         (op, Reply::Integer(0)) if !matches!(op, Op::Acquire | Op::AcquireFenced) => Vote::Refused,
@@ -705,6 +768,95 @@ mod tests {
         for factor in [f64::NAN, -0.5, 1.0, f64::INFINITY] {
             assert_eq!(Validity::compute(ttl, t0, t0, factor), None, "{factor}");
         }
+    }
+
+    #[test]
+    fn refusals_count_as_one_holders_only_when_they_name_one_holder() {
+        let now = Instant::now();
+        let request = Request {
+            op: Op::AcquireWait,
+            keys: crate::conn::Keys::One(Bytes::from_static(b"r")),
+            token: crate::token::TokenSource::from_seed([7; 16]).next_token(),
+            arg: 10_000,
+        };
+        let refusal = |holder: &'static [u8]| {
+            Reply::Array(vec![
+                Reply::Integer(-9_000),
+                Reply::Bulk(Bytes::from_static(holder)),
+            ])
+        };
+        // (replies of five masters, refusals that may be one holder's)
+        let cases: [(Vec<Option<Reply>>, usize); 6] = [
+            // Racers that each took a master: a split.
+            (
+                vec![
+                    Some(refusal(b"a")),
+                    Some(refusal(b"b")),
+                    Some(refusal(b"c")),
+                    None,
+                    None,
+                ],
+                1,
+            ),
+            // One holder on three, a racer on one.
+            (
+                vec![
+                    Some(refusal(b"h")),
+                    Some(refusal(b"h")),
+                    Some(refusal(b"x")),
+                    Some(refusal(b"h")),
+                    None,
+                ],
+                3,
+            ),
+            // A master on the older script: its holder is unknown, and may be any.
+            (
+                vec![
+                    Some(Reply::Integer(-9_000)),
+                    Some(refusal(b"a")),
+                    Some(refusal(b"b")),
+                    None,
+                    None,
+                ],
+                2,
+            ),
+            // Grants and silence are not refusals.
+            (
+                vec![
+                    Some(Reply::Integer(1)),
+                    Some(refusal(b"a")),
+                    None,
+                    None,
+                    None,
+                ],
+                1,
+            ),
+            // A key that is not a string reads as "": a holder like another.
+            (
+                vec![
+                    Some(refusal(b"")),
+                    Some(refusal(b"")),
+                    Some(refusal(b"a")),
+                    None,
+                    None,
+                ],
+                2,
+            ),
+            (vec![None, None, None, None, None], 0),
+        ];
+        for (replies, want) in cases {
+            let mut round = Round::new(5, now);
+            round.reset(std::slice::from_ref(&request), now, Duration::from_secs(1));
+            for (i, reply) in replies.iter().enumerate() {
+                if let Some(reply) = reply {
+                    round.handle_reply(&mut [], 0, i, reply.clone(), now);
+                }
+            }
+            assert_eq!(round.refused_by_one(0), want, "{replies:?}");
+        }
+        assert_eq!(holder_id(b"a"), holder_id(b"a"));
+        assert_ne!(holder_id(b"a"), holder_id(b"b"));
+        assert_ne!(holder_id(b""), 0);
     }
 
     #[test]

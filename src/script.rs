@@ -72,11 +72,15 @@ pub fn release_channel(resource: &[u8]) -> Vec<u8> {
 }
 
 /// A waiting acquire's attempt: `SET KEYS[1] ARGV[1] NX PX ARGV[2]`, and,
-/// when the key is held, the key's remaining time, atomically with the
-/// refusal, so that the waiter knows when it can expire. Returns 1 when
-/// set; else minus the key's `PTTL` in milliseconds (0 when the key has no
-/// expiry, or expires within the millisecond).
-pub const ACQUIRE_WAIT_SOURCE: &str = "if redis.call(\"set\",KEYS[1],ARGV[1],\"NX\",\"PX\",ARGV[2]) then return 1 end local t = redis.call(\"pttl\",KEYS[1]) if t < 0 then t = 0 end return -t";
+/// when the key is held, the key's remaining time and its value,
+/// atomically with the refusal, so that the waiter knows when it can
+/// expire and whose it is. Returns 1 when set; else the array of minus the
+/// key's `PTTL` in milliseconds (0 when the key has no expiry, or expires
+/// within the millisecond) and the key's value (empty when it is not a
+/// string). The value tells one holder refusing on a quorum, who will
+/// release, from racers that each took a master (a split), who will each
+/// clean up.
+pub const ACQUIRE_WAIT_SOURCE: &str = "if redis.call(\"set\",KEYS[1],ARGV[1],\"NX\",\"PX\",ARGV[2]) then return 1 end local t = redis.call(\"pttl\",KEYS[1]) if t < 0 then t = 0 end local v = redis.pcall(\"get\",KEYS[1]) if type(v) ~= \"string\" then v = \"\" end return {-t, v}";
 
 /// Compare-and-pexpire, from the spec: `KEYS[1]` resource, `ARGV[1]` token,
 /// `ARGV[2]` the new TTL in milliseconds. Returns 1 when extended, else 0.

@@ -169,6 +169,11 @@ impl Verdict {
                     (m - r).abs() <= CLOSE_MS
                 }
             }
+            // The waiting acquire's refusal: minus the key's PTTL, close,
+            // and its value, exact.
+            (Check::Close(_), Reply::Array(m), Reply::Array(r)) if m.len() == 2 && r.len() == 2 => {
+                self.same(check, &m[0], &r[0]) && m[1] == r[1]
+            }
             (Check::Fenced, Reply::Array(m), Reply::Array(r)) if m.len() == 4 && r.len() == 4 => {
                 m[..3] == r[..3] && self.same(Check::Close(&[-1]), &m[3], &r[3])
             }

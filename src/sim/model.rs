@@ -1327,7 +1327,16 @@ impl Master {
         if self.store(r.now, r.db, key, token, SET_NX, Some(at)) {
             return Ok(Reply::Integer(1));
         }
-        Ok(Reply::Integer(-self.pttl(r.now, r.db, key).max(0)))
+        let left = -self.pttl(r.now, r.db, key).max(0);
+        // `redis.pcall("get")`: a key that is not a string reads as "".
+        let holder = match self.get(r.now, r.db, key) {
+            Ok(Some(value)) => value,
+            Ok(None) | Err(_) => Bytes::new(),
+        };
+        Ok(Reply::Array(vec![
+            Reply::Integer(left),
+            Reply::Bulk(holder),
+        ]))
     }
 
     /// [`script::EXTEND_SOURCE`].
@@ -2504,7 +2513,7 @@ mod tests {
                 ],
             ),
             (
-                "ACQUIRE_WAIT sets, or answers minus the holder's PTTL",
+                "ACQUIRE_WAIT sets, or answers minus the holder's PTTL and its value",
                 vec![
                     s(
                         &["EVAL", "$ACQUIRE_WAIT", "1", "k", "t"],
@@ -2521,11 +2530,14 @@ mod tests {
                     s(&["EVAL", "$ACQUIRE_WAIT", "1", "k", "t", "100000"], int(1)),
                     s(
                         &["EVAL", "$ACQUIRE_WAIT", "1", "k", "u", "100000"],
-                        int(-99_980),
+                        arr(vec![int(-99_980), b("t")]),
                     )
                     .at(20),
                     s(&["SET", "p", "v"], ok()),
-                    s(&["EVAL", "$ACQUIRE_WAIT", "1", "p", "u", "100000"], int(0)),
+                    s(
+                        &["EVAL", "$ACQUIRE_WAIT", "1", "p", "u", "100000"],
+                        arr(vec![int(0), b("v")]),
+                    ),
                     s(&["EVAL", "$ACQUIRE_WAIT", "1", "k", "u", "100000"], int(1)).at(100_001),
                 ],
             ),

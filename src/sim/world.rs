@@ -1639,7 +1639,7 @@ mod tests {
     /// Seeds run twice to see them replay.
     const REPLAYS: u64 = 40;
     /// Seeds within which each injected bug must be caught.
-    const BUG_SEEDS: u64 = 400;
+    const BUG_SEEDS: u64 = 1000;
 
     /// The command that replays `seed` under `settings`.
     fn replay(seed: u64, settings: &Settings) -> String {
