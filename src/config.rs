@@ -173,6 +173,18 @@ pub struct Config {
     /// so that the longest waiter tends to try first. Default 300 µs (see
     /// README, *Waiting for a held lock*, for the measurements).
     pub wake_spread: Duration,
+    /// With [`Config::wake_on_release`], in a shared client: how many
+    /// times in a row a lock released while a waiter of this client waits
+    /// for it is handed over in-process. The release is sent without a
+    /// notification and the waiter's `SET NX` right behind it, in the same
+    /// write to every master: one round trip frees the lock and takes it
+    /// again, with a fresh token and the waiter's full TTL, where a
+    /// release, a notification and an attempt took two and more. The
+    /// release after that many hand-overs notifies every process, and this
+    /// client's waiters then hear of it from the masters, as other
+    /// processes' waiters do, so that they get their turn (lock
+    /// cohorting). 0 turns hand-overs off. Default 8.
+    pub local_handovers: u32,
     /// TLS settings for the `rediss://` masters. Default: the system's
     /// root certificates, no client certificate.
     pub tls: TlsConfig,
@@ -244,6 +256,7 @@ impl Config {
             resolver: Resolver::system(),
             wake_on_release: true,
             wake_spread: Duration::from_micros(300),
+            local_handovers: 8,
             tls: TlsConfig::default(),
             #[cfg(feature = "test-knobs")]
             overstate_validity: Duration::ZERO,

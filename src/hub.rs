@@ -133,6 +133,13 @@ struct Running<P> {
     timer: u64,
     /// Waiting for a round's outcome: nothing else may move it on.
     in_round: bool,
+    /// For a release: what its local waiters are told once it is done.
+    announce: Announce,
+    /// For a waiting acquire whose attempt was under way when this client
+    /// released the lock to it unannounced: the row of hand-overs its
+    /// next attempt, made at once if this one is refused, carries (0:
+    /// none).
+    handed: u32,
     /// The operation's span, open until it ends.
     span: OpSpan,
 }
@@ -148,8 +155,23 @@ impl<P: Promise> Running<P> {
             awaiting: false,
             timer: 0,
             in_round: false,
+            announce: Announce::Locally,
+            handed: 0,
         })
     }
+}
+
+/// How a release through this client reaches its local waiters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Announce {
+    /// Published to every process; the local head waiter is woken at once.
+    Locally,
+    /// Handed over: sent unannounced with the local head waiter's attempt
+    /// right behind it (see [`Config::local_handovers`]); nothing to tell.
+    HandedOver,
+    /// The release after a row of hand-overs: published, and the local
+    /// waiters hear of it from the masters, as other processes' do.
+    Yielded,
 }
 
 /// Who waits for a job.
@@ -516,13 +538,71 @@ impl<P: Promise, L: Links> Hub<P, L> {
                 {
                     let _ = job.queue_first();
                 }
-                self.spawn(job, Waiter::Caller(completion), now);
+                let (job, announce, head) = self.plan_release(job);
+                let span = job.span();
+                let running = Running::new(job, Waiter::Caller(completion), span);
+                let index = place(&mut self.jobs, &mut self.free_jobs, running);
+                if let Some(Some(running)) = self.jobs.get_mut(index) {
+                    running.announce = announce;
+                }
+                self.advance(index, now);
+                // The head's attempt follows the release in the same write.
+                if let Some((head, row)) = head
+                    && let Some(Some(running)) = self.jobs.get_mut(head)
+                {
+                    if running.in_round {
+                        running.handed = row;
+                    } else {
+                        self.timers.cancel(running);
+                        running.awaiting = false;
+                        running.job.handle_handover(row);
+                        self.advance(head, now);
+                    }
+                }
             }
             Err(output) => {
                 if let Some(output) = completion.complete(output) {
                     self.release_abandoned(output, now);
                 }
             }
+        }
+    }
+
+    /// How a release reaches this client's waiters for its lock: handed
+    /// over to the head waiter when it waits for a release or expiry and
+    /// the row of hand-overs is short of [`Config::local_handovers`] (the
+    /// release then sent unannounced, and the head to wake returned);
+    /// announced to every process, the local waiters told by the masters,
+    /// once the row is that long; otherwise announced, the local waiters
+    /// told at once. Other jobs go as they are.
+    fn plan_release(&mut self, job: Job) -> (Job, Announce, Option<(usize, u32)>) {
+        let Job::Release(release) = job else {
+            return (job, Announce::Locally, None);
+        };
+        let Some(resource) = release.resource() else {
+            return (Job::Release(release), Announce::Locally, None);
+        };
+        let budget = self.config.local_handovers;
+        let row = release.handovers();
+        // A head between attempts tries right behind the release; one in
+        // an attempt is handed the lock when the attempt ends (the masters
+        // refuse it: the lock is still ours there when it arrives, sent
+        // before this release on every connection).
+        let head = self.engine.head(resource).filter(|&head| {
+            matches!(self.jobs.get(head), Some(Some(r))
+                if (r.in_round || r.job.is_between_attempts()) && !r.waiter.is_abandoned())
+        });
+        match head {
+            Some(head) if row < budget && self.closing_since.is_none() => {
+                let release = release.unannounced();
+                (
+                    Job::Release(release),
+                    Announce::HandedOver,
+                    Some((head, row + 1)),
+                )
+            }
+            _ if row > 0 && row >= budget => (Job::Release(release), Announce::Yielded, None),
+            _ => (Job::Release(release), Announce::Locally, None),
         }
     }
 
@@ -598,6 +678,39 @@ impl<P: Promise, L: Links> Hub<P, L> {
         self.advance(index, now);
     }
 
+    /// Waiter `head` is at the head of its queue for `resource` now. If
+    /// the waiter before it took the lock (valid until `held_until`), it
+    /// waits for that lock's release here, handed over or published (the
+    /// queue's subscriptions are in place: the waiter before listened);
+    /// otherwise it tries once its subscriptions are in place.
+    fn promote(
+        &mut self,
+        head: usize,
+        resource: Option<Bytes>,
+        held_until: Option<Instant>,
+        now: Instant,
+    ) {
+        let Some(Some(running)) = self.jobs.get_mut(head) else {
+            return;
+        };
+        // Its give-up timer is the subscription's (or the wait's) now.
+        self.timers.cancel(running);
+        match (resource, held_until) {
+            (Some(resource), Some(until))
+                if until > now
+                    && self.engine.is_listening(&resource, now)
+                    && running.job.handle_held_here(until) =>
+            {
+                running.tried_at = self.engine.epoch(&resource);
+                self.advance(head, now);
+            }
+            _ => {
+                let until = now.checked_add(self.config.connect_timeout).unwrap_or(now);
+                self.subscribing.push((head, until));
+            }
+        }
+    }
+
     /// Runs job `index` until it waits for a round or a timer, or ends.
     fn advance(&mut self, index: usize, now: Instant) {
         loop {
@@ -661,6 +774,11 @@ impl<P: Promise, L: Links> Hub<P, L> {
                     let id = engine.start(requests, now, Duration::ZERO, Wait::Decision);
                     engine.finish(id);
                 }
+                Step::Await { .. } | Step::Sleep(_) if running.handed > 0 => {
+                    // Refused while this client released the lock to it.
+                    let row = std::mem::take(&mut running.handed);
+                    running.job.handle_handover(row);
+                }
                 Step::Sleep(at) => {
                     timers.set(running, index, at);
                     return;
@@ -697,24 +815,24 @@ impl<P: Promise, L: Links> Hub<P, L> {
                     return;
                 }
                 Step::Done => {
-                    running
-                        .job
-                        .for_each_released(|key| engine.handle_released(key));
-                    let promoted = match running.waits_for.take() {
-                        Some(resource) => engine.leave(&resource, index, now),
+                    match running.announce {
+                        Announce::Locally => running
+                            .job
+                            .for_each_released(|key| engine.handle_released(key)),
+                        Announce::Yielded | Announce::HandedOver => {}
+                    }
+                    let waited_for = running.waits_for.take();
+                    let promoted = match &waited_for {
+                        Some(resource) => engine.leave(resource, index, now),
                         None => None,
                     };
+                    let held_until = running.job.granted_until(*stamp);
                     let output = running.job.take_output(now);
                     let finished = jobs[index].take();
-                    if let Some(head) = promoted {
-                        let until = now.checked_add(config.connect_timeout).unwrap_or(now);
-                        subscribing.push((head, until));
-                        // Its give-up timer is the subscription's now.
-                        if let Some(Some(head)) = jobs.get_mut(head) {
-                            timers.cancel(head);
-                        }
-                    }
                     self.free_jobs.push(index);
+                    if let Some(head) = promoted {
+                        self.promote(head, waited_for, held_until, now);
+                    }
                     let (Some(output), Some(finished)) = (output, finished) else {
                         return;
                     };

@@ -209,6 +209,52 @@ impl Job {
         }
     }
 
+    /// A waiting acquire's next attempt follows a release of its lock by
+    /// this client in the same write, the `row`-th hand-over in a row: it
+    /// tries at once, and its lock, if it gets it, carries the row on.
+    pub(crate) fn handle_handover(&mut self, row: u32) {
+        if let Job::Acquire(job) = self {
+            job.handed = row;
+            if matches!(job.stage, Stage::Await(_) | Stage::Sleep(_)) {
+                job.stage = Stage::Round;
+            }
+        }
+    }
+
+    /// A waiting acquire between attempts: waiting for a release, a key's
+    /// expiry or a retry's delay (see [`Job::handle_handover`]).
+    pub(crate) fn is_between_attempts(&self) -> bool {
+        matches!(self, Job::Acquire(job) if matches!(job.stage, Stage::Await(_) | Stage::Sleep(_)))
+    }
+
+    /// A queued waiting acquire promoted to the head of its queue while the
+    /// lock is held in this client, by the waiter before it, until
+    /// `deadline`: instead of trying (the masters would refuse it), it
+    /// waits for that holder's release, handed over to it
+    /// (see [`Job::handle_handover`]) or published, or for the deadline.
+    /// Whether it waits so (only a queued acquire that has not tried does).
+    pub(crate) fn handle_held_here(&mut self, deadline: Instant) -> bool {
+        match self {
+            Job::Acquire(job) if job.stage == Stage::Subscribe && !job.abandoned => {
+                let until = job.wait_until.map_or(deadline, |w| w.min(deadline));
+                job.stage = Stage::Await(until);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Until when the lock this job took is valid, at `now`, if it took one.
+    pub(crate) fn granted_until(&self, now: Stamp) -> Option<Instant> {
+        match self {
+            Job::Acquire(job) => match &job.result {
+                Some(Ok(lock)) => Some(lock.expiry.deadline(now)),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+
     /// A new acquire of a resource other local waiters already wait for
     /// queues behind them instead of racing them. Returns the resource
     /// when the job joined the wait.
@@ -387,6 +433,9 @@ pub(crate) struct Acquire {
     waited: u32,
     /// The next attempt follows a wait for a held lock.
     after_wait: bool,
+    /// The lock of this attempt, if it succeeds, is the `handed`-th
+    /// in-process hand-over in a row (0: not a hand-over).
+    handed: u32,
     /// Waiting attempts in a row that met a split (see
     /// [`Acquire::next_wait`]): each doubles the longest delay before the
     /// next, up to [`SPLIT_DOUBLINGS`] times.
@@ -465,6 +514,7 @@ impl Acquire {
             waited: 0,
             after_wait: false,
             splits: 0,
+            handed: 0,
             keys,
             op,
             ttl,
@@ -578,6 +628,7 @@ impl Acquire {
             Stage::Waiting => {
                 self.phase_one = Some(started);
                 let Some(expiry) = validity(ctx.config, round, 0, started, ended, self.ttl) else {
+                    let handed = std::mem::take(&mut self.handed) > 0;
                     let error = verdict(ctx, round, self.op, 0, self.first, self.attempt, ended);
                     let next = self.next_wait(ctx, &error, round, started, ended);
                     // Held elsewhere, or split among racers (a quorum
@@ -585,8 +636,11 @@ impl Acquire {
                     // sit on a minority, nobody waits for them (a holder's
                     // waiters wait for its release, racers try again on
                     // their own), and the cleanup publishes nothing (see
-                    // `CLEANUP_SOURCE`).
-                    let cleanup = if round.refused(0) + round.failed(0) >= round.quorum() {
+                    // `CLEANUP_SOURCE`). A hand-over's attempt follows a
+                    // release nobody else heard of: the keys it got are
+                    // released to all, the cleanup publishing.
+                    let cleanup = if !handed && round.refused(0) + round.failed(0) >= round.quorum()
+                    {
                         cleanup_op(&self.keys)
                     } else {
                         release_op(&self.keys)
@@ -671,6 +725,7 @@ impl Acquire {
             expiry,
             extensions: 0,
             fence,
+            handovers: self.handed,
         }));
         self.stage = Stage::Done;
     }
@@ -956,6 +1011,8 @@ impl Extend {
 #[derive(Debug)]
 pub(crate) struct Release {
     request: Request,
+    /// The released lock's row of in-process hand-overs.
+    handovers: u32,
     timeout: Duration,
     first: Instant,
     stage: Stage,
@@ -972,10 +1029,32 @@ impl Release {
                 token: lock.token,
                 arg: 0,
             },
+            handovers: lock.handovers,
             timeout: ctx.config.per_instance_timeout,
             first: now,
             stage: Stage::Round,
             result: None,
+        }
+    }
+
+    /// This release sent unannounced (the cleanup script: a
+    /// compare-and-delete that publishes nothing), for a hand-over to a
+    /// local waiter whose attempt follows it in the same write.
+    pub(crate) fn unannounced(mut self) -> Release {
+        self.request.op = cleanup_op(&self.request.keys);
+        self
+    }
+
+    /// The released lock's row of in-process hand-overs.
+    pub(crate) fn handovers(&self) -> u32 {
+        self.handovers
+    }
+
+    /// The resource released, for a lock of one key.
+    pub(crate) fn resource(&self) -> Option<&Bytes> {
+        match &self.request.keys {
+            Keys::One(key) => Some(key),
+            Keys::Many(_) => None,
         }
     }
 
@@ -1120,6 +1199,7 @@ impl Batch {
                         ttl: self.ttl,
                         expiry,
                         extensions: 0,
+                        handovers: 0,
                         fence: None,
                     }),
                     None => Err(verdict(ctx, round, Op::Acquire, slot, self.first, 1, ended)),

@@ -25,6 +25,9 @@ pub struct Lock {
     pub(crate) expiry: Expiry,
     pub(crate) extensions: u32,
     pub(crate) fence: Option<u64>,
+    /// In-process hand-overs in a row that led to this lock (0 when it was
+    /// taken otherwise): see [`Config::local_handovers`](crate::Config::local_handovers).
+    pub(crate) handovers: u32,
 }
 
 impl Lock {
@@ -112,6 +115,7 @@ impl Lock {
             expiry: Expiry::at(Stamp::now()),
             extensions: 0,
             fence: None,
+            handovers: 0,
         }
     }
 
@@ -147,6 +151,7 @@ mod tests {
             expiry: Expiry::after(taken, Duration::from_secs(30)).expect("expiry"),
             extensions: 0,
             fence: None,
+            handovers: 0,
         };
         assert!(lock.remaining() <= Duration::from_secs(20), "{lock:?}");
         assert!(lock.remaining() > Duration::from_secs(19), "{lock:?}");

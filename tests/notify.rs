@@ -206,6 +206,8 @@ struct Calls {
     /// Run by a waiting attempt the masters refused, to read the holder's
     /// remaining time.
     pttl: u64,
+    /// Run by a release that deleted its key: a notification.
+    publish: u64,
 }
 
 fn calls(server: &Server) -> Calls {
@@ -230,6 +232,7 @@ fn calls(server: &Server) -> Calls {
             "set" => calls.set += n,
             "evalsha" | "eval" => calls.scripts += n,
             "pttl" => calls.pttl += n,
+            "publish" => calls.publish += n,
             _ => {}
         }
     }
@@ -250,6 +253,30 @@ fn wait_refused(servers: &[Server], before: &[Calls], when: &str) {
         eventually(SETTLE, refused),
         "{when}: the waiter's waiting attempt was not refused on every master within {SETTLE:?}"
     );
+}
+
+/// Every master's calls now.
+fn calls_now(servers: &[Server]) -> Vec<Calls> {
+    servers.iter().map(calls).collect()
+}
+
+/// How many PUBLISHes each of `servers` ran since `before`.
+fn published_since(servers: &[Server], before: &[Calls]) -> Vec<u64> {
+    servers
+        .iter()
+        .zip(before)
+        .map(|(s, b)| calls(s).publish - b.publish)
+        .collect()
+}
+
+/// A waiter in `redlock` for `R`, started once the masters hold `R`, and
+/// waited for until its waiting attempt was refused on every master: it
+/// waits for a release (or is in the attempt whose refusal makes it wait).
+fn refused_waiter(servers: &[Server], redlock: &SharedRedlock) -> Waiter {
+    let before = calls_now(servers);
+    let waiter = Waiter::shared(redlock);
+    wait_refused(servers, &before, "a waiter for a held lock");
+    waiter
 }
 
 fn get(server: &Server, key: &str) -> Reply {
@@ -1098,4 +1125,126 @@ fn a_cleanup_of_an_attempt_refused_elsewhere_wakes_no_other_process() {
          elsewhere for {held_ms} ms (before {before:?}, after {after:?}): the waiters woke \
          each other"
     );
+}
+
+#[test]
+fn a_release_with_a_waiter_in_the_same_client_hands_the_lock_over_unannounced() {
+    let masters = cluster(3);
+    let (servers, urls) = (masters.servers(), masters.urls());
+    for handovers in [8, 0] {
+        let mut config = config(&urls);
+        config.local_handovers = handovers;
+        let b = SharedRedlock::new(config).unwrap_or_else(|e| panic!("{e}"));
+        let first = b
+            .try_acquire(R, HOLD_TTL)
+            .unwrap_or_else(|e| panic!("the first holder takes {R}: {e}"));
+        let waiter = refused_waiter(servers, &b);
+        let before = calls_now(servers);
+        b.release(&first)
+            .unwrap_or_else(|e| panic!("the first holder's release: {e}"));
+        let next = waiter
+            .outcome()
+            .unwrap_or_else(|e| panic!("the waiter, after the release: {e}"));
+        assert_ne!(next.token(), first.token(), "a fresh token");
+        assert!(
+            next.remaining() > HOLD_TTL - MAX_WAIT,
+            "the waiter's own TTL: {:?} left",
+            next.remaining()
+        );
+        assert!(
+            holding(servers, R, &next) >= 2,
+            "a quorum holds the waiter's token"
+        );
+        // The waiter's attempt left right behind the release: nobody else
+        // was told the lock was free.
+        let published = published_since(servers, &before);
+        if handovers > 0 {
+            assert_eq!(published, [0, 0, 0], "handed over unannounced");
+        } else {
+            // Without hand-overs the release is announced; the last
+            // master's reply may come after the release returns.
+            let every = || published_since(servers, &before).iter().all(|&p| p == 1);
+            assert!(eventually(SETTLE, every), "announced: {published:?}");
+        }
+        // With no one waiting, a release is announced.
+        let before = calls_now(servers);
+        b.release(&next)
+            .unwrap_or_else(|e| panic!("the waiter's release: {e}"));
+        let every = || published_since(servers, &before).iter().all(|&p| p == 1);
+        assert!(
+            eventually(SETTLE, every),
+            "the last release announced: {:?}",
+            published_since(servers, &before)
+        );
+    }
+}
+
+#[test]
+fn after_a_row_of_hand_overs_the_release_is_announced_and_another_process_gets_its_turn() {
+    let masters = cluster(3);
+    let (servers, urls) = (masters.servers(), masters.urls());
+    let mut config = config(&urls);
+    config.local_handovers = 1;
+    let b = SharedRedlock::new(config).unwrap_or_else(|e| panic!("{e}"));
+    let c = shared(&urls);
+    let first = b
+        .try_acquire(R, HOLD_TTL)
+        .unwrap_or_else(|e| panic!("the first holder takes {R}: {e}"));
+    // Another process waits first, then one of b's own.
+    let other = refused_waiter(servers, &c);
+    let own = refused_waiter(servers, &b);
+    let before = calls_now(servers);
+    b.release(&first)
+        .unwrap_or_else(|e| panic!("the first holder's release: {e}"));
+    let handed = own
+        .outcome()
+        .unwrap_or_else(|e| panic!("b's waiter, after b's release: {e}"));
+    assert_eq!(
+        published_since(servers, &before),
+        [0, 0, 0],
+        "handed over unannounced"
+    );
+    assert!(
+        other.is_waiting(),
+        "the other process's waiter got a lock b's waiter holds"
+    );
+    // b's next waiter queues behind the held lock; the row is at its
+    // budget, so the release is announced to every process.
+    let own = refused_waiter(servers, &b);
+    let before = calls_now(servers);
+    b.release(&handed)
+        .unwrap_or_else(|e| panic!("the handed lock's release: {e}"));
+    let every = || published_since(servers, &before).iter().all(|&p| p == 1);
+    assert!(
+        eventually(SETTLE, every),
+        "the release after the budget announced: {:?}",
+        published_since(servers, &before)
+    );
+    // Both hear it; one gets the lock, then the other.
+    assert!(
+        eventually(SETTLE, || !other.is_waiting() || !own.is_waiting()),
+        "neither waiter got the announced lock"
+    );
+    let (first_in, second_in, names) = if other.is_waiting() {
+        (own, other, ("b's waiter", "the other process's waiter"))
+    } else {
+        (other, own, ("the other process's waiter", "b's waiter"))
+    };
+    let lock = first_in
+        .outcome()
+        .unwrap_or_else(|e| panic!("{}: {e}", names.0));
+    assert!(
+        holding(servers, R, &lock) >= 2,
+        "{} holds a quorum",
+        names.0
+    );
+    assert!(second_in.is_waiting(), "{} got a held lock", names.1);
+    b.release(&lock)
+        .unwrap_or_else(|e| panic!("{}'s release: {e}", names.0));
+    let last = second_in
+        .outcome()
+        .unwrap_or_else(|e| panic!("{}: {e}", names.1));
+    b.release(&last)
+        .unwrap_or_else(|e| panic!("{}'s release: {e}", names.1));
+    released_everywhere(servers, &last);
 }
