@@ -4,9 +4,10 @@
 # `redlock bench --resources 1 --hold H`, run interleaved on the same
 # masters so that throughput ratios come from one run.
 #
-# A shape is PROCSxTHREADS:HOLD_MS:MODE[:n=1], e.g. 4x2:0:notify (4
-# processes of 2 threads each, hold 0 ms, notified waiting) or
-# 1x8:0:notify:n=1 (one master only). Each run: masters flushed and their
+# A shape is PROCSxTHREADS:HOLD_MS:MODE[:n=1][:ho=K], e.g. 4x2:0:notify (4
+# processes of 2 threads each, hold 0 ms, notified waiting),
+# 1x8:0:notify:n=1 (one master only) or 4x2:1:notify:ho=2
+# (--local-handovers 2). Each run: masters flushed and their
 # stats reset (CONFIG RESETSTAT), the PROCS processes started at once, then
 # every master's INFO commandstats summed. Per critical section (summed
 # over the processes' sections):
@@ -22,7 +23,8 @@
 #   cs       context switches (voluntary + involuntary) of the bench
 #            processes (their rusage) and of the masters (/proc), per section
 #   cpu      CPU microseconds per section: bench processes + masters
-# and sections/s, the ratio to the first shape's rate in the same round,
+# and sections/s, microseconds per section (us: one acquire + release, the
+# sections one after another), the ratio to the first shape's rate in the same round,
 # the largest wait, and the smallest process share.
 #
 # The masters are started here on loopback ports, empty, and stopped by pid
@@ -109,9 +111,12 @@ def run(shape, binary):
     procs, threads = (int(x) for x in spec[0].split("x"))
     hold, mode = spec[1], spec[2]
     n = len(urls)
+    flags = []
     for extra in spec[3:]:
         if extra.startswith("n="):
             n = int(extra[2:])
+        elif extra.startswith("ho="):
+            flags += ["--local-handovers", extra[3:]]
     servers = urls[:n]
     for url in urls:
         cli(url, "flushall")
@@ -119,7 +124,7 @@ def run(shape, binary):
     before = [proc_cpu(p) for p in mpids[:n]]
     cmd = [binary, "bench", "--servers", ",".join(servers), "--no-quarantine", "--timeout", timeout,
            "--threads", str(threads), "--resources", "1", "--hold", f"{hold}ms",
-           "--wait-mode", mode, "-d", f"{secs}s", "--json"]
+           "--wait-mode", mode, "-d", f"{secs}s", "--json", *flags]
     children = []
     for i in range(procs):
         out = open(os.path.join(work, f"{i}.out"), "w")
@@ -166,8 +171,10 @@ def run(shape, binary):
         "errors": sum(r["errors"] for r in ok),
     }
 
+# Microseconds per critical section (acquire + release) across the run.
+us = lambda rate: 1e6 / rate if rate else 0.0
 rows = []
-head = f"{'shape':22} {'bin':10} {'rnd':>3} {'sect/s':>8} {'ratio':>6} {'rounds':>6} {'att':>5} {'cln':>5} {'pub':>5} {'sub':>5} {'cs cli':>6} {'cs srv':>6} {'cpu us':>7} {'p50ms':>6} {'maxms':>6} {'min%':>5}"
+head = f"{'shape':22} {'bin':10} {'rnd':>3} {'sect/s':>8} {'us':>6} {'ratio':>6} {'rounds':>6} {'att':>5} {'cln':>5} {'pub':>5} {'sub':>5} {'cs cli':>6} {'cs srv':>6} {'cpu us':>7} {'p50ms':>6} {'maxms':>6} {'min%':>5}"
 print(head, flush=True)
 for rnd in range(1, rounds + 1):
     base = None
@@ -180,7 +187,7 @@ for rnd in range(1, rounds + 1):
             r["ratio"] = r["rate"] / base if base else 0
             rows.append(r)
             note = f"  errors {r['errors']}" if r["errors"] else ""
-            print(f"{shape:22} {r['bin'][:10]:10} {rnd:3} {r['rate']:8.0f} {r['ratio']:6.2f} {r['rounds']:6.2f} {r['att']:5.2f} {r['cln']:5.2f} "
+            print(f"{shape:22} {r['bin'][:10]:10} {rnd:3} {r['rate']:8.0f} {us(r['rate']):6.0f} {r['ratio']:6.2f} {r['rounds']:6.2f} {r['att']:5.2f} {r['cln']:5.2f} "
                   f"{r['pub']:5.2f} {r['sub']:5.3f} {r['cs_client']:6.1f} {r['cs_masters']:6.1f} {r['cpu_us']:7.0f} "
                   f"{r['p50_ms']:6.2f} {r['max_ms']:6.1f} {r['min_share']:5.1f}{note}", flush=True)
 with open(os.path.join(os.environ.get("HANDOVER_OUT", work), "handover.jsonl"), "w") as f:
@@ -192,7 +199,7 @@ for shape in shapes:
     for binary in bins:
         v = [r for r in rows if r["shape"] == shape and r["bin"] == os.path.basename(binary)]
         m = lambda k: statistics.median(r[k] for r in v)
-        print(f"{shape:22} {os.path.basename(binary)[:10]:10} {m('rate'):8.0f} {m('ratio'):6.2f} {m('rounds'):6.2f} {m('att'):5.2f} {m('cln'):5.2f} "
+        print(f"{shape:22} {os.path.basename(binary)[:10]:10} {m('rate'):8.0f} {us(m('rate')):6.0f} {m('ratio'):6.2f} {m('rounds'):6.2f} {m('att'):5.2f} {m('cln'):5.2f} "
               f"{m('pub'):5.2f} {m('sub'):5.3f} {m('cs_client'):6.1f} {m('cs_masters'):6.1f} {m('cpu_us'):7.0f} "
               f"{m('p50_ms'):6.2f} {m('max_ms'):6.1f} {m('min_share'):5.1f}")
 EOF

@@ -26,6 +26,15 @@ use crate::resolve::{Resolver, Route};
 /// are their indices.
 const WAKE: Token = Token(usize::MAX);
 
+/// The token of the driver's [`FineTimer`].
+#[cfg(target_os = "linux")]
+const TIMER: Token = Token(usize::MAX - 1);
+
+#[cfg(target_os = "linux")]
+mod timer;
+#[cfg(target_os = "linux")]
+use timer::FineTimer;
+
 /// The TLS client settings a driver opens `rediss://` connections with.
 #[cfg(feature = "tls")]
 pub(crate) type TlsClient = std::sync::Arc<rustls::ClientConfig>;
@@ -171,6 +180,10 @@ pub(crate) struct Driver {
     /// One reused buffer for every read ([`READ_CHUNK`] bytes): a read that
     /// returns less has drained the socket.
     read_buf: Box<[u8]>,
+    /// Ends a poll whose timeout is shorter than `epoll` keeps to (none
+    /// where the OS has no timerfd, or refused one).
+    #[cfg(target_os = "linux")]
+    timer: Option<FineTimer>,
 }
 
 impl Driver {
@@ -191,8 +204,11 @@ impl Driver {
         tls: Option<TlsClient>,
     ) -> io::Result<Driver> {
         let n = links;
+        let poll = Poll::new()?;
+        #[cfg(target_os = "linux")]
+        let timer = FineTimer::new(poll.registry(), TIMER).ok();
         Ok(Driver {
-            poll: Poll::new()?,
+            poll,
             events: Events::with_capacity(n.max(4) * 2),
             sockets: (0..n).map(|_| None).collect(),
             routes: servers
@@ -209,6 +225,8 @@ impl Driver {
             lookup_limit,
             tls,
             read_buf: vec![0u8; READ_CHUNK].into_boxed_slice(),
+            #[cfg(target_os = "linux")]
+            timer,
         })
     }
 
@@ -307,6 +325,12 @@ impl Driver {
         engine: &mut Engine,
         timeout: Option<Duration>,
     ) -> Result<Instant, Cause> {
+        // A wait shorter than epoll keeps to ends on the timer; the poll's
+        // rounded-up timeout stays the limit.
+        #[cfg(target_os = "linux")]
+        if let (Some(timeout), Some(timer)) = (timeout, &mut self.timer) {
+            timer.arm_if_fine(timeout);
+        }
         if let Err(e) = self.poll.poll(&mut self.events, timeout)
             && e.kind() != io::ErrorKind::Interrupted
         {
@@ -329,6 +353,13 @@ impl Driver {
 
     fn handle_events(&mut self, engine: &mut Engine, now: Instant) {
         for event in self.events.iter() {
+            #[cfg(target_os = "linux")]
+            if let Some(timer) = &mut self.timer
+                && timer.is_token(event.token())
+            {
+                timer.handle_fired();
+                continue;
+            }
             let i = event.token().0;
             let (Some(Some(stream)), Some(conn)) = (self.sockets.get_mut(i), engine.link(i)) else {
                 continue;

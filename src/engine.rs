@@ -198,6 +198,42 @@ impl Engine {
             .is_listening(&self.subs, resource, crate::quorum::quorum(self.n), now)
     }
 
+    /// A waiter for `resource` took the lock, valid until `until` (see
+    /// [`Channels::handle_granted`]).
+    pub(crate) fn handle_granted(&mut self, resource: &[u8], until: Instant) {
+        self.channels.handle_granted(resource, until);
+    }
+
+    /// Until when a lock on `resource` is held here (see
+    /// [`Channels::held_here`]).
+    pub(crate) fn held_here(&self, resource: &[u8], now: Instant) -> Option<Instant> {
+        self.channels.held_here(resource, now)
+    }
+
+    /// Whether any resource's releases are subscribed to (waited for, or
+    /// kept for a lock held here).
+    pub(crate) fn is_subscribed(&self) -> bool {
+        self.channels.is_wanted()
+    }
+
+    /// Ends the subscriptions kept for locks no longer held here (see
+    /// [`Channels::sweep`]).
+    pub(crate) fn sweep(&mut self, now: Instant) {
+        self.channels.sweep(&mut self.subs, now);
+    }
+
+    /// When a subscription kept for a lock held here ends, unless the lock
+    /// is let go before (see [`Channels::sweep`]).
+    pub(crate) fn next_sweep(&self) -> Option<Instant> {
+        self.channels.next_sweep()
+    }
+
+    /// The lock on `resource` is let go through this client (see
+    /// [`Channels::let_go`]).
+    pub(crate) fn let_go(&mut self, resource: &Bytes, now: Instant) {
+        self.channels.let_go(&mut self.subs, resource, now);
+    }
+
     /// A lock was released through this client.
     pub(crate) fn handle_released(&mut self, resource: &[u8]) {
         self.channels.handle_released(resource);
@@ -506,6 +542,7 @@ impl Engine {
             .filter_map(Conn::poll_timeout)
             .chain(rounds)
             .chain(waited_on.iter().filter_map(Conn::retry_at))
+            .chain(self.channels.next_sweep())
             .min()
     }
 

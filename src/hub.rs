@@ -359,6 +359,7 @@ impl<P: Promise, L: Links> Hub<P, L> {
         self.wake_sleepers(now);
         self.check_subscribing(now, self.closing_since.is_some());
         self.wake_waiters(now);
+        self.engine.sweep(now);
         self.fire_keep_timers(now);
     }
 
@@ -532,13 +533,12 @@ impl<P: Promise, L: Links> Hub<P, L> {
                     job.abandon();
                 }
                 // Behind the local waiters already there, not racing them.
-                if job
-                    .resource()
-                    .is_some_and(|r| self.engine.head(r).is_some())
-                {
+                if job.resource().is_some_and(|r| {
+                    self.engine.head(r).is_some() || self.engine.held_here(r, now).is_some()
+                }) {
                     let _ = job.queue_first();
                 }
-                let (job, announce, head) = self.plan_release(job);
+                let (job, announce, head) = self.plan_release(job, now);
                 let span = job.span();
                 let running = Running::new(job, Waiter::Caller(completion), span);
                 let index = place(&mut self.jobs, &mut self.free_jobs, running);
@@ -575,13 +575,15 @@ impl<P: Promise, L: Links> Hub<P, L> {
     /// announced to every process, the local waiters told by the masters,
     /// once the row is that long; otherwise announced, the local waiters
     /// told at once. Other jobs go as they are.
-    fn plan_release(&mut self, job: Job) -> (Job, Announce, Option<(usize, u32)>) {
+    fn plan_release(&mut self, job: Job, now: Instant) -> (Job, Announce, Option<(usize, u32)>) {
         let Job::Release(release) = job else {
             return (job, Announce::Locally, None);
         };
         let Some(resource) = release.resource() else {
             return (Job::Release(release), Announce::Locally, None);
         };
+        // No longer held here: a new local waiter tries again.
+        self.engine.let_go(resource, now);
         let budget = self.config.local_handovers;
         let row = release.handovers();
         // A head between attempts tries right behind the release; one in
@@ -679,35 +681,20 @@ impl<P: Promise, L: Links> Hub<P, L> {
     }
 
     /// Waiter `head` is at the head of its queue for `resource` now. If
-    /// the waiter before it took the lock (valid until `held_until`), it
-    /// waits for that lock's release here, handed over or published (the
-    /// queue's subscriptions are in place: the waiter before listened);
-    /// otherwise it tries once its subscriptions are in place.
-    fn promote(
-        &mut self,
-        head: usize,
-        resource: Option<Bytes>,
-        held_until: Option<Instant>,
-        now: Instant,
-    ) {
+    /// the lock is held here (the waiter before it took it), it waits for
+    /// that lock's release, handed over or published; otherwise it tries
+    /// once its subscriptions are in place.
+    fn promote(&mut self, head: usize, resource: &Bytes, now: Instant) {
         let Some(Some(running)) = self.jobs.get_mut(head) else {
             return;
         };
         // Its give-up timer is the subscription's (or the wait's) now.
         self.timers.cancel(running);
-        match (resource, held_until) {
-            (Some(resource), Some(until))
-                if until > now
-                    && self.engine.is_listening(&resource, now)
-                    && running.job.handle_held_here(until) =>
-            {
-                running.tried_at = self.engine.epoch(&resource);
-                self.advance(head, now);
-            }
-            _ => {
-                let until = now.checked_add(self.config.connect_timeout).unwrap_or(now);
-                self.subscribing.push((head, until));
-            }
+        if wait_held_here(&self.engine, running, resource, now) {
+            self.advance(head, now);
+        } else {
+            let until = now.checked_add(self.config.connect_timeout).unwrap_or(now);
+            self.subscribing.push((head, until));
         }
     }
 
@@ -793,6 +780,9 @@ impl<P: Promise, L: Links> Hub<P, L> {
                         links.prepare(engine, now);
                     }
                     if engine.head(&resource) == Some(index) {
+                        if wait_held_here(engine, running, &resource, now) {
+                            continue;
+                        }
                         let until = now.checked_add(config.connect_timeout).unwrap_or(now);
                         subscribing.push((index, until));
                     } else if let Some(at) = running.job.give_up_at() {
@@ -802,8 +792,12 @@ impl<P: Promise, L: Links> Hub<P, L> {
                     }
                     return;
                 }
-                Step::Await { resource, until } => {
-                    let at = if engine.epoch(resource) == running.tried_at {
+                Step::Await {
+                    resource,
+                    until,
+                    backoff,
+                } => {
+                    let at = if backoff || engine.epoch(resource) == running.tried_at {
                         running.awaiting = true;
                         until
                     } else {
@@ -823,15 +817,19 @@ impl<P: Promise, L: Links> Hub<P, L> {
                     }
                     let waited_for = running.waits_for.take();
                     let promoted = match &waited_for {
-                        Some(resource) => engine.leave(resource, index, now),
+                        Some(resource) => {
+                            if let Some(until) = running.job.granted_until(*stamp) {
+                                engine.handle_granted(resource, until);
+                            }
+                            engine.leave(resource, index, now)
+                        }
                         None => None,
                     };
-                    let held_until = running.job.granted_until(*stamp);
                     let output = running.job.take_output(now);
                     let finished = jobs[index].take();
                     self.free_jobs.push(index);
-                    if let Some(head) = promoted {
-                        self.promote(head, waited_for, held_until, now);
+                    if let (Some(head), Some(resource)) = (promoted, waited_for) {
+                        self.promote(head, &resource, now);
                     }
                     let (Some(output), Some(finished)) = (output, finished) else {
                         return;
@@ -903,4 +901,23 @@ fn place<T>(table: &mut Vec<Option<T>>, free: &mut Vec<usize>, item: Option<T>) 
             table.len() - 1
         }
     }
+}
+
+/// A waiting acquire at the head of `resource`'s queue waits for the lock
+/// held here to be released (see [`Job::handle_held_here`]), if it is
+/// held here and the subscriptions are in place; returns whether it does.
+fn wait_held_here<P>(
+    engine: &Engine,
+    running: &mut Running<P>,
+    resource: &[u8],
+    now: Instant,
+) -> bool {
+    let Some(until) = engine.held_here(resource, now) else {
+        return false;
+    };
+    if !engine.is_listening(resource, now) || !running.job.handle_held_here(until) {
+        return false;
+    }
+    running.tried_at = engine.epoch(resource);
+    true
 }

@@ -64,7 +64,14 @@ pub(crate) enum Step<'a> {
     /// `resource` is released, whichever comes first; then [`Job::wake`]
     /// and [`Job::poll`]. A client that cannot be told of releases sleeps
     /// until `until`.
-    Await { resource: &'a Bytes, until: Instant },
+    Await {
+        resource: &'a Bytes,
+        until: Instant,
+        /// Backing off after a split vote: only a release heard from now
+        /// on ends the wait early, not one of the messages of a release
+        /// the last attempt already followed.
+        backoff: bool,
+    },
     /// Finished: [`Job::take_output`] has the result.
     Done,
 }
@@ -488,9 +495,14 @@ impl Acquire {
             ])),
             _ => keys.clone(),
         };
+        // Every kind of acquire waits for releases: a plain one learns the
+        // holder's expiry from its waiting script; a fenced or
+        // multi-resource one, whose scripts do not tell it, waits for a
+        // release or a retry's delay. A multi-resource acquire waits on its
+        // first resource's releases (a lock of several resources announces
+        // its release on each).
         let notify = ctx.config.wake_on_release
-            && op == Op::Acquire
-            && matches!(keys, Keys::One(_))
+            && matches!(op, Op::Acquire | Op::AcquireFenced | Op::AcquireMany)
             && retry.attempts > 1;
         let span = retry
             .delay
@@ -537,7 +549,9 @@ impl Acquire {
     /// script that reports the holder's remaining time.
     fn start_waiting(&mut self) {
         self.subscribed = true;
-        self.request.op = Op::AcquireWait;
+        if self.request.op == Op::Acquire {
+            self.request.op = Op::AcquireWait;
+        }
         self.after_wait = true;
         self.stage = Stage::Subscribe;
     }
@@ -564,7 +578,11 @@ impl Acquire {
                 None => Step::Done,
             },
             Stage::Await(until) if now < until => match self.keys.as_slice().first() {
-                Some(resource) => Step::Await { resource, until },
+                Some(resource) => Step::Await {
+                    resource,
+                    until,
+                    backoff: self.splits > 0,
+                },
                 None => Step::Done,
             },
             Stage::Sleep(_) | Stage::Await(_) | Stage::Round => {
@@ -837,14 +855,16 @@ impl Acquire {
         // owner at once (no one holds a quorum, and no one will publish).
         // Try again after a short random delay, growing with each split in
         // a row (a racer that crashed leaves its key for its TTL), rather
-        // than wait for keys that are mostly already going.
+        // than wait for keys that are mostly already going. A release
+        // heard meanwhile (one racer won, and let go) ends the delay: a
+        // delay grown long after splits in a row sleeps through no turn.
         if round.refused_by_one(0) + failed < q {
             let most = (round_trip * 2)
                 .saturating_mul(1 << self.splits.min(SPLIT_DOUBLINGS))
                 .min(self.retry.delay.max(round_trip * 2));
             self.splits += 1;
             let backoff = ctx.jitter.between(Duration::ZERO, most);
-            return Some(After::Sleep(cap(now + backoff)));
+            return Some(After::Await(cap(now + backoff)));
         }
         self.splits = 0;
         // The lock is free once `needed` of the refusing masters' keys
@@ -855,7 +875,12 @@ impl Acquire {
         let needed = q
             .saturating_sub(n - refused - failed)
             .clamp(1, refused.max(1));
-        let expiry = match holder_expiry(votes, round.values(0), needed) {
+        // Only the waiting script reports the holder's remaining time (a
+        // fenced acquire's refusal is a bare -1, not a time).
+        let told = (self.request.op == Op::AcquireWait)
+            .then(|| holder_expiry(votes, round.values(0), needed))
+            .flatten();
+        let expiry = match told {
             Some(expiry) => expiry,
             None => ctx.jitter.between(self.retry.delay / 2, self.retry.delay),
         };

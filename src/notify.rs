@@ -61,11 +61,27 @@ struct Channel {
     queued: bool,
     /// Per subscriber connection.
     links: Vec<Link>,
+    /// Subscribed (or subscribing) on every subscriber connection: from
+    /// the first waiter's join until the UNSUBSCRIBEs are sent.
+    subscribed: bool,
+    /// A waiter of this channel took the lock, valid until then, and it
+    /// has not been let go through this client (nor heard released): the
+    /// lock is held here. The subscription stays with no waiter left
+    /// until it is let go or that instant passes, and a new local waiter
+    /// waits for its release instead of trying (see
+    /// [`Channels::held_here`]).
+    held_until: Option<Instant>,
 }
 
 impl Channel {
     fn is_settled(&self) -> bool {
         self.links.iter().all(|l| l.pending == 0)
+    }
+
+    /// Subscribed with nobody waiting, for a lock held here (or until
+    /// swept, see [`Channels::sweep`]).
+    fn is_lingering(&self) -> bool {
+        self.subscribed && self.waiters.is_empty()
     }
 }
 
@@ -91,13 +107,15 @@ pub(crate) struct Channels {
     refused: Vec<bool>,
     /// Per subscriber connection: the refusal was reported (once).
     warned: Vec<bool>,
+    /// The resources a sweep unsubscribes, reused.
+    swept: Vec<Bytes>,
 }
 
 impl Channels {
     /// Whether any resource is waited for: subscriber connections are
     /// opened only then.
     pub(crate) fn is_wanted(&self) -> bool {
-        self.table.values().any(|c| !c.waiters.is_empty())
+        self.table.values().any(|c| c.subscribed)
     }
 
     /// Waiter `waiter` waits for `resource`: it joins the queue, and the
@@ -120,10 +138,11 @@ impl Channels {
                 cleanup: None,
                 queued: false,
                 links: vec![Link::default(); subs.len()],
+                subscribed: false,
+                held_until: None,
             });
-        let first = channel.waiters.is_empty();
         channel.waiters.push_back(waiter);
-        if !first {
+        if std::mem::replace(&mut channel.subscribed, true) {
             return;
         }
         let mut dropped = false;
@@ -145,9 +164,9 @@ impl Channels {
     }
 
     /// Waiter `waiter` stops waiting for `resource`. The last one
-    /// unsubscribes (a connection too far behind to take the UNSUBSCRIBE
-    /// is dropped, and its subscriptions with it). Returns the new head of
-    /// the queue when the head left.
+    /// unsubscribes, unless the lock is held here (see
+    /// [`Channels::handle_granted`]). Returns the new head of the queue
+    /// when the head left.
     pub(crate) fn leave(
         &mut self,
         subs: &mut [Conn],
@@ -161,6 +180,85 @@ impl Channels {
         if !channel.waiters.is_empty() {
             return channel.waiters.front().copied().filter(|_| position == 0);
         }
+        if channel.held_until.is_none() {
+            self.unsubscribe(subs, resource, now);
+        }
+        None
+    }
+
+    /// A waiter for `resource` took the lock, valid until `until`: it is
+    /// held here until let go through this client
+    /// ([`Channels::let_go`]), heard released, or that instant.
+    pub(crate) fn handle_granted(&mut self, resource: &[u8], until: Instant) {
+        if let Some(channel) = self.table.get_mut(resource) {
+            channel.held_until = Some(until);
+        }
+    }
+
+    /// Until when a lock on `resource` taken by a local waiter is held
+    /// here, if one is at `now`: a new local waiter waits for its release
+    /// (handed over, or announced) rather than try.
+    pub(crate) fn held_here(&self, resource: &[u8], now: Instant) -> Option<Instant> {
+        if self.table.is_empty() {
+            return None;
+        }
+        let channel = self.table.get(resource)?;
+        channel
+            .held_until
+            .filter(|&until| until > now && channel.subscribed)
+    }
+
+    /// The lock on `resource` is let go through this client (released,
+    /// or handed over): it is no longer held here, and with nobody
+    /// waiting the subscription ends.
+    pub(crate) fn let_go(&mut self, subs: &mut [Conn], resource: &Bytes, now: Instant) {
+        let Some(channel) = self.table.get_mut(resource) else {
+            return;
+        };
+        channel.held_until = None;
+        if channel.is_lingering() {
+            self.unsubscribe(subs, resource, now);
+        }
+    }
+
+    /// Ends the subscriptions kept with nobody waiting whose lock is no
+    /// longer held here at `now` (heard released, or past its validity).
+    pub(crate) fn sweep(&mut self, subs: &mut [Conn], now: Instant) {
+        if self.table.is_empty() {
+            return;
+        }
+        let mut done = std::mem::take(&mut self.swept);
+        done.extend(
+            self.table
+                .iter()
+                .filter(|(_, c)| c.is_lingering() && c.held_until.is_none_or(|t| t <= now))
+                .map(|(resource, _)| resource.clone()),
+        );
+        for resource in done.drain(..) {
+            self.unsubscribe(subs, &resource, now);
+        }
+        self.swept = done;
+    }
+
+    /// When the next subscription kept for a lock held here ends, if its
+    /// lock is not let go before (see [`Channels::sweep`]).
+    pub(crate) fn next_sweep(&self) -> Option<Instant> {
+        self.table
+            .values()
+            .filter(|c| c.is_lingering())
+            .filter_map(|c| c.held_until)
+            .min()
+    }
+
+    /// Unsubscribes `resource` on every subscriber connection (a
+    /// connection too far behind to take the UNSUBSCRIBE is dropped, and
+    /// its subscriptions with it).
+    fn unsubscribe(&mut self, subs: &mut [Conn], resource: &Bytes, now: Instant) {
+        let Some(channel) = self.table.get_mut(resource) else {
+            return;
+        };
+        channel.subscribed = false;
+        channel.held_until = None;
         let mut dropped = false;
         for (i, (link, conn)) in channel.links.iter_mut().zip(subs.iter_mut()).enumerate() {
             if self.refused.get(i).copied().unwrap_or(false) {
@@ -174,10 +272,13 @@ impl Channels {
         if dropped {
             self.handle_links_down(subs);
         }
-        if self.table.get(resource).is_some_and(Channel::is_settled) {
+        if self
+            .table
+            .get(resource)
+            .is_some_and(|c| !c.subscribed && c.is_settled())
+        {
             self.table.remove(resource);
         }
-        None
     }
 
     /// The waiter that races for `resource`.
@@ -237,6 +338,7 @@ impl Channels {
             return;
         }
         if let Some(channel) = self.table.get_mut(resource) {
+            channel.held_until = None;
             release(&mut self.notified, resource, channel);
         }
     }
@@ -275,7 +377,7 @@ impl Channels {
         self.name.clear();
         let mut ends = Vec::new();
         for (resource, channel) in &self.table {
-            if !channel.waiters.is_empty() {
+            if channel.subscribed {
                 self.name.extend_from_slice(RELEASE_CHANNEL_PREFIX);
                 self.name.extend_from_slice(resource);
                 ends.push(self.name.len());
@@ -296,7 +398,7 @@ impl Channels {
         }
         for channel in self.table.values_mut() {
             if let Some(state) = channel.links.get_mut(link)
-                && !channel.waiters.is_empty()
+                && channel.subscribed
             {
                 state.pending = 1;
                 state.renewed = true;
@@ -321,8 +423,7 @@ impl Channels {
                 *state = Link::default();
             }
         }
-        self.table
-            .retain(|_, c| !c.waiters.is_empty() || !c.is_settled());
+        self.table.retain(|_, c| c.subscribed || !c.is_settled());
     }
 
     /// Subscriber connection `link` dropped: its subscriptions are gone
@@ -333,8 +434,7 @@ impl Channels {
                 *state = Link::default();
             }
         }
-        self.table
-            .retain(|_, c| !c.waiters.is_empty() || !c.is_settled());
+        self.table.retain(|_, c| c.subscribed || !c.is_settled());
     }
 
     /// Every subscriber connection that is down dropped (a send found it
@@ -391,6 +491,9 @@ impl Channels {
                 // (counted once per release, they were dropped, and the
                 // waiter waited for the holder's expiry).
                 if token.is_none() || token != channel.cleanup {
+                    // No longer held here, if it was: the lingering
+                    // subscription ends at the next sweep.
+                    channel.held_until = None;
                     release(&mut self.notified, resource, channel);
                 }
             }
@@ -402,7 +505,7 @@ impl Channels {
                 if kind[..] == b"subscribe"[..] && std::mem::take(&mut state.renewed) {
                     release(&mut self.notified, resource, channel);
                 }
-                if channel.waiters.is_empty() && channel.is_settled() {
+                if !channel.subscribed && channel.is_settled() {
                     self.table.remove(resource);
                 }
             }
@@ -578,6 +681,67 @@ mod tests {
         );
         confirm(&mut channels, 3, "unsubscribe");
         assert_eq!(channels.len(), 0);
+    }
+
+    #[test]
+    fn a_lock_a_waiter_took_keeps_the_subscription_until_let_go_heard_released_or_no_longer_valid()
+    {
+        let now = Instant::now();
+        let valid = now + Duration::from_secs(2);
+        let mut subs = subs(3, now);
+        let mut channels = Channels::default();
+        let resource = Bytes::from_static(R);
+        let subscribed = |subs: &mut Vec<Conn>| {
+            for conn in subs.iter_mut() {
+                assert_eq!(sent(conn), ["SUBSCRIBE redlock:released:orders:42"]);
+            }
+        };
+        let unsubscribed = |subs: &mut Vec<Conn>| {
+            for conn in subs.iter_mut() {
+                assert_eq!(sent(conn), ["UNSUBSCRIBE redlock:released:orders:42"]);
+            }
+        };
+        // Let go through this client.
+        channels.join(&mut subs, &resource, 7, now);
+        subscribed(&mut subs);
+        confirm(&mut channels, 3, "subscribe");
+        channels.handle_granted(R, valid);
+        assert_eq!(channels.leave(&mut subs, &resource, 7, now), None);
+        assert!(subs.iter_mut().all(|c| sent(c).is_empty()), "kept");
+        assert_eq!(channels.held_here(R, now), Some(valid));
+        assert!(channels.is_wanted());
+        channels.let_go(&mut subs, &resource, now);
+        unsubscribed(&mut subs);
+        assert_eq!(channels.held_here(R, now), None);
+        confirm(&mut channels, 3, "unsubscribe");
+        assert_eq!(channels.len(), 0);
+        // Heard released: ended at the next sweep.
+        channels.join(&mut subs, &resource, 8, now);
+        subscribed(&mut subs);
+        confirm(&mut channels, 3, "subscribe");
+        channels.handle_granted(R, valid);
+        assert_eq!(channels.leave(&mut subs, &resource, 8, now), None);
+        assert_eq!(channels.next_sweep(), Some(valid));
+        let token = TokenSource::from_seed([3; 16]).next_token();
+        channels
+            .handle_push(0, message(R, &token))
+            .expect("a message");
+        assert_eq!(channels.held_here(R, now), None);
+        channels.sweep(&mut subs, now);
+        unsubscribed(&mut subs);
+        confirm(&mut channels, 3, "unsubscribe");
+        assert_eq!(channels.len(), 0);
+        // Never let go: ended once no longer valid, not before.
+        channels.join(&mut subs, &resource, 9, now);
+        subscribed(&mut subs);
+        confirm(&mut channels, 3, "subscribe");
+        channels.handle_granted(R, valid);
+        assert_eq!(channels.leave(&mut subs, &resource, 9, now), None);
+        channels.sweep(&mut subs, now);
+        assert!(subs.iter_mut().all(|c| sent(c).is_empty()), "still valid");
+        assert_eq!(channels.held_here(R, valid), None);
+        channels.sweep(&mut subs, valid);
+        unsubscribed(&mut subs);
     }
 
     #[test]

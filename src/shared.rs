@@ -747,7 +747,10 @@ impl SharedRedlock {
         if let Some(error) = &core.stopped {
             return Inline::Done(order.refused(error.clone()));
         }
-        if !core.hub.is_idle() {
+        // With a subscription kept for a lock held here, the loop runs the
+        // operation: a release there ends the subscription (or hands the
+        // lock over), an acquire there waits for the lock held here.
+        if !core.hub.is_idle() || core.hub.engine().is_subscribed() {
             return Inline::Busy(order);
         }
         let now = Instant::now();
@@ -1097,7 +1100,12 @@ impl EventLoop {
         let (engine, driver) = self.hub.io();
         driver.send(engine);
         let idle = self.hub.is_idle();
-        let next_keep = self.hub.next_keep();
+        // Idle, the loop still wakes for a kept lock's extend and to end a
+        // subscription kept for a lock held here (see `Channels::sweep`).
+        let next_keep = match (self.hub.next_keep(), self.hub.engine().next_sweep()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         if idle {
             if let Some(since) = self.hub.closing_since() {
                 // Everything answered; late replies and cleanup within the

@@ -491,7 +491,8 @@ fn a_dropped_subscriber_connection_is_resubscribed() {
 }
 
 #[test]
-fn the_client_unsubscribes_when_its_last_waiter_has_the_lock() {
+fn the_client_keeps_its_subscription_while_its_last_waiter_holds_the_lock_and_ends_it_at_the_release()
+ {
     let masters = cluster(3);
     let urls = masters.urls();
     let (mut holder, held) = hold(&urls);
@@ -502,9 +503,35 @@ fn the_client_unsubscribes_when_its_last_waiter_has_the_lock() {
         .release(&held)
         .unwrap_or_else(|e| panic!("the holder's release: {e}"));
     let lock = waiter.outcome().unwrap_or_else(|e| panic!("B: {e}"));
-    // B is alive and holds the lock; nobody waits.
-    wait_numsub(masters.servers(), 0, "once B has the lock");
+    // B holds the lock, nobody waits: the subscription stays for the next
+    // local waiter, which waits for B's release rather than try. Nothing
+    // ends it before B's release (the lock is valid for HOLD_TTL).
+    let subscribed: Vec<i64> = masters.servers().iter().map(|s| numsub(s, R)).collect();
+    assert_eq!(subscribed, [1, 1, 1], "while B holds the lock");
     b.release(&lock).unwrap_or_else(|e| panic!("{e}"));
+    wait_numsub(masters.servers(), 0, "once B released the lock");
+}
+
+/// A lock a waiter took and nobody releases (its owner gone, its key left
+/// to expire) ends the subscription kept for it at its validity's end.
+#[test]
+fn the_subscription_kept_for_a_lock_held_here_ends_when_the_lock_is_no_longer_valid() {
+    let masters = cluster(3);
+    let urls = masters.urls();
+    let (mut holder, held) = hold(&urls);
+    let b = shared(&urls);
+    let waiter = {
+        let b = b.clone();
+        Waiter::spawn(move || b.acquire_with(R, Duration::from_secs(2), &waiting()))
+    };
+    wait_numsub(masters.servers(), 1, "while B waits");
+    holder
+        .release(&held)
+        .unwrap_or_else(|e| panic!("the holder's release: {e}"));
+    let lock = waiter.outcome().unwrap_or_else(|e| panic!("B: {e}"));
+    // Never released: the 2 s lock's validity ends within SETTLE.
+    std::mem::forget(lock);
+    wait_numsub(masters.servers(), 0, "once B's lock is no longer valid");
 }
 
 /// A waiting future dropped unpolled leaves the queue of its client's
@@ -526,8 +553,12 @@ fn a_dropped_waiter_leaves_the_queue_to_the_next_one() {
         .unwrap_or_else(|e| panic!("the holder's release: {e}"));
     let lock = block_on(second, MAX_WAIT + HUNG)
         .unwrap_or_else(|e| panic!("the waiter behind the dropped one: {e}"));
-    wait_numsub(masters.servers(), 0, "once the last waiter has the lock");
     b.release(&lock).unwrap_or_else(|e| panic!("{e}"));
+    wait_numsub(
+        masters.servers(),
+        0,
+        "once the last waiter released the lock",
+    );
 }
 
 /// The only waiter dropped while the holder holds on: nobody waits any
@@ -1208,9 +1239,10 @@ fn after_a_row_of_hand_overs_the_release_is_announced_and_another_process_gets_i
         other.is_waiting(),
         "the other process's waiter got a lock b's waiter holds"
     );
-    // b's next waiter queues behind the held lock; the row is at its
-    // budget, so the release is announced to every process.
-    let own = refused_waiter(servers, &b);
+    // b's next waiter waits for the lock held here (it sends nothing: no
+    // refusal to wait for); the row is at its budget, so the release is
+    // announced to every process.
+    let own = Waiter::shared(&b);
     let before = calls_now(servers);
     b.release(&handed)
         .unwrap_or_else(|e| panic!("the handed lock's release: {e}"));
@@ -1247,4 +1279,61 @@ fn after_a_row_of_hand_overs_the_release_is_announced_and_another_process_gets_i
     b.release(&last)
         .unwrap_or_else(|e| panic!("{}'s release: {e}", names.1));
     released_everywhere(servers, &last);
+}
+
+#[test]
+fn fenced_and_multi_resource_waiters_are_woken_by_the_release_not_a_retry_delay() {
+    let masters = cluster(3);
+    let (servers, urls) = (masters.servers(), masters.urls());
+    let b = shared(&urls);
+    let mut holder = single(&urls);
+    // A fenced waiter behind a fenced holder: the next fence is larger.
+    let held = holder
+        .try_acquire_fenced(R, HOLD_TTL)
+        .unwrap_or_else(|e| panic!("the holder takes {R} fenced: {e}"));
+    let waiter = {
+        let b = b.clone();
+        Waiter::spawn(move || b.acquire_fenced_with(R, HOLD_TTL, &waiting()))
+    };
+    wait_numsub(servers, 1, "while the fenced waiter waits");
+    assert!(waiter.is_waiting(), "the fenced waiter got a held lock");
+    holder
+        .release(&held)
+        .unwrap_or_else(|e| panic!("the fenced holder's release: {e}"));
+    let fenced = waiter
+        .outcome()
+        .unwrap_or_else(|e| panic!("the fenced waiter, after the release: {e}"));
+    assert!(
+        fenced.fence() > held.fence(),
+        "fence {:?} after {:?}",
+        fenced.fence(),
+        held.fence()
+    );
+    b.release(&fenced)
+        .unwrap_or_else(|e| panic!("the fenced waiter's release: {e}"));
+    wait_numsub(servers, 0, "once the fenced waiter has the lock");
+    // A waiter for R and another resource, behind a holder of both.
+    const OTHER: &str = "notify:other";
+    let held = holder
+        .try_acquire_many([R, OTHER], HOLD_TTL)
+        .unwrap_or_else(|e| panic!("the holder takes {R} and {OTHER}: {e}"));
+    let waiter = {
+        let b = b.clone();
+        Waiter::spawn(move || b.acquire_many_with([R, OTHER], HOLD_TTL, &waiting()))
+    };
+    wait_numsub(servers, 1, "while the multi-resource waiter waits");
+    assert!(
+        waiter.is_waiting(),
+        "the multi-resource waiter got a held lock"
+    );
+    holder
+        .release(&held)
+        .unwrap_or_else(|e| panic!("the multi-resource holder's release: {e}"));
+    let both = waiter
+        .outcome()
+        .unwrap_or_else(|e| panic!("the multi-resource waiter, after the release: {e}"));
+    assert_eq!(both.resources().len(), 2, "{both:?}");
+    b.release(&both)
+        .unwrap_or_else(|e| panic!("the multi-resource waiter's release: {e}"));
+    released_everywhere(servers, &both);
 }

@@ -130,6 +130,13 @@ pub struct BenchArgs {
     #[arg(long, value_name = "D", value_parser = parse_duration)]
     wake_spread: Option<Duration>,
 
+    /// With --wait-mode notify: how many times in a row a lock released
+    /// while another thread of this process waits for it is handed over
+    /// in-process before its release is announced to every process (0:
+    /// never) [default: the library's, 8]
+    #[arg(long, value_name = "N")]
+    local_handovers: Option<u32>,
+
     /// Busy-wait for replies instead of sleeping in epoll (lower latency,
     /// one core per thread; per-thread clients only)
     #[arg(long)]
@@ -299,6 +306,11 @@ pub fn bench(
             "--wake-spread applies to --wait-mode notify: a polling waiter is never woken",
         ));
     }
+    if args.wait_mode == WaitMode::Poll && args.local_handovers.is_some() {
+        return Err(Failure::usage(
+            "--local-handovers applies to --wait-mode notify: a polling waiter is never handed a lock",
+        ));
+    }
     let given: Vec<String> = servers
         .iter()
         .map(|s| s.trim().to_owned())
@@ -341,6 +353,9 @@ pub fn bench(
     config.wake_on_release = args.wait_mode == WaitMode::Notify;
     if let Some(spread) = args.wake_spread {
         config.wake_spread = spread;
+    }
+    if let Some(handovers) = args.local_handovers {
+        config.local_handovers = handovers;
     }
     quarantine.apply(&mut config);
     if cluster.is_some() {

@@ -14,7 +14,10 @@ use crate::job::SplitMix64;
 /// processes woken together do not split the masters' votes, shorter the
 /// longer it has waited (since `waiting_since`), down to a quarter of the
 /// spread at 20 ms, so that the waiter that has waited longest tends to
-/// send its attempt first.
+/// send its attempt first; past that, the share shrinks in proportion to
+/// the wait (an eighth at 40 ms, a fortieth at 200 ms), so that a waiter
+/// that lost several turns in a row to other processes' tries before
+/// those that have waited less, and a long wait stays rare.
 pub(super) fn wake_at(
     jitter: &mut SplitMix64,
     spread: Duration,
@@ -23,10 +26,13 @@ pub(super) fn wake_at(
 ) -> Instant {
     let age = waiting_since
         .map(|t| now.saturating_duration_since(t))
-        .unwrap_or_default()
-        .min(AGE_PRIORITY);
-    let share = 1.0 - age.as_secs_f64() / AGE_PRIORITY.as_secs_f64();
-    now + jitter.between(Duration::ZERO, spread.mul_f64(share.max(MIN_SPREAD_SHARE)))
+        .unwrap_or_default();
+    let share = if age <= AGE_PRIORITY {
+        (1.0 - age.as_secs_f64() / AGE_PRIORITY.as_secs_f64()).max(MIN_SPREAD_SHARE)
+    } else {
+        MIN_SPREAD_SHARE * AGE_PRIORITY.as_secs_f64() / age.as_secs_f64()
+    };
+    now + jitter.between(Duration::ZERO, spread.mul_f64(share))
 }
 
 /// The jobs' timers: when each waiting job goes on (to retry, to stop
@@ -65,10 +71,10 @@ impl Timers {
 /// spread (see [`wake_at`]).
 const AGE_PRIORITY: Duration = Duration::from_millis(20);
 
-/// The least share of [`Config::wake_spread`] a woken waiter's delay is
-/// drawn from, however long it has waited: the waiters of several
-/// processes that have all waited long are still spread apart, or they
-/// would all try at once and split the votes.
+/// The share of [`Config::wake_spread`] a woken waiter's delay is drawn
+/// from at [`AGE_PRIORITY`]: waiters of several processes that have all
+/// waited about as long are still spread apart, or they would all try at
+/// once and split the votes.
 const MIN_SPREAD_SHARE: f64 = 0.25;
 
 impl<P: Promise, L: Links> Hub<P, L> {
