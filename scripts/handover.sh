@@ -7,7 +7,7 @@
 # A shape is PROCSxTHREADS:HOLD_MS:MODE[:n=1][:ho=K], e.g. 4x2:0:notify (4
 # processes of 2 threads each, hold 0 ms, notified waiting),
 # 1x8:0:notify:n=1 (one master only) or 4x2:1:notify:ho=2
-# (--local-handovers 2). Each run: masters flushed and their
+# (--local-handovers 2); hw=D gives --local-handover-window D. Each run: masters flushed and their
 # stats reset (CONFIG RESETSTAT), the PROCS processes started at once, then
 # every master's INFO commandstats summed. Per critical section (summed
 # over the processes' sections):
@@ -117,6 +117,8 @@ def run(shape, binary):
             n = int(extra[2:])
         elif extra.startswith("ho="):
             flags += ["--local-handovers", extra[3:]]
+        elif extra.startswith("hw="):
+            flags += ["--local-handover-window", extra[3:]]
     servers = urls[:n]
     for url in urls:
         cli(url, "flushall")

@@ -183,8 +183,17 @@ pub struct Config {
     /// release after that many hand-overs notifies every process, and this
     /// client's waiters then hear of it from the masters, as other
     /// processes' waiters do, so that they get their turn (lock
-    /// cohorting). 0 turns hand-overs off. Default 8.
+    /// cohorting; see also [`Config::local_handover_window`]). A fenced
+    /// waiter handed a lock runs its own two-phase acquire: its fence is
+    /// new, and larger. 0 turns hand-overs off. Default 8.
     pub local_handovers: u32,
+    /// With [`Config::local_handovers`]: how long a row of in-process
+    /// hand-overs may last, from its first; the release after that is
+    /// announced to every process. With short critical sections the count
+    /// ends a row, with longer ones this: the other processes' waiters
+    /// wait about this long for their turn, however long each section.
+    /// Default 2 ms.
+    pub local_handover_window: Duration,
     /// TLS settings for the `rediss://` masters. Default: the system's
     /// root certificates, no client certificate.
     pub tls: TlsConfig,
@@ -257,6 +266,7 @@ impl Config {
             wake_on_release: true,
             wake_spread: Duration::from_micros(300),
             local_handovers: 8,
+            local_handover_window: Duration::from_millis(2),
             tls: TlsConfig::default(),
             #[cfg(feature = "test-knobs")]
             overstate_validity: Duration::ZERO,

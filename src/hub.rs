@@ -31,7 +31,7 @@ use crate::engine::{Engine, Wait};
 use crate::error::Error;
 use crate::job::{Acquire, Batch, Ctx, Extend, Job, Output, Release, SplitMix64, Step, release_op};
 use crate::keep::{Keeper, Shared as KeepShared};
-use crate::lock::Lock;
+use crate::lock::{Cohort, Lock};
 use crate::metrics::{self, OpSpan};
 use crate::token::TokenSource;
 
@@ -139,7 +139,7 @@ struct Running<P> {
     /// released the lock to it unannounced: the row of hand-overs its
     /// next attempt, made at once if this one is refused, carries (0:
     /// none).
-    handed: u32,
+    handed: Option<Cohort>,
     /// The operation's span, open until it ends.
     span: OpSpan,
 }
@@ -156,7 +156,7 @@ impl<P: Promise> Running<P> {
             timer: 0,
             in_round: false,
             announce: Announce::Locally,
-            handed: 0,
+            handed: None,
         })
     }
 }
@@ -547,15 +547,15 @@ impl<P: Promise, L: Links> Hub<P, L> {
                 }
                 self.advance(index, now);
                 // The head's attempt follows the release in the same write.
-                if let Some((head, row)) = head
+                if let Some((head, cohort)) = head
                     && let Some(Some(running)) = self.jobs.get_mut(head)
                 {
                     if running.in_round {
-                        running.handed = row;
+                        running.handed = Some(cohort);
                     } else {
                         self.timers.cancel(running);
                         running.awaiting = false;
-                        running.job.handle_handover(row);
+                        running.job.handle_handover(cohort);
                         self.advance(head, now);
                     }
                 }
@@ -570,12 +570,13 @@ impl<P: Promise, L: Links> Hub<P, L> {
 
     /// How a release reaches this client's waiters for its lock: handed
     /// over to the head waiter when it waits for a release or expiry and
-    /// the row of hand-overs is short of [`Config::local_handovers`] (the
-    /// release then sent unannounced, and the head to wake returned);
-    /// announced to every process, the local waiters told by the masters,
-    /// once the row is that long; otherwise announced, the local waiters
-    /// told at once. Other jobs go as they are.
-    fn plan_release(&mut self, job: Job, now: Instant) -> (Job, Announce, Option<(usize, u32)>) {
+    /// the row of hand-overs is short of [`Config::local_handovers`] and
+    /// [`Config::local_handover_window`] (the release then sent
+    /// unannounced, and the head to wake returned with the row it
+    /// continues); announced to every process, the local waiters told by
+    /// the masters, once the row is that long; otherwise announced, the
+    /// local waiters told at once. Other jobs go as they are.
+    fn plan_release(&mut self, job: Job, now: Instant) -> (Job, Announce, Option<(usize, Cohort)>) {
         let Job::Release(release) = job else {
             return (job, Announce::Locally, None);
         };
@@ -584,8 +585,9 @@ impl<P: Promise, L: Links> Hub<P, L> {
         };
         // No longer held here: a new local waiter tries again.
         self.engine.let_go(resource, now);
-        let budget = self.config.local_handovers;
-        let row = release.handovers();
+        let cohort = release.cohort().unwrap_or(Cohort { row: 0, since: now });
+        let within = cohort.row < self.config.local_handovers
+            && now.saturating_duration_since(cohort.since) < self.config.local_handover_window;
         // A head between attempts tries right behind the release; one in
         // an attempt is handed the lock when the attempt ends (the masters
         // refuse it: the lock is still ours there when it arrives, sent
@@ -595,15 +597,22 @@ impl<P: Promise, L: Links> Hub<P, L> {
                 if (r.in_round || r.job.is_between_attempts()) && !r.waiter.is_abandoned())
         });
         match head {
-            Some(head) if row < budget && self.closing_since.is_none() => {
+            Some(head) if within && self.closing_since.is_none() => {
                 let release = release.unannounced();
+                let next = Cohort {
+                    row: cohort.row + 1,
+                    since: cohort.since,
+                };
                 (
                     Job::Release(release),
                     Announce::HandedOver,
-                    Some((head, row + 1)),
+                    Some((head, next)),
                 )
             }
-            _ if row > 0 && row >= budget => (Job::Release(release), Announce::Yielded, None),
+            // This client's turn is over: its waiters hear of the release
+            // from the masters, with the other processes' (and, younger,
+            // tend to try after them).
+            _ if cohort.row > 0 && !within => (Job::Release(release), Announce::Yielded, None),
             _ => (Job::Release(release), Announce::Locally, None),
         }
     }
@@ -761,10 +770,11 @@ impl<P: Promise, L: Links> Hub<P, L> {
                     let id = engine.start(requests, now, Duration::ZERO, Wait::Decision);
                     engine.finish(id);
                 }
-                Step::Await { .. } | Step::Sleep(_) if running.handed > 0 => {
+                Step::Await { .. } | Step::Sleep(_) if running.handed.is_some() => {
                     // Refused while this client released the lock to it.
-                    let row = std::mem::take(&mut running.handed);
-                    running.job.handle_handover(row);
+                    if let Some(cohort) = running.handed.take() {
+                        running.job.handle_handover(cohort);
+                    }
                 }
                 Step::Sleep(at) => {
                     timers.set(running, index, at);

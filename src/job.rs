@@ -24,7 +24,7 @@ use crate::config::{Config, Retry};
 use crate::conn::{Keys, Op, Request};
 use crate::engine::Wait;
 use crate::error::{Error, Failure, MasterVote};
-use crate::lock::Lock;
+use crate::lock::{Cohort, Lock};
 use crate::metrics;
 use crate::quorum::{Decision, FencePlan, Loss, Round, Vote, plan_fence};
 use crate::script::FENCE_STATE_KEY;
@@ -217,11 +217,11 @@ impl Job {
     }
 
     /// A waiting acquire's next attempt follows a release of its lock by
-    /// this client in the same write, the `row`-th hand-over in a row: it
-    /// tries at once, and its lock, if it gets it, carries the row on.
-    pub(crate) fn handle_handover(&mut self, row: u32) {
+    /// this client in the same write, a hand-over of `cohort`: it tries at
+    /// once, and its lock, if it gets it, carries the cohort on.
+    pub(crate) fn handle_handover(&mut self, cohort: Cohort) {
         if let Job::Acquire(job) = self {
-            job.handed = row;
+            job.handed = Some(cohort);
             if matches!(job.stage, Stage::Await(_) | Stage::Sleep(_)) {
                 job.stage = Stage::Round;
             }
@@ -440,9 +440,9 @@ pub(crate) struct Acquire {
     waited: u32,
     /// The next attempt follows a wait for a held lock.
     after_wait: bool,
-    /// The lock of this attempt, if it succeeds, is the `handed`-th
-    /// in-process hand-over in a row (0: not a hand-over).
-    handed: u32,
+    /// The row of in-process hand-overs the lock of this attempt, if it
+    /// succeeds, is the last of (none: not a hand-over).
+    handed: Option<Cohort>,
     /// Waiting attempts in a row that met a split (see
     /// [`Acquire::next_wait`]): each doubles the longest delay before the
     /// next, up to [`SPLIT_DOUBLINGS`] times.
@@ -526,7 +526,7 @@ impl Acquire {
             waited: 0,
             after_wait: false,
             splits: 0,
-            handed: 0,
+            handed: None,
             keys,
             op,
             ttl,
@@ -646,7 +646,7 @@ impl Acquire {
             Stage::Waiting => {
                 self.phase_one = Some(started);
                 let Some(expiry) = validity(ctx.config, round, 0, started, ended, self.ttl) else {
-                    let handed = std::mem::take(&mut self.handed) > 0;
+                    let handed = self.handed.take().is_some();
                     let error = verdict(ctx, round, self.op, 0, self.first, self.attempt, ended);
                     let next = self.next_wait(ctx, &error, round, started, ended);
                     // Held elsewhere, or split among racers (a quorum
@@ -743,7 +743,7 @@ impl Acquire {
             expiry,
             extensions: 0,
             fence,
-            handovers: self.handed,
+            cohort: self.handed,
         }));
         self.stage = Stage::Done;
     }
@@ -1037,7 +1037,7 @@ impl Extend {
 pub(crate) struct Release {
     request: Request,
     /// The released lock's row of in-process hand-overs.
-    handovers: u32,
+    cohort: Option<Cohort>,
     timeout: Duration,
     first: Instant,
     stage: Stage,
@@ -1054,7 +1054,7 @@ impl Release {
                 token: lock.token,
                 arg: 0,
             },
-            handovers: lock.handovers,
+            cohort: lock.cohort,
             timeout: ctx.config.per_instance_timeout,
             first: now,
             stage: Stage::Round,
@@ -1071,8 +1071,8 @@ impl Release {
     }
 
     /// The released lock's row of in-process hand-overs.
-    pub(crate) fn handovers(&self) -> u32 {
-        self.handovers
+    pub(crate) fn cohort(&self) -> Option<Cohort> {
+        self.cohort
     }
 
     /// The resource released, for a lock of one key.
@@ -1224,7 +1224,7 @@ impl Batch {
                         ttl: self.ttl,
                         expiry,
                         extensions: 0,
-                        handovers: 0,
+                        cohort: None,
                         fence: None,
                     }),
                     None => Err(verdict(ctx, round, Op::Acquire, slot, self.first, 1, ended)),

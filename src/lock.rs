@@ -25,9 +25,20 @@ pub struct Lock {
     pub(crate) expiry: Expiry,
     pub(crate) extensions: u32,
     pub(crate) fence: Option<u64>,
-    /// In-process hand-overs in a row that led to this lock (0 when it was
-    /// taken otherwise): see [`Config::local_handovers`](crate::Config::local_handovers).
-    pub(crate) handovers: u32,
+    /// The row of in-process hand-overs that led to this lock (none when
+    /// it was taken otherwise): see
+    /// [`Config::local_handovers`](crate::Config::local_handovers).
+    pub(crate) cohort: Option<Cohort>,
+}
+
+/// A row of in-process hand-overs of one lock (lock cohorting): how many
+/// so far, and since when.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Cohort {
+    /// Hand-overs in the row, this lock's included.
+    pub(crate) row: u32,
+    /// When the first of them was sent.
+    pub(crate) since: std::time::Instant,
 }
 
 impl Lock {
@@ -115,7 +126,7 @@ impl Lock {
             expiry: Expiry::at(Stamp::now()),
             extensions: 0,
             fence: None,
-            handovers: 0,
+            cohort: None,
         }
     }
 
@@ -151,7 +162,7 @@ mod tests {
             expiry: Expiry::after(taken, Duration::from_secs(30)).expect("expiry"),
             extensions: 0,
             fence: None,
-            handovers: 0,
+            cohort: None,
         };
         assert!(lock.remaining() <= Duration::from_secs(20), "{lock:?}");
         assert!(lock.remaining() > Duration::from_secs(19), "{lock:?}");

@@ -1212,10 +1212,19 @@ fn a_release_with_a_waiter_in_the_same_client_hands_the_lock_over_unannounced() 
 
 #[test]
 fn after_a_row_of_hand_overs_the_release_is_announced_and_another_process_gets_its_turn() {
+    // The row ends at its count, or at its window.
+    row_of_hand_overs_then_announced(1, Duration::from_secs(3600));
+    row_of_hand_overs_then_announced(100, Duration::from_millis(200));
+}
+
+/// A shared client hands a lock over once, then, the row at its end (one
+/// hand-over of `handovers`, or `window` past), announces the release.
+fn row_of_hand_overs_then_announced(handovers: u32, window: Duration) {
     let masters = cluster(3);
     let (servers, urls) = (masters.servers(), masters.urls());
     let mut config = config(&urls);
-    config.local_handovers = 1;
+    config.local_handovers = handovers;
+    config.local_handover_window = window;
     let b = SharedRedlock::new(config).unwrap_or_else(|e| panic!("{e}"));
     let c = shared(&urls);
     let first = b
@@ -1225,6 +1234,7 @@ fn after_a_row_of_hand_overs_the_release_is_announced_and_another_process_gets_i
     let other = refused_waiter(servers, &c);
     let own = refused_waiter(servers, &b);
     let before = calls_now(servers);
+    let row_began = Instant::now();
     b.release(&first)
         .unwrap_or_else(|e| panic!("the first holder's release: {e}"));
     let handed = own
@@ -1240,9 +1250,15 @@ fn after_a_row_of_hand_overs_the_release_is_announced_and_another_process_gets_i
         "the other process's waiter got a lock b's waiter holds"
     );
     // b's next waiter waits for the lock held here (it sends nothing: no
-    // refusal to wait for); the row is at its budget, so the release is
+    // refusal to wait for); the row is at its end, so the release is
     // announced to every process.
     let own = Waiter::shared(&b);
+    if handovers > 1 {
+        // Not a timed assertion: the row must have lasted its window.
+        while row_began.elapsed() <= window {
+            thread::sleep(window / 10);
+        }
+    }
     let before = calls_now(servers);
     b.release(&handed)
         .unwrap_or_else(|e| panic!("the handed lock's release: {e}"));

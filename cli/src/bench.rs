@@ -137,6 +137,12 @@ pub struct BenchArgs {
     #[arg(long, value_name = "N")]
     local_handovers: Option<u32>,
 
+    /// With --wait-mode notify: how long a row of in-process hand-overs
+    /// may last before the lock's release is announced to every process
+    /// [default: the library's, 2ms]
+    #[arg(long, value_name = "D", value_parser = parse_duration)]
+    local_handover_window: Option<Duration>,
+
     /// Busy-wait for replies instead of sleeping in epoll (lower latency,
     /// one core per thread; per-thread clients only)
     #[arg(long)]
@@ -306,9 +312,12 @@ pub fn bench(
             "--wake-spread applies to --wait-mode notify: a polling waiter is never woken",
         ));
     }
-    if args.wait_mode == WaitMode::Poll && args.local_handovers.is_some() {
+    if args.wait_mode == WaitMode::Poll
+        && (args.local_handovers.is_some() || args.local_handover_window.is_some())
+    {
         return Err(Failure::usage(
-            "--local-handovers applies to --wait-mode notify: a polling waiter is never handed a lock",
+            "--local-handovers and --local-handover-window apply to --wait-mode notify: \
+             a polling waiter is never handed a lock",
         ));
     }
     let given: Vec<String> = servers
@@ -356,6 +365,9 @@ pub fn bench(
     }
     if let Some(handovers) = args.local_handovers {
         config.local_handovers = handovers;
+    }
+    if let Some(window) = args.local_handover_window {
+        config.local_handover_window = window;
     }
     quarantine.apply(&mut config);
     if cluster.is_some() {
