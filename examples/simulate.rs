@@ -13,8 +13,8 @@
 //! however long they take), `--seed <n>` (that seed alone), `--from <n>`
 //! (the first seed), `--clients`, `--masters`, `--ops`, and
 //! `--bug quorum-off-by-one|drift-dropped|extend-not-shortened|
-//! failure-counted-as-split|resend-decided` to put a bug in on purpose
-//! (the run should then stop at a seed that shows it).
+//! failure-counted-as-split|resend-decided|release-notice-dropped` to put
+//! a bug in on purpose (the run should then stop at a seed that shows it).
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -42,6 +42,7 @@ fn main() -> ExitCode {
                 "extend-not-shortened" => Bug::ExtendNotShortened,
                 "failure-counted-as-split" => Bug::FailureCountedAsSplit,
                 "resend-decided" => Bug::ResendDecided,
+                "release-notice-dropped" => Bug::ReleaseNoticeDropped,
                 _ => {
                     eprintln!("simulate: unknown bug {value}");
                     return ExitCode::from(2);

@@ -43,6 +43,10 @@ use crate::token::TokenSource;
 
 pub use crate::knobs::Bug;
 
+mod waiting;
+
+use waiting::{Bounds, Waiting};
+
 /// What a run simulates.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -129,11 +133,99 @@ const SPIN_ATTEMPTS: u64 = 30;
 const SPIN_STREAK: u64 = 25;
 const SPIN_GAP: Micros = 3_000;
 
+/// The longest delay between a waiting acquire's attempts the workload
+/// asks for.
+const RETRY_DELAY_MAX: Duration = Duration::from_millis(50);
+/// Splits in a row the waiting checker lets a waiter meet before it must
+/// hold the lock: each follows a random back-off that doubles (`job.rs`,
+/// `SPLIT_DOUBLINGS`), so that racers rarely split the votes twice.
+const SPLIT_ROUNDS: u64 = 3;
+
+/// The network's one-way delays, in µs: usually within `DELAY`, and with
+/// `LONG_DELAY_CHANCE` within `LONG_DELAY`.
+const DELAY: (Micros, Micros) = (20, 400);
+const LONG_DELAY: (Micros, Micros) = (2_000, 30_000);
+const LONG_DELAY_CHANCE: f64 = 0.02;
+
 /// Microseconds of virtual time.
 type Micros = u64;
 
 fn micros(d: Duration) -> Micros {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// The waiting checker's bounds (see [`Bounds`]), from the configuration
+/// and the network's delays. A round lasts until its last reply, two
+/// one-way delays, or at most `per_instance_timeout` (on a client clock
+/// that may run `drift_factor` slow); a back-off after a split is random,
+/// up to two rounds doubled per split in a row, at most the larger of the
+/// retry delay and two rounds (`job.rs`, `next_wait`), and a failed
+/// attempt's retry waits at most the retry delay. From a reason to try,
+/// the head waiter first ends what it does (a round, a back-off, or its
+/// wait for its subscriptions, at most `connect_timeout`), tries within
+/// `wake_spread`, and then meets racers splitting the votes at most
+/// [`SPLIT_ROUNDS`] times, each followed by a back-off.
+fn waiting_bounds(config: &Config) -> Bounds {
+    let drift = 1.0 + config.drift_factor;
+    let spread = micros(config.wake_spread);
+    let delay = micros(RETRY_DELAY_MAX);
+    let chain = |first: Micros, round: Micros, backoff: Micros| {
+        first + spread + (SPLIT_ROUNDS + 1) * round + SPLIT_ROUNDS * backoff
+    };
+    // The network's usual delays both ways (and a few µs for pieces).
+    let quick_round = (2.0 * DELAY.1 as f64 * drift) as Micros + 10;
+    let quick_backoff = delay.max(2 * quick_round);
+    let round = micros(config.per_instance_timeout.mul_f64(drift));
+    let backoff = delay.max(2 * round);
+    let first = micros(config.connect_timeout).max(backoff).max(round);
+    Bounds {
+        quick: chain(quick_backoff.max(quick_round), quick_round, quick_backoff),
+        slow: chain(first, round, backoff),
+        // A round that met a late message ends within a round of it, and
+        // the back-off after it within two more.
+        settle: 3 * round,
+        // A round, the holder's remaining time it read (at most
+        // `MAX_TTL`, on clocks that drift either way), a millisecond
+        // (Redis expires a key within one), the wake spread.
+        timer: round + micros(MAX_TTL.mul_f64(drift * drift)) + 1_000 + spread,
+    }
+}
+
+/// The resource `key` names, if it is one the workload locks.
+fn resource_index(key: &[u8]) -> Option<usize> {
+    RESOURCES.iter().position(|r| r.as_bytes() == key)
+}
+
+/// The resources whose keys `args` may change: SET's key, a script's keys.
+fn touched(args: &[Bytes]) -> impl Iterator<Item = usize> + '_ {
+    let word = |i: usize| args.get(i).map_or(&[][..], Bytes::as_ref);
+    let keys = if word(0).eq_ignore_ascii_case(b"SET") {
+        args.get(1..2).unwrap_or(&[])
+    } else if word(0).eq_ignore_ascii_case(b"EVALSHA") || word(0).eq_ignore_ascii_case(b"EVAL") {
+        let n: usize = std::str::from_utf8(word(2))
+            .ok()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
+        args.get(3..3usize.saturating_add(n)).unwrap_or(&[])
+    } else {
+        &[]
+    };
+    keys.iter().filter_map(|k| resource_index(k))
+}
+
+/// The resource a pushed frame announces the release of, and the token
+/// released: a `message` on a release channel.
+fn release_message(frame: &Reply) -> Option<(usize, &Bytes)> {
+    let Reply::Array(items) = frame else {
+        return None;
+    };
+    match items.as_slice() {
+        [Reply::Bulk(kind), Reply::Bulk(channel), Reply::Bulk(token)] if kind == "message" => {
+            let resource = channel.strip_prefix(crate::script::RELEASE_CHANNEL_PREFIX)?;
+            Some((resource_index(resource)?, token))
+        }
+        _ => None,
+    }
 }
 
 /// One caller's wait for its output.
@@ -233,9 +325,31 @@ struct Link {
     half_open: bool,
     /// The next reply from the master is garbage.
     garbage: bool,
+    /// When it was last connected.
+    up_at: Micros,
+    /// Until when a message on it takes longer than the network's usual
+    /// delays (rounds on it may take up to a `per_instance_timeout`).
+    late_until: Micros,
+    /// Until when a message on it is overdue: late enough that with the
+    /// way back a round may time out (see `World::overdue`).
+    overdue_until: Micros,
+    /// Until when the client keeps the master out of its quorums (restart
+    /// quarantine), as last seen.
+    quarantine_until: Micros,
 }
 
 impl Link {
+    /// A message on the link takes `delay` and arrives at `at`: late, or
+    /// overdue (longer than `overdue`), until then.
+    fn note_delay(&mut self, delay: Micros, at: Micros, overdue: Micros) {
+        if delay > DELAY.1 {
+            self.late_until = self.late_until.max(at);
+        }
+        if delay > overdue {
+            self.overdue_until = self.overdue_until.max(at);
+        }
+    }
+
     fn new() -> Link {
         Link {
             state: LinkState::Down,
@@ -243,6 +357,10 @@ impl Link {
             to_client: 0,
             half_open: false,
             garbage: false,
+            up_at: 0,
+            late_until: 0,
+            overdue_until: 0,
+            quarantine_until: 0,
         }
     }
 }
@@ -269,6 +387,9 @@ struct Pending {
     bound: Micros,
     /// The masters' restart counts when it was submitted.
     restarts: Vec<u64>,
+    /// For a waiting acquire (woken by releases), the resource it waits
+    /// for, while the waiting checker counts it.
+    waits: Option<usize>,
 }
 
 /// A lock a simulated caller holds.
@@ -365,12 +486,14 @@ impl Node {
 enum Event {
     /// Bytes from a client's link reach its master.
     ToMaster { id: u64, bytes: Bytes },
-    /// Bytes from a master reach a client's link.
+    /// Bytes from a master reach a client's link; with the last of them,
+    /// a release message for this resource (for the waiting checker).
     ToClient {
         client: usize,
         link: usize,
         id: u64,
         bytes: Bytes,
+        notice: Option<usize>,
     },
     /// A connect finished (or was refused).
     Connect { client: usize, link: usize, id: u64 },
@@ -502,6 +625,13 @@ pub struct World {
     streaks: BTreeMap<(usize, Bytes), (Micros, u64)>,
     /// When masters lost their data.
     data_losses: Vec<Micros>,
+    /// The waiting checker.
+    waiting: Waiting,
+    /// A one-way delay longer than this is overdue: with the way back, it
+    /// may outlast a round, whose master then counts as failed (half a
+    /// `per_instance_timeout`, less a millisecond for the clients' clock
+    /// rates). Shorter ones, both ways, never do.
+    overdue: Micros,
 }
 
 impl World {
@@ -586,6 +716,15 @@ impl World {
             })
             .collect();
         let clients_len = clients.len();
+        let bounds = waiting_bounds(&config);
+        let overdue = (micros(config.per_instance_timeout) / 2).saturating_sub(1_000);
+        let waiting = Waiting::new(
+            clients_len,
+            RESOURCES.len(),
+            settings.masters,
+            quorum(settings.masters),
+            bounds,
+        );
         let mut world = World {
             settings,
             rng,
@@ -613,6 +752,8 @@ impl World {
             attempts: vec![std::collections::BTreeSet::new(); clients_len],
             streaks: BTreeMap::new(),
             data_losses: Vec::new(),
+            waiting,
+            overdue,
         };
         for c in 0..world.clients.len() {
             let at = world.rng.range(0, 2_000);
@@ -644,6 +785,10 @@ impl World {
             let Some(event) = self.bodies.remove(&seq) else {
                 continue;
             };
+            // As things stood until this event.
+            if self.now >= self.waiting.next_check {
+                self.check_waiting();
+            }
             self.handle(event);
             if self.is_done() {
                 break;
@@ -659,6 +804,7 @@ impl World {
     }
 
     fn finish(mut self) -> Outcome {
+        self.check_waiting();
         let now = self.now;
         for (c, client) in self.clients.iter().enumerate() {
             if client.closed && !client.hub.is_idle() {
@@ -701,6 +847,7 @@ impl World {
                 link,
                 id,
                 bytes,
+                notice,
             } => {
                 if self.deferred(
                     client,
@@ -709,6 +856,7 @@ impl World {
                         link,
                         id,
                         bytes: bytes.clone(),
+                        notice,
                     },
                 ) {
                     return;
@@ -718,6 +866,9 @@ impl World {
                     let now = c.clock.stamp(self.now).mono;
                     c.hub.io().0.handle_input(link, &bytes, now);
                     self.step(client);
+                    if let Some(r) = notice {
+                        self.notice(client, r);
+                    }
                 }
             }
             Event::Connect { client, link, id } => {
@@ -767,6 +918,28 @@ impl World {
         }
     }
 
+    /// The waiting checker's turn (see [`Waiting`]), as things stand now.
+    fn check_waiting(&mut self) {
+        let now = self.now;
+        let (clients, nodes) = (&self.clients, &self.nodes);
+        let found = self.waiting.check(
+            now,
+            |c| disturbed_since(&clients[c], nodes, now),
+            &RESOURCES,
+        );
+        for what in found {
+            self.checker.violation(now, what);
+        }
+    }
+
+    /// Client `client` read a reason to try resource `r` now.
+    fn notice(&mut self, client: usize, r: usize) {
+        let now = self.now;
+        if let Some((broken, _)) = disturbed_since(&self.clients[client], &self.nodes, now) {
+            self.waiting.handle_notice(client, r, now, broken);
+        }
+    }
+
     /// A paused client handles nothing: the event waits for its resume.
     fn deferred(&mut self, client: usize, event: Event) -> bool {
         let until = self.clients[client].paused_until;
@@ -806,6 +979,20 @@ impl World {
             self.checker.violation(self.now, what);
         }
         let c = &mut self.clients[client];
+        // Restart quarantine, for the waiting checker: seen once the
+        // handshake that found the new run id has been read.
+        for m in 0..self.settings.masters {
+            if let Some(left) = c
+                .hub
+                .engine()
+                .link(m)
+                .and_then(|l| l.quarantine_left(stamp.mono))
+            {
+                let until = c.clock.virtual_at(stamp.mono + left);
+                let link = &mut c.links[m];
+                link.quarantine_until = link.quarantine_until.max(until);
+            }
+        }
         if let Some(at) = c.hub.poll_timeout() {
             let at = c.clock.virtual_at(at).max(self.now + 1);
             if c.wake.is_none_or(|w| w > at) {
@@ -866,9 +1053,12 @@ impl World {
             }
             engine.handle_written(link, bytes.len());
             let latency = self.latency();
+            let now = self.now;
+            let overdue = self.overdue;
             let link_state = &mut self.clients[client].links[link];
-            let at = (self.now + latency).max(link_state.to_master);
+            let at = (now + latency).max(link_state.to_master);
             link_state.to_master = at;
+            link_state.note_delay(at - now, at, overdue);
             self.schedule(at, Event::ToMaster { id, bytes });
         }
     }
@@ -887,8 +1077,13 @@ impl World {
             self.step(client);
             return;
         }
+        let old = c.links[link];
         c.links[link] = Link {
             state: LinkState::Up { id },
+            up_at: self.now,
+            late_until: old.late_until,
+            overdue_until: old.overdue_until,
+            quarantine_until: old.quarantine_until,
             ..Link::new()
         };
         c.links[link].to_master = self.now;
@@ -902,10 +1097,10 @@ impl World {
 
     /// A one-way network delay: mostly short, sometimes long.
     fn latency(&mut self) -> Micros {
-        if self.rng.chance(0.02) {
-            self.rng.range(2_000, 30_000)
+        if self.rng.chance(LONG_DELAY_CHANCE) {
+            self.rng.range(LONG_DELAY.0, LONG_DELAY.1)
         } else {
-            self.rng.range(20, 400)
+            self.rng.range(DELAY.0, DELAY.1)
         }
     }
 
@@ -1007,6 +1202,14 @@ impl World {
                 None => {}
             }
             let reply = node.model.handle_command(now_ms, ConnId(id), &args);
+            for r in touched(&args) {
+                let key = node.model.entry(now_ms, 0, RESOURCES[r].as_bytes());
+                let key = key.map(|(token, expiry)| {
+                    let until = expiry.map_or(Micros::MAX, |ms| node.virtual_at(ms + 1));
+                    (token, until)
+                });
+                self.waiting.handle_key(r, master, key, self.now);
+            }
             reply.encode(&mut out);
             // Frames for this connection follow its reply on the wire.
             while let Some((to, push)) = node.model.poll_push() {
@@ -1033,28 +1236,40 @@ impl World {
             self.checker.violation(self.now, what);
         }
         if !out.is_empty() {
-            self.deliver(client, link, id, out.freeze());
+            self.deliver(client, link, id, out.freeze(), None);
         }
         for (ConnId(to), reply) in pushes {
             let Some(&(c, l, _)) = self.nodes[master].conns.get(&to) else {
                 continue;
             };
+            // Another process's release: a reason for this one to try.
+            let notice = release_message(&reply)
+                .filter(|(_, token)| !self.attempts[c].contains(*token))
+                .map(|(r, _)| r);
             let mut bytes = BytesMut::new();
             reply.encode(&mut bytes);
-            self.deliver(c, l, to, bytes.freeze());
+            self.deliver(c, l, to, bytes.freeze(), notice);
         }
     }
 
     /// Bytes from a master to a client's link, in TCP order, perhaps in
-    /// pieces, perhaps lost to a half-open connection.
-    fn deliver(&mut self, client: usize, link: usize, id: u64, bytes: Bytes) {
+    /// pieces, perhaps lost to a half-open connection; `notice`: they are a
+    /// release message for that resource.
+    fn deliver(
+        &mut self,
+        client: usize,
+        link: usize,
+        id: u64,
+        bytes: Bytes,
+        notice: Option<usize>,
+    ) {
         if self.clients[client].links[link].half_open {
             return;
         }
-        let bytes = if std::mem::take(&mut self.clients[client].links[link].garbage) {
-            Bytes::from_static(b"?garbage\r\n")
+        let (bytes, notice) = if std::mem::take(&mut self.clients[client].links[link].garbage) {
+            (Bytes::from_static(b"?garbage\r\n"), None)
         } else {
-            bytes
+            (bytes, notice)
         };
         let latency = self.latency();
         let split = if bytes.len() > 1 && self.rng.chance(0.05) {
@@ -1065,6 +1280,7 @@ impl World {
         let state = &mut self.clients[client].links[link];
         let at = (self.now + latency).max(state.to_client);
         state.to_client = at + 1;
+        state.note_delay(at + 1 - self.now, at + 1, self.overdue);
         match split {
             Some(k) => {
                 self.schedule(
@@ -1074,6 +1290,7 @@ impl World {
                         link,
                         id,
                         bytes: bytes.slice(..k),
+                        notice: None,
                     },
                 );
                 self.schedule(
@@ -1083,6 +1300,7 @@ impl World {
                         link,
                         id,
                         bytes: bytes.slice(k..),
+                        notice,
                     },
                 );
             }
@@ -1093,6 +1311,7 @@ impl World {
                     link,
                     id,
                     bytes,
+                    notice,
                 },
             ),
         }
@@ -1147,8 +1366,11 @@ impl World {
         } else if roll < 95 {
             // A caller gives up on an operation still under way.
             let c = &mut self.clients[client];
-            if let Some(p) = c.pending.iter().find(|p| !p.slot.borrow().abandoned) {
+            if let Some(p) = c.pending.iter_mut().find(|p| !p.slot.borrow().abandoned) {
                 p.slot.borrow_mut().abandoned = true;
+                if let Some(r) = p.waits.take() {
+                    self.waiting.handle_waiter_gone(client, r);
+                }
                 let stamp = c.clock.stamp(now);
                 c.hub.handle_abandoned(stamp);
             }
@@ -1162,9 +1384,22 @@ impl World {
         self.schedule(next, Event::Work { client });
     }
 
-    fn submit(&mut self, client: usize, asked: Asked, order: Order, bound: Micros) {
+    /// Submits `order` for client `client`'s caller, who asked for `asked`
+    /// and waits at most `bound`; `waits`: a waiting acquire of that
+    /// resource.
+    fn submit(
+        &mut self,
+        client: usize,
+        asked: Asked,
+        order: Order,
+        bound: Micros,
+        waits: Option<usize>,
+    ) {
         let slot = Rc::new(RefCell::new(Slot::default()));
         let restarts = self.nodes.iter().map(|n| n.restarts).collect();
+        if let Some(r) = waits {
+            self.waiting.handle_waiter(client, r, self.now);
+        }
         let c = &mut self.clients[client];
         let stamp = c.clock.stamp(self.now);
         c.pending.push(Pending {
@@ -1173,6 +1408,7 @@ impl World {
             at: self.now,
             bound,
             restarts,
+            waits,
         });
         c.hub.handle_order(
             Submission {
@@ -1198,7 +1434,7 @@ impl World {
         let retry = if waiting {
             Retry {
                 attempts: u32::MAX,
-                delay: Duration::from_millis(self.rng.range(5, 50)),
+                delay: Duration::from_millis(self.rng.range(5, micros(RETRY_DELAY_MAX) / 1_000)),
                 max_wait: Some(Duration::from_millis(self.rng.range(50, 3_000))),
             }
         } else {
@@ -1248,7 +1484,10 @@ impl World {
             Asked::Batch => 2,
             _ => 1,
         };
-        self.submit(client, asked, order, bound);
+        // Woken by releases: a plain acquire of one resource that tries
+        // more than once (`job.rs`, `Acquire::notify`).
+        let waits = (waiting && kind <= 5 && self.config.wake_on_release).then_some(r);
+        self.submit(client, asked, order, bound, waits);
     }
 
     fn submit_release(&mut self, client: usize, h: usize) {
@@ -1271,7 +1510,7 @@ impl World {
             }
             None => Order::Release { lock },
         };
-        self.submit(client, Asked::Release { held: h }, order, bound);
+        self.submit(client, Asked::Release { held: h }, order, bound, None);
     }
 
     /// Hands held lock `h` to the hub to keep alive, as
@@ -1353,6 +1592,7 @@ impl World {
             Asked::Extend { held: h },
             Order::Extend { lock, ttl },
             bound,
+            None,
         );
     }
 
@@ -1366,6 +1606,9 @@ impl World {
                 continue;
             }
             let pending = self.clients[client].pending.swap_remove(i);
+            if let Some(r) = pending.waits {
+                self.waiting.handle_waiter_gone(client, r);
+            }
             let output = pending.slot.borrow_mut().output.take();
             match output {
                 Some(output) => self.handle_output(client, pending, output),
@@ -1417,11 +1660,24 @@ impl World {
                     self.check_keys(&lock, client, &pending);
                 }
             }
-            (Asked::Release { held: h }, Output::Released(_)) => {
+            (Asked::Release { held: h }, Output::Released(result)) => {
                 // Forget the lock; indices of later held locks stay valid
                 // as the slot is kept, emptied.
-                if let Some(held) = self.clients[client].held.get_mut(h) {
-                    held.entries.clear();
+                let Some(held) = self.clients[client].held.get_mut(h) else {
+                    return;
+                };
+                held.entries.clear();
+                // Released through this client: its own waiters know.
+                if result.is_ok() {
+                    let freed: Vec<usize> = held
+                        .lock
+                        .resources()
+                        .iter()
+                        .filter_map(|k| resource_index(k))
+                        .collect();
+                    for r in freed {
+                        self.notice(client, r);
+                    }
                 }
             }
             _ => {}
@@ -1548,6 +1804,11 @@ impl World {
                 node.restarts += 1;
                 let now_ms = node.now_ms(self.now);
                 node.model.restart(now_ms, keep_data);
+                if !keep_data {
+                    for r in 0..RESOURCES.len() {
+                        self.waiting.handle_key(r, m, None, self.now);
+                    }
+                }
                 let ids: Vec<u64> = node.conns.keys().copied().collect();
                 node.conns.clear();
                 self.reset_all(m, &ids);
@@ -1623,6 +1884,39 @@ impl World {
     }
 }
 
+/// For the waiting checker, when client `c` last could not reach every
+/// master (`now` if it cannot now): paused, a command connection not up or
+/// half-open, a message on one overdue, a master stalled or in the
+/// client's restart quarantine (partitions and crashes reset the
+/// connections); and until when its connections were slow: a message late
+/// on any, a subscriber connection not up or half-open, or just made (its
+/// subscriptions unconfirmed). `None` for a client closed.
+fn disturbed_since(c: &Client, nodes: &[Node], now: Micros) -> Option<(Micros, Micros)> {
+    if c.closed {
+        return None;
+    }
+    let mut broken = c.paused_until.min(now);
+    let mut slow = 0;
+    for (i, link) in c.links.iter().enumerate() {
+        let down = !matches!(link.state, LinkState::Up { .. }) || link.half_open;
+        slow = slow.max(link.late_until);
+        let Some(node) = nodes.get(i) else {
+            // A subscriber connection.
+            slow = if down { now } else { slow.max(link.up_at) };
+            continue;
+        };
+        if down || !node.up {
+            return Some((now, now));
+        }
+        broken = broken
+            .max(link.up_at)
+            .max(link.overdue_until.min(now))
+            .max(link.quarantine_until.min(now))
+            .max(node.stalled_until.min(now));
+    }
+    Some((broken, slow))
+}
+
 /// Runs seed `seed` as `settings` say, for at most `limit` of virtual time.
 pub fn simulate(seed: u64, settings: &Settings, limit: Duration) -> Outcome {
     World::new(seed, settings.clone()).run(limit)
@@ -1650,6 +1944,7 @@ mod tests {
             Some(Bug::ExtendNotShortened) => " --bug extend-not-shortened",
             Some(Bug::FailureCountedAsSplit) => " --bug failure-counted-as-split",
             Some(Bug::ResendDecided) => " --bug resend-decided",
+            Some(Bug::ReleaseNoticeDropped) => " --bug release-notice-dropped",
         };
         format!(
             "cargo run --release --features test-knobs --example simulate -- --seed {seed} \
@@ -1761,6 +2056,12 @@ mod tests {
     fn a_failure_counted_as_a_split_spins() {
         let (seed, violations) = caught(Bug::FailureCountedAsSplit);
         assert!(said(&violations, "spin"), "seed {seed}: {violations:?}");
+    }
+
+    #[test]
+    fn dropped_release_messages_leave_a_waiter_waiting_for_a_free_lock() {
+        let (seed, violations) = caught(Bug::ReleaseNoticeDropped);
+        assert!(said(&violations, "waiting"), "seed {seed}: {violations:?}");
     }
 
     #[test]
