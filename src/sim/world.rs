@@ -115,6 +115,8 @@ const RESOURCES: [&str; 3] = ["r0", "r1", "r2"];
 /// The largest TTL the workload asks for, and the clients' restart
 /// quarantine.
 const MAX_TTL: Duration = Duration::from_millis(1_500);
+/// Mixed into a seed for the draw of the hand-over budget.
+const HANDOVER_SALT: u64 = 0x6861_6e64_6f76_6572;
 /// How long after a master lost its data another may: past the fences'
 /// readmission wait (`2 * max * (1 + drift) / (1 - drift) + 10 ms`), with
 /// room for a fenced acquire to readmit it.
@@ -427,8 +429,9 @@ enum Effect {
     /// holder's PTTL): in a process, only the head waiter of a resource
     /// makes them.
     WaitingAcquire,
-    /// A release (compare-and-delete) of this token.
-    Release,
+    /// A release (compare-and-delete) of this token; `quiet`: one that
+    /// publishes nothing (a failed attempt's cleanup, or a hand-over).
+    Release { quiet: bool },
 }
 
 /// The effect of `args` on the locks, and the token it carries.
@@ -627,6 +630,13 @@ pub struct World {
     data_losses: Vec<Micros>,
     /// The waiting checker.
     waiting: Waiting,
+    /// Tokens of the locks granted to callers.
+    granted_tokens: std::collections::BTreeSet<Bytes>,
+    /// Per master and resource: the token the last hand-over seen there
+    /// took, and how many hand-overs in a row led to it (each a granted
+    /// lock's quiet release with the next holder's attempt right behind,
+    /// in one write, releasing the lock the hand-over before took).
+    handover_rows: Vec<Vec<(Bytes, u32)>>,
     /// A one-way delay longer than this is overdue: with the way back, it
     /// may outlast a round, whose master then counts as failed (half a
     /// `per_instance_timeout`, less a millisecond for the clients' clock
@@ -647,6 +657,11 @@ impl World {
         config.reconnect_backoff_max = Duration::from_millis(200);
         config.quarantine = Some(MAX_TTL);
         config.drift_factor = 0.01;
+        // In-process hand-overs in a row before a release is announced to
+        // every process: rows here rarely reach the default (8), so the
+        // budget is drawn per seed, hand-overs off (0) included. From a
+        // source of its own: the run's other choices stay as they were.
+        config.local_handovers = Rng::new(seed ^ HANDOVER_SALT).pick(&[0, 1, 2, 3, 8]);
         let base = Instant::now();
         let scripts = Scripts::new();
         let clients: Vec<Client> = (0..settings.clients)
@@ -716,6 +731,7 @@ impl World {
             })
             .collect();
         let clients_len = clients.len();
+        let settings_masters = settings.masters;
         let bounds = waiting_bounds(&config);
         let overdue = (micros(config.per_instance_timeout) / 2).saturating_sub(1_000);
         let waiting = Waiting::new(
@@ -743,10 +759,19 @@ impl World {
                 (Script::new(ACQUIRE_WAIT_SOURCE), Effect::WaitingAcquire),
                 (Script::new(ACQUIRE_FENCED_SOURCE), Effect::Acquire),
                 (Script::new(ACQUIRE_MANY_SOURCE), Effect::Acquire),
-                (Script::new(RELEASE_SOURCE), Effect::Release),
-                (Script::new(RELEASE_MANY_SOURCE), Effect::Release),
-                (Script::new(CLEANUP_SOURCE), Effect::Release),
-                (Script::new(CLEANUP_MANY_SOURCE), Effect::Release),
+                (
+                    Script::new(RELEASE_SOURCE),
+                    Effect::Release { quiet: false },
+                ),
+                (
+                    Script::new(RELEASE_MANY_SOURCE),
+                    Effect::Release { quiet: false },
+                ),
+                (Script::new(CLEANUP_SOURCE), Effect::Release { quiet: true }),
+                (
+                    Script::new(CLEANUP_MANY_SOURCE),
+                    Effect::Release { quiet: true },
+                ),
             ],
             acquires: vec![0; clients_len],
             attempts: vec![std::collections::BTreeSet::new(); clients_len],
@@ -754,6 +779,8 @@ impl World {
             data_losses: Vec::new(),
             waiting,
             overdue,
+            granted_tokens: std::collections::BTreeSet::new(),
+            handover_rows: vec![vec![(Bytes::new(), 0); RESOURCES.len()]; settings_masters],
         };
         for c in 0..world.clients.len() {
             let at = world.rng.range(0, 2_000);
@@ -1155,6 +1182,8 @@ impl World {
         let mut pushes = Vec::new();
         let mut late_sets = Vec::new();
         let mut spins = Vec::new();
+        let mut rows = Vec::new();
+        let mut quiet_release: Option<(Bytes, usize)> = None;
         while let Some((_, _, buf)) = node.conns.get_mut(&id) {
             let command = match decode(buf, &Limits::default()) {
                 Ok(Some(Reply::Array(words))) => words,
@@ -1172,13 +1201,29 @@ impl World {
                     _ => None,
                 })
                 .collect();
+            let handed = std::mem::take(&mut quiet_release);
             match effect(&args, &self.effects) {
-                Some((Effect::Release, token)) => {
+                Some((Effect::Release { quiet }, token)) => {
+                    // A granted lock released quietly: a hand-over, if the
+                    // next command takes it again.
+                    if quiet && self.granted_tokens.contains(&token) {
+                        quiet_release = touched(&args).next().map(|r| (token.clone(), r));
+                    }
                     node.released.insert(token);
                 }
                 Some((effect @ (Effect::Acquire | Effect::WaitingAcquire), token)) => {
                     if node.released.contains(&token) {
                         late_sets.push(token.clone());
+                    }
+                    if let Some((old, r)) = handed
+                        && touched(&args).any(|t| t == r)
+                    {
+                        let row = &mut self.handover_rows[master][r];
+                        row.1 = if row.0 == old { row.1 + 1 } else { 1 };
+                        row.0 = token.clone();
+                        if row.1 > self.config.local_handovers {
+                            rows.push((r, row.1));
+                        }
                     }
                     if self.attempts[client].insert(token)
                         && effect == Effect::WaitingAcquire
@@ -1224,6 +1269,14 @@ impl World {
             let what = format!(
                 "spin: client {client} made {SPIN_STREAK} waiting attempts at {resource:?} in a \
                  row, each within {SPIN_GAP} µs of the one before"
+            );
+            self.checker.violation(self.now, what);
+        }
+        for (r, row) in rows {
+            let what = format!(
+                "hand-over: master {master} saw client {client} hand {:?} over {row} times in a \
+                 row (local_handovers {})",
+                RESOURCES[r], self.config.local_handovers
             );
             self.checker.violation(self.now, what);
         }
@@ -1692,6 +1745,8 @@ impl World {
         let stamp = c.clock.stamp(self.now);
         let until = c.clock.virtual_at(lock.deadline_at(stamp));
         let token = lock.token().as_str().to_owned();
+        self.granted_tokens
+            .insert(Bytes::copy_from_slice(token.as_bytes()));
         let mut entries = Vec::new();
         for resource in lock.resources() {
             entries.push(self.checker.entries.len());
