@@ -21,7 +21,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 
 use crate::clock::{BootInstant, Stamp};
 use crate::config::{Config, Retry};
@@ -33,10 +33,8 @@ use crate::keep::{KeepOptions, Keeper, Shared as KeepShared};
 use crate::lock::Lock;
 use crate::quorum::quorum;
 use crate::resp::{Limits, Reply, decode};
-use crate::script::{
-    ACQUIRE_FENCED_SOURCE, ACQUIRE_MANY_SOURCE, ACQUIRE_WAIT_SOURCE, CLEANUP_MANY_SOURCE,
-    CLEANUP_SOURCE, RELEASE_MANY_SOURCE, RELEASE_SOURCE, Script, Scripts,
-};
+use crate::script::Scripts;
+use crate::sim::hash::FxSet;
 use crate::sim::model::{ConnId, Master};
 use crate::sim::rng::Rng;
 use crate::token::TokenSource;
@@ -44,8 +42,10 @@ use crate::token::TokenSource;
 pub use crate::knobs::Bug;
 
 mod waiting;
+mod wire;
 
 use waiting::{Bounds, Waiting};
+use wire::{Effect, MAX_ARGS, Read};
 
 /// What a run simulates.
 #[derive(Debug, Clone)]
@@ -193,41 +193,15 @@ fn waiting_bounds(config: &Config) -> Bounds {
     }
 }
 
+/// The client's scripts, hashed once per process.
+fn scripts() -> Scripts {
+    static SCRIPTS: std::sync::OnceLock<Scripts> = std::sync::OnceLock::new();
+    *SCRIPTS.get_or_init(Scripts::new)
+}
+
 /// The resource `key` names, if it is one the workload locks.
 fn resource_index(key: &[u8]) -> Option<usize> {
     RESOURCES.iter().position(|r| r.as_bytes() == key)
-}
-
-/// The resources whose keys `args` may change: SET's key, a script's keys.
-fn touched(args: &[Bytes]) -> impl Iterator<Item = usize> + '_ {
-    let word = |i: usize| args.get(i).map_or(&[][..], Bytes::as_ref);
-    let keys = if word(0).eq_ignore_ascii_case(b"SET") {
-        args.get(1..2).unwrap_or(&[])
-    } else if word(0).eq_ignore_ascii_case(b"EVALSHA") || word(0).eq_ignore_ascii_case(b"EVAL") {
-        let n: usize = std::str::from_utf8(word(2))
-            .ok()
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(0);
-        args.get(3..3usize.saturating_add(n)).unwrap_or(&[])
-    } else {
-        &[]
-    };
-    keys.iter().filter_map(|k| resource_index(k))
-}
-
-/// The resource a pushed frame announces the release of, and the token
-/// released: a `message` on a release channel.
-fn release_message(frame: &Reply) -> Option<(usize, &Bytes)> {
-    let Reply::Array(items) = frame else {
-        return None;
-    };
-    match items.as_slice() {
-        [Reply::Bulk(kind), Reply::Bulk(channel), Reply::Bulk(token)] if kind == "message" => {
-            let resource = channel.strip_prefix(crate::script::RELEASE_CHANNEL_PREFIX)?;
-            Some((resource_index(resource)?, token))
-        }
-        _ => None,
-    }
 }
 
 /// One caller's wait for its output.
@@ -303,7 +277,10 @@ impl Clock {
     /// later.
     fn virtual_at(&self, at: Instant) -> Micros {
         let local = at.saturating_duration_since(self.base);
-        (local.as_nanos() as f64 / 1_000.0 / self.rate).ceil() as Micros
+        // Through u64: exact for any run (under 2^64 ns), and no u128
+        // to float conversion.
+        let nanos = u64::try_from(local.as_nanos()).unwrap_or(u64::MAX);
+        (nanos as f64 / 1_000.0 / self.rate).ceil() as Micros
     }
 }
 
@@ -420,43 +397,34 @@ struct Client {
     closed: bool,
 }
 
-/// What a command does to a lock, as the checkers follow it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Effect {
-    /// An acquire attempt (SET NX or an acquire script) with this token.
-    Acquire,
-    /// An attempt of a waiting acquire (the script that also reads the
-    /// holder's PTTL): in a process, only the head waiter of a resource
-    /// makes them.
-    WaitingAcquire,
-    /// A release (compare-and-delete) of this token; `quiet`: one that
-    /// publishes nothing (a failed attempt's cleanup, or a hand-over).
-    Release { quiet: bool },
+/// A token as the checkers keep it: inline, no allocation (the client's
+/// are 48 bytes; a longer one, never sent, is cut to 64).
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct TokenKey {
+    len: u8,
+    bytes: [u8; 64],
 }
 
-/// The effect of `args` on the locks, and the token it carries.
-fn effect(args: &[Bytes], scripts: &[(Script, Effect)]) -> Option<(Effect, Bytes)> {
-    let word = |i: usize| args.get(i).map(Bytes::as_ref);
-    if word(0).is_some_and(|w| w.eq_ignore_ascii_case(b"SET"))
-        && args.iter().any(|a| a.eq_ignore_ascii_case(b"NX"))
-    {
-        return Some((Effect::Acquire, args.get(2)?.clone()));
-    }
-    let by_sha = word(0).is_some_and(|w| w.eq_ignore_ascii_case(b"EVALSHA"));
-    let by_source = word(0).is_some_and(|w| w.eq_ignore_ascii_case(b"EVAL"));
-    if !by_sha && !by_source {
-        return None;
-    }
-    let script = word(1)?;
-    let &(_, effect) = scripts.iter().find(|(s, _)| {
-        if by_sha {
-            s.sha().eq_ignore_ascii_case(script)
-        } else {
-            s.source().as_bytes() == script
+impl TokenKey {
+    fn new(token: &[u8]) -> TokenKey {
+        let len = token.len().min(64);
+        let mut bytes = [0; 64];
+        bytes[..len].copy_from_slice(&token[..len]);
+        TokenKey {
+            len: len as u8,
+            bytes,
         }
-    })?;
-    let keys: usize = std::str::from_utf8(word(2)?).ok()?.parse().ok()?;
-    Some((effect, args.get(3 + keys)?.clone()))
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..usize::from(self.len)]
+    }
+}
+
+impl std::hash::Hash for TokenKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write(self.as_bytes());
+    }
 }
 
 /// One master: the model and the world's view of it.
@@ -471,24 +439,38 @@ struct Node {
     conns: BTreeMap<u64, (usize, usize, BytesMut)>,
     restarts: u64,
     /// Tokens whose release this master has received.
-    released: std::collections::BTreeSet<Bytes>,
+    released: FxSet<TokenKey>,
 }
 
 impl Node {
     fn now_ms(&self, t: Micros) -> u64 {
-        MASTER_UPTIME_MS + (t as f64 * self.rate / 1_000.0) as u64
+        node_ms(self.rate, t)
     }
 
     /// The virtual time at which this master's clock reads `ms`.
     fn virtual_at(&self, ms: u64) -> Micros {
-        ((ms.saturating_sub(MASTER_UPTIME_MS)) as f64 * 1_000.0 / self.rate) as Micros
+        node_virtual_at(self.rate, ms)
     }
+}
+
+/// A master's clock at virtual time `t`, at its `rate`.
+fn node_ms(rate: f64, t: Micros) -> u64 {
+    MASTER_UPTIME_MS + (t as f64 * rate / 1_000.0) as u64
+}
+
+/// The virtual time at which a master's clock, at `rate`, reads `ms`.
+fn node_virtual_at(rate: f64, ms: u64) -> Micros {
+    ((ms.saturating_sub(MASTER_UPTIME_MS)) as f64 * 1_000.0 / rate) as Micros
 }
 
 #[derive(Debug)]
 enum Event {
     /// Bytes from a client's link reach its master.
-    ToMaster { id: u64, bytes: Bytes },
+    ToMaster {
+        master: usize,
+        id: u64,
+        bytes: Bytes,
+    },
     /// Bytes from a master reach a client's link; with the last of them,
     /// a release message for this resource (for the waiting checker).
     ToClient {
@@ -513,6 +495,42 @@ enum Event {
     Restart { master: usize },
     /// A master's stall may be over.
     Resume { master: usize },
+}
+
+/// The events to come, soonest first, ties in the order scheduled: a heap
+/// of small keys over a slab of bodies, so that neither moves an event's
+/// bytes around nor allocates per event once warm.
+#[derive(Debug, Default)]
+struct Queue {
+    /// (when, sequence number, slot in `bodies`), soonest first.
+    heap: BinaryHeap<Reverse<(Micros, u64, u32)>>,
+    bodies: Vec<Option<Event>>,
+    free: Vec<u32>,
+    seq: u64,
+}
+
+impl Queue {
+    fn push(&mut self, at: Micros, event: Event) {
+        self.seq += 1;
+        let slot = match self.free.pop() {
+            Some(slot) => {
+                self.bodies[slot as usize] = Some(event);
+                slot
+            }
+            None => {
+                self.bodies.push(Some(event));
+                u32::try_from(self.bodies.len() - 1).expect("fewer than 2^32 events queued")
+            }
+        };
+        self.heap.push(Reverse((at, self.seq, slot)));
+    }
+
+    fn pop(&mut self) -> Option<(Micros, Event)> {
+        let Reverse((at, _, slot)) = self.heap.pop()?;
+        self.free.push(slot);
+        let event = self.bodies[slot as usize].take()?;
+        Some((at, event))
+    }
 }
 
 /// One lock granted to a caller, as the checkers see it.
@@ -605,10 +623,7 @@ pub struct World {
     settings: Settings,
     rng: Rng,
     now: Micros,
-    events: BinaryHeap<Reverse<(Micros, u64, usize)>>,
-    /// Event bodies by sequence number (the heap holds their keys).
-    bodies: BTreeMap<u64, Event>,
-    seq: u64,
+    events: Queue,
     clients: Vec<Client>,
     nodes: Vec<Node>,
     next_conn: u64,
@@ -617,26 +632,28 @@ pub struct World {
     config: Config,
     /// Master pairs cut off from clients until then: (master, until).
     partitions: Vec<(usize, Micros)>,
-    /// The scripts that acquire or release, for [`effect`].
-    effects: Vec<(Script, Effect)>,
     /// Per client: acquires submitted, and acquire attempts the masters
     /// received (distinct tokens).
     acquires: Vec<u64>,
-    attempts: Vec<std::collections::BTreeSet<Bytes>>,
-    /// Per (client, resource): the last new attempt's time, and how many
-    /// came in a row, each soon after the one before.
-    streaks: BTreeMap<(usize, Bytes), (Micros, u64)>,
+    attempts: Vec<FxSet<TokenKey>>,
+    /// Per client and resource: the last new waiting attempt's time, and
+    /// how many came in a row, each soon after the one before.
+    streaks: Vec<[(Micros, u64); RESOURCES.len()]>,
     /// When masters lost their data.
     data_losses: Vec<Micros>,
     /// The waiting checker.
     waiting: Waiting,
+    /// What a master writes to a connection, built here and split off.
+    out: BytesMut,
+    /// Frames a master pushes to other connections, reused.
+    pushes: Vec<(ConnId, Reply)>,
     /// Tokens of the locks granted to callers.
-    granted_tokens: std::collections::BTreeSet<Bytes>,
+    granted_tokens: FxSet<TokenKey>,
     /// Per master and resource: the token the last hand-over seen there
     /// took, and how many hand-overs in a row led to it (each a granted
     /// lock's quiet release with the next holder's attempt right behind,
     /// in one write, releasing the lock the hand-over before took).
-    handover_rows: Vec<Vec<(Bytes, u32)>>,
+    handover_rows: Vec<Vec<(TokenKey, u32)>>,
     /// A one-way delay longer than this is overdue: with the way back, it
     /// may outlast a round, whose master then counts as failed (half a
     /// `per_instance_timeout`, less a millisecond for the clients' clock
@@ -663,7 +680,7 @@ impl World {
         // source of its own: the run's other choices stay as they were.
         config.local_handovers = Rng::new(seed ^ HANDOVER_SALT).pick(&[0, 1, 2, 3, 8]);
         let base = Instant::now();
-        let scripts = Scripts::new();
+        let scripts = scripts();
         let clients: Vec<Client> = (0..settings.clients)
             .map(|c| {
                 // Within a quarter of the drift factor either way.
@@ -726,7 +743,7 @@ impl World {
                     rate: 1.0 + drift,
                     conns: BTreeMap::new(),
                     restarts: 0,
-                    released: std::collections::BTreeSet::new(),
+                    released: FxSet::default(),
                 }
             })
             .collect();
@@ -745,9 +762,7 @@ impl World {
             settings,
             rng,
             now: 0,
-            events: BinaryHeap::new(),
-            bodies: BTreeMap::new(),
-            seq: 0,
+            events: Queue::default(),
             clients,
             nodes,
             next_conn: 1,
@@ -755,32 +770,16 @@ impl World {
             outcome: Outcome::default(),
             config,
             partitions: Vec::new(),
-            effects: vec![
-                (Script::new(ACQUIRE_WAIT_SOURCE), Effect::WaitingAcquire),
-                (Script::new(ACQUIRE_FENCED_SOURCE), Effect::Acquire),
-                (Script::new(ACQUIRE_MANY_SOURCE), Effect::Acquire),
-                (
-                    Script::new(RELEASE_SOURCE),
-                    Effect::Release { quiet: false },
-                ),
-                (
-                    Script::new(RELEASE_MANY_SOURCE),
-                    Effect::Release { quiet: false },
-                ),
-                (Script::new(CLEANUP_SOURCE), Effect::Release { quiet: true }),
-                (
-                    Script::new(CLEANUP_MANY_SOURCE),
-                    Effect::Release { quiet: true },
-                ),
-            ],
             acquires: vec![0; clients_len],
-            attempts: vec![std::collections::BTreeSet::new(); clients_len],
-            streaks: BTreeMap::new(),
+            attempts: vec![FxSet::default(); clients_len],
+            streaks: vec![[(0, 0); RESOURCES.len()]; clients_len],
             data_losses: Vec::new(),
             waiting,
+            out: BytesMut::new(),
+            pushes: Vec::new(),
             overdue,
-            granted_tokens: std::collections::BTreeSet::new(),
-            handover_rows: vec![vec![(Bytes::new(), 0); RESOURCES.len()]; settings_masters],
+            granted_tokens: FxSet::default(),
+            handover_rows: vec![vec![(TokenKey::new(b""), 0); RESOURCES.len()]; settings_masters],
         };
         for c in 0..world.clients.len() {
             let at = world.rng.range(0, 2_000);
@@ -794,9 +793,7 @@ impl World {
     }
 
     fn schedule(&mut self, at: Micros, event: Event) {
-        self.seq += 1;
-        self.bodies.insert(self.seq, event);
-        self.events.push(Reverse((at, self.seq, 0)));
+        self.events.push(at, event);
     }
 
     /// Runs until every client has done its operations and everything
@@ -804,14 +801,11 @@ impl World {
     pub fn run(mut self, limit: Duration) -> Outcome {
         let _bug = crate::knobs::inject(self.settings.bug);
         let limit = micros(limit);
-        while let Some(Reverse((at, seq, _))) = self.events.pop() {
+        while let Some((at, event)) = self.events.pop() {
             if at > limit {
                 break;
             }
             self.now = self.now.max(at);
-            let Some(event) = self.bodies.remove(&seq) else {
-                continue;
-            };
             // As things stood until this event.
             if self.now >= self.waiting.next_check {
                 self.check_waiting();
@@ -868,7 +862,7 @@ impl World {
 
     fn handle(&mut self, event: Event) {
         match event {
-            Event::ToMaster { id, bytes } => self.handle_at_master(id, bytes),
+            Event::ToMaster { master, id, bytes } => self.handle_at_master(master, id, bytes),
             Event::ToClient {
                 client,
                 link,
@@ -1074,11 +1068,13 @@ impl World {
                 continue;
             };
             let (engine, _) = c.hub.io();
-            let bytes = Bytes::copy_from_slice(engine.poll_transmit(link));
-            if bytes.is_empty() {
+            let pending = engine.poll_transmit(link);
+            if pending.is_empty() {
                 continue;
             }
+            let bytes = Bytes::copy_from_slice(pending);
             engine.handle_written(link, bytes.len());
+            let master = link % self.settings.masters;
             let latency = self.latency();
             let now = self.now;
             let overdue = self.overdue;
@@ -1086,7 +1082,7 @@ impl World {
             let at = (now + latency).max(link_state.to_master);
             link_state.to_master = at;
             link_state.note_delay(at - now, at, overdue);
-            self.schedule(at, Event::ToMaster { id, bytes });
+            self.schedule(at, Event::ToMaster { master, id, bytes });
         }
     }
 
@@ -1137,17 +1133,15 @@ impl World {
             .any(|&(m, until)| m == master && until > self.now)
     }
 
-    fn handle_at_master(&mut self, id: u64, bytes: Bytes) {
-        let Some(master) = self.nodes.iter().position(|n| n.conns.contains_key(&id)) else {
+    fn handle_at_master(&mut self, master: usize, id: u64, bytes: Bytes) {
+        let node = &mut self.nodes[master];
+        let Some((_, _, buf)) = node.conns.get_mut(&id) else {
             return;
         };
-        let node = &mut self.nodes[master];
         if !node.up {
             return;
         }
-        if let Some((_, _, buf)) = node.conns.get_mut(&id) {
-            buf.extend_from_slice(&bytes);
-        }
+        buf.extend_from_slice(&bytes);
         // A stalled master reads nothing until the stall ends; what came
         // waits in each connection's buffer, in order.
         if node.stalled_until > self.now {
@@ -1173,104 +1167,130 @@ impl World {
 
     /// Runs every complete command waiting on connection `id` of `master`.
     fn process(&mut self, master: usize, id: u64) {
-        let node = &mut self.nodes[master];
-        let now_ms = node.now_ms(self.now);
-        let Some(&mut (client, link, _)) = node.conns.get_mut(&id) else {
+        let now = self.now;
+        let Node {
+            model,
+            conns,
+            released,
+            rate,
+            ..
+        } = &mut self.nodes[master];
+        let now_ms = node_ms(*rate, now);
+        let Some(&mut (client, link, _)) = conns.get_mut(&id) else {
             return;
         };
-        let mut out = BytesMut::new();
-        let mut pushes = Vec::new();
+        let out = &mut self.out;
+        let mut pushes = std::mem::take(&mut self.pushes);
         let mut late_sets = Vec::new();
         let mut spins = Vec::new();
         let mut rows = Vec::new();
-        let mut quiet_release: Option<(Bytes, usize)> = None;
-        while let Some((_, _, buf)) = node.conns.get_mut(&id) {
-            let command = match decode(buf, &Limits::default()) {
-                Ok(Some(Reply::Array(words))) => words,
-                Ok(None) => break,
-                // The client sent garbage: never, or the codec is broken.
-                _ => {
-                    node.conns.remove(&id);
-                    break;
-                }
+        let mut quiet_release: Option<(TokenKey, usize)> = None;
+        while let Some((_, _, buf)) = conns.get_mut(&id) {
+            let mut slots = [&[][..]; MAX_ARGS];
+            let owned: Vec<Bytes>;
+            let listed: Vec<&[u8]>;
+            let (len, args): (usize, &[&[u8]]) = match wire::read_command(buf, &mut slots) {
+                Read::Command { len, args } => (len, &slots[..args]),
+                Read::Partial => break,
+                // What the client never sends: as the decoder takes it.
+                Read::Other => match decode(buf, &Limits::default()) {
+                    Ok(Some(Reply::Array(words))) => {
+                        owned = words
+                            .into_iter()
+                            .filter_map(|w| match w {
+                                Reply::Bulk(b) => Some(b),
+                                _ => None,
+                            })
+                            .collect();
+                        listed = owned.iter().map(Bytes::as_ref).collect();
+                        (0, &listed)
+                    }
+                    Ok(None) => break,
+                    // The client sent garbage: never, or the codec is broken.
+                    _ => {
+                        conns.remove(&id);
+                        break;
+                    }
+                },
             };
-            let args: Vec<Bytes> = command
-                .into_iter()
-                .filter_map(|w| match w {
-                    Reply::Bulk(b) => Some(b),
-                    _ => None,
-                })
-                .collect();
             let handed = std::mem::take(&mut quiet_release);
-            match effect(&args, &self.effects) {
+            let (effect, keys) = wire::effect(args);
+            match effect {
                 Some((Effect::Release { quiet }, token)) => {
+                    let token = TokenKey::new(token);
                     // A granted lock released quietly: a hand-over, if the
                     // next command takes it again.
                     if quiet && self.granted_tokens.contains(&token) {
-                        quiet_release = touched(&args).next().map(|r| (token.clone(), r));
+                        quiet_release = keys
+                            .iter()
+                            .find_map(|k| resource_index(k))
+                            .map(|r| (token, r));
                     }
-                    node.released.insert(token);
+                    released.insert(token);
                 }
                 Some((effect @ (Effect::Acquire | Effect::WaitingAcquire), token)) => {
-                    if node.released.contains(&token) {
-                        late_sets.push(token.clone());
+                    let token = TokenKey::new(token);
+                    if released.contains(&token) {
+                        late_sets.push(token);
                     }
                     if let Some((old, r)) = handed
-                        && touched(&args).any(|t| t == r)
+                        && keys.iter().any(|k| resource_index(k) == Some(r))
                     {
                         let row = &mut self.handover_rows[master][r];
                         row.1 = if row.0 == old { row.1 + 1 } else { 1 };
-                        row.0 = token.clone();
+                        row.0 = token;
                         if row.1 > self.config.local_handovers {
                             rows.push((r, row.1));
                         }
                     }
-                    if self.attempts[client].insert(token)
+                    let new = self.attempts[client].insert(token);
+                    if new
                         && effect == Effect::WaitingAcquire
-                        && let Some(resource) = args.get(3)
+                        && let Some(r) = args.get(3).and_then(|k| resource_index(k))
                     {
-                        let streak = self
-                            .streaks
-                            .entry((client, resource.clone()))
-                            .or_insert((0, 0));
-                        streak.1 = if self.now.saturating_sub(streak.0) <= SPIN_GAP {
+                        let streak = &mut self.streaks[client][r];
+                        streak.1 = if now.saturating_sub(streak.0) <= SPIN_GAP {
                             streak.1 + 1
                         } else {
                             1
                         };
-                        streak.0 = self.now;
+                        streak.0 = now;
                         if streak.1 == SPIN_STREAK {
-                            spins.push(resource.clone());
+                            spins.push(r);
                         }
                     }
                 }
                 None => {}
             }
-            let reply = node.model.handle_command(now_ms, ConnId(id), &args);
-            for r in touched(&args) {
-                let key = node.model.entry(now_ms, 0, RESOURCES[r].as_bytes());
+            let reply = model.handle_command(now_ms, ConnId(id), args);
+            for r in keys.iter().filter_map(|k| resource_index(k)) {
+                let key = model.entry(now_ms, 0, RESOURCES[r].as_bytes());
                 let key = key.map(|(token, expiry)| {
-                    let until = expiry.map_or(Micros::MAX, |ms| node.virtual_at(ms + 1));
+                    let until = expiry.map_or(Micros::MAX, |ms| node_virtual_at(*rate, ms + 1));
                     (token, until)
                 });
-                self.waiting.handle_key(r, master, key, self.now);
+                self.waiting.handle_key(r, master, key, now);
             }
-            reply.encode(&mut out);
+            reply.encode(out);
             // Frames for this connection follow its reply on the wire.
-            while let Some((to, push)) = node.model.poll_push() {
+            while let Some((to, push)) = model.poll_push() {
                 if to == ConnId(id) {
-                    push.encode(&mut out);
+                    push.encode(out);
                 } else {
                     pushes.push((to, push));
                 }
             }
+            if len > 0 {
+                buf.advance(len);
+            }
         }
-        for resource in spins {
+        for r in spins {
             let what = format!(
-                "spin: client {client} made {SPIN_STREAK} waiting attempts at {resource:?} in a \
-                 row, each within {SPIN_GAP} µs of the one before"
+                "spin: client {client} made {SPIN_STREAK} waiting attempts at {:?} in a \
+                 row, each within {SPIN_GAP} µs of the one before",
+                Bytes::from_static(RESOURCES[r].as_bytes())
             );
-            self.checker.violation(self.now, what);
+            self.checker.violation(now, what);
         }
         for (r, row) in rows {
             let what = format!(
@@ -1278,31 +1298,33 @@ impl World {
                  row (local_handovers {})",
                 RESOURCES[r], self.config.local_handovers
             );
-            self.checker.violation(self.now, what);
+            self.checker.violation(now, what);
         }
         for token in late_sets {
             let what = format!(
                 "a key set after its release: master {master} received client {client}'s \
                  acquire for token {:?} after that token's release",
-                String::from_utf8_lossy(&token)
+                String::from_utf8_lossy(token.as_bytes())
             );
-            self.checker.violation(self.now, what);
+            self.checker.violation(now, what);
         }
-        if !out.is_empty() {
-            self.deliver(client, link, id, out.freeze(), None);
+        if !self.out.is_empty() {
+            let bytes = self.out.split().freeze();
+            self.deliver(client, link, id, bytes, None);
         }
-        for (ConnId(to), reply) in pushes {
+        for (ConnId(to), reply) in pushes.drain(..) {
             let Some(&(c, l, _)) = self.nodes[master].conns.get(&to) else {
                 continue;
             };
             // Another process's release: a reason for this one to try.
-            let notice = release_message(&reply)
-                .filter(|(_, token)| !self.attempts[c].contains(*token))
-                .map(|(r, _)| r);
-            let mut bytes = BytesMut::new();
-            reply.encode(&mut bytes);
-            self.deliver(c, l, to, bytes.freeze(), notice);
+            let notice = wire::release_message(&reply)
+                .filter(|(_, token)| !self.attempts[c].contains(&TokenKey::new(token)))
+                .and_then(|(resource, _)| resource_index(resource));
+            reply.encode(&mut self.out);
+            let bytes = self.out.split().freeze();
+            self.deliver(c, l, to, bytes, notice);
         }
+        self.pushes = pushes;
     }
 
     /// Bytes from a master to a client's link, in TCP order, perhaps in
@@ -1745,8 +1767,7 @@ impl World {
         let stamp = c.clock.stamp(self.now);
         let until = c.clock.virtual_at(lock.deadline_at(stamp));
         let token = lock.token().as_str().to_owned();
-        self.granted_tokens
-            .insert(Bytes::copy_from_slice(token.as_bytes()));
+        self.granted_tokens.insert(TokenKey::new(token.as_bytes()));
         let mut entries = Vec::new();
         for resource in lock.resources() {
             entries.push(self.checker.entries.len());
