@@ -421,6 +421,12 @@ impl TokenKey {
     }
 }
 
+impl fmt::Debug for TokenKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", String::from_utf8_lossy(self.as_bytes()))
+    }
+}
+
 impl std::hash::Hash for TokenKey {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
         state.write(self.as_bytes());
@@ -1271,11 +1277,11 @@ impl World {
                 });
                 self.waiting.handle_key(r, master, key, now);
             }
-            reply.encode(out);
+            wire::encode(&reply, out);
             // Frames for this connection follow its reply on the wire.
             while let Some((to, push)) = model.poll_push() {
                 if to == ConnId(id) {
-                    push.encode(out);
+                    wire::encode(&push, out);
                 } else {
                     pushes.push((to, push));
                 }
@@ -1320,7 +1326,7 @@ impl World {
             let notice = wire::release_message(&reply)
                 .filter(|(_, token)| !self.attempts[c].contains(&TokenKey::new(token)))
                 .and_then(|(resource, _)| resource_index(resource));
-            reply.encode(&mut self.out);
+            wire::encode(&reply, &mut self.out);
             let bytes = self.out.split().freeze();
             self.deliver(c, l, to, bytes, notice);
         }
@@ -2005,7 +2011,7 @@ mod tests {
     /// Virtual time one seed may run for.
     const LIMIT: Duration = Duration::from_secs(600);
     /// Seeds `cargo test` runs with three masters (the CI budget).
-    const SEEDS: u64 = 300;
+    const SEEDS: u64 = 500;
     /// Seeds run twice to see them replay.
     const REPLAYS: u64 = 40;
     /// Seeds within which each injected bug must be caught.

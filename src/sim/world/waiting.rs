@@ -6,9 +6,7 @@
 //! how long each client has been unable to reach every master. It reads
 //! no model and no hub itself, and changes nothing in the run.
 
-use bytes::Bytes;
-
-use super::Micros;
+use super::{Micros, TokenKey};
 
 /// The most masters a run has (a quorum of more is never found).
 const MAX_MASTERS: usize = 16;
@@ -16,7 +14,7 @@ const MAX_MASTERS: usize = 16;
 /// One master's key of a resource, as the checker last read it.
 #[derive(Debug, Clone)]
 struct Key {
-    token: Bytes,
+    token: TokenKey,
     /// The virtual time from which the key has expired (`Micros::MAX`:
     /// never).
     until: Micros,
@@ -164,17 +162,11 @@ impl Waiting {
         key: Option<(&[u8], Micros)>,
         now: Micros,
     ) {
-        let resource = &mut self.resources[r];
-        let slot = &mut resource.keys[master];
-        match (slot.as_mut(), key) {
-            (Some(old), Some((token, until))) if old.token == token => old.until = until,
-            (_, key) => {
-                *slot = key.map(|(token, until)| Key {
-                    token: Bytes::copy_from_slice(token),
-                    until,
-                });
-            }
-        }
+        let slot = &mut self.resources[r].keys[master];
+        *slot = key.map(|(token, until)| Key {
+            token: TokenKey::new(token),
+            until,
+        });
         self.update(r, now);
     }
 

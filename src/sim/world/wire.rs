@@ -5,7 +5,9 @@
 
 use std::sync::OnceLock;
 
-use crate::resp::{Limits, Reply};
+use bytes::BytesMut;
+
+use crate::resp::{Limits, Reply, format_i64};
 use crate::script::{
     ACQUIRE_FENCED_SOURCE, ACQUIRE_MANY_SOURCE, ACQUIRE_WAIT_SOURCE, CLEANUP_MANY_SOURCE,
     CLEANUP_SOURCE, RELEASE_CHANNEL_PREFIX, RELEASE_MANY_SOURCE, RELEASE_SOURCE, Script,
@@ -110,6 +112,52 @@ fn number(buf: &[u8], at: &mut usize) -> Option<Result<usize, ()>> {
         }
         i += 1;
     }
+}
+
+/// Writes `reply` into `out` as [`Reply::encode`] does, byte for byte,
+/// each line in one copy.
+pub(super) fn encode(reply: &Reply, out: &mut BytesMut) {
+    let mut line = [0u8; 24];
+    match reply {
+        Reply::Status(text) => put_line(out, b'+', text),
+        Reply::Error(text) => put_line(out, b'-', text),
+        Reply::Integer(n) => out.extend_from_slice(int_line(&mut line, b':', *n)),
+        Reply::Bulk(bytes) => {
+            out.reserve(bytes.len() + line.len());
+            let len = i64::try_from(bytes.len()).unwrap_or(i64::MAX);
+            out.extend_from_slice(int_line(&mut line, b'$', len));
+            out.extend_from_slice(bytes);
+            out.extend_from_slice(b"\r\n");
+        }
+        Reply::Nil => out.extend_from_slice(b"$-1\r\n"),
+        Reply::NilArray => out.extend_from_slice(b"*-1\r\n"),
+        Reply::Array(items) => {
+            let len = i64::try_from(items.len()).unwrap_or(i64::MAX);
+            out.extend_from_slice(int_line(&mut line, b'*', len));
+            for item in items {
+                encode(item, out);
+            }
+        }
+    }
+}
+
+fn put_line(out: &mut BytesMut, kind: u8, text: &[u8]) {
+    out.reserve(text.len() + 3);
+    out.extend_from_slice(&[kind]);
+    out.extend_from_slice(text);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// `kind`, `n` in decimal and CRLF, in the tail of `line`.
+fn int_line(line: &mut [u8; 24], kind: u8, n: i64) -> &[u8] {
+    let mut digits = [0u8; 20];
+    let text = format_i64(n, &mut digits);
+    let end = line.len();
+    let start = end - text.len() - 3;
+    line[start] = kind;
+    line[start + 1..end - 2].copy_from_slice(text);
+    line[end - 2..].copy_from_slice(b"\r\n");
+    &line[start..]
 }
 
 /// What a command does to a lock, as the checkers follow it.
@@ -219,7 +267,7 @@ pub(super) fn release_message(frame: &Reply) -> Option<(&[u8], &[u8])> {
 mod tests {
     use super::*;
     use crate::resp::decode;
-    use bytes::BytesMut;
+    use bytes::Bytes;
 
     /// `read_command` against the general decoder, on `input` cut at every
     /// length.
@@ -271,6 +319,34 @@ mod tests {
         other(b"*17\r\n");
         other(b"*1\r\n$65537\r\n");
         other(b"*1\r\n$3x\r\n");
+    }
+
+    #[test]
+    fn replies_are_written_as_the_codec_writes_them() {
+        let replies = [
+            Reply::Status(Bytes::from_static(b"OK")),
+            Reply::Error(Bytes::from_static(b"NOSCRIPT No matching script.")),
+            Reply::Integer(0),
+            Reply::Integer(-1_234),
+            Reply::Integer(i64::MIN),
+            Reply::Integer(i64::MAX),
+            Reply::Bulk(Bytes::new()),
+            Reply::Bulk(Bytes::from_static(b"a token\r\n")),
+            Reply::Nil,
+            Reply::NilArray,
+            Reply::Array(Vec::new()),
+            Reply::Array(vec![
+                Reply::Integer(-5),
+                Reply::Bulk(Bytes::from_static(b"v")),
+                Reply::Array(vec![Reply::Nil]),
+            ]),
+        ];
+        for reply in &replies {
+            let (mut ours, mut codec) = (BytesMut::new(), BytesMut::new());
+            encode(reply, &mut ours);
+            reply.encode(&mut codec);
+            assert_eq!(ours, codec, "{reply:?}");
+        }
     }
 
     #[test]
