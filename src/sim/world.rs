@@ -243,7 +243,10 @@ struct SimLinks {
 impl Links for SimLinks {
     fn prepare(&mut self, engine: &mut Engine, now: Instant) {
         for i in 0..engine.links() {
-            if engine.poll_connect(i, now) {
+            // Only a connection that is down may be due: asked first, as it
+            // costs nothing (`poll_connect` also asks whether anyone waits
+            // for a subscriber connection, a walk of the channel table).
+            if engine.link(i).is_some_and(Conn::is_down) && engine.poll_connect(i, now) {
                 engine.handle_connect_started(i, now);
                 self.opened.borrow_mut().push(i);
             }
