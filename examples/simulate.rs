@@ -5,14 +5,16 @@
 //!
 //! ```sh
 //! cargo run --release --features test-knobs --example simulate -- --for 60s
+//! cargo run --release --features test-knobs --example simulate -- --seeds 1000
 //! cargo run --release --features test-knobs --example simulate -- --seed 1234
 //! ```
 //!
-//! Options: `--for <secs>s` (default 10s), `--seed <n>` (that seed alone),
-//! `--from <n>` (the first seed), `--clients`, `--masters`, `--ops`, and
+//! Options: `--for <secs>s` (default 10s), `--seeds <n>` (that many seeds,
+//! however long they take), `--seed <n>` (that seed alone), `--from <n>`
+//! (the first seed), `--clients`, `--masters`, `--ops`, and
 //! `--bug quorum-off-by-one|drift-dropped|extend-not-shortened|
-//! failure-counted-as-split|resend-decided` to put a bug in on purpose
-//! (the run should then stop at a seed that shows it).
+//! failure-counted-as-split|resend-decided|release-notice-dropped` to put
+//! a bug in on purpose (the run should then stop at a seed that shows it).
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -26,6 +28,7 @@ fn main() -> ExitCode {
     let mut settings = Settings::default();
     let mut budget = Duration::from_secs(10);
     let mut only: Option<u64> = None;
+    let mut count: Option<u64> = None;
     let mut from = 0u64;
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut words = args.iter();
@@ -39,6 +42,7 @@ fn main() -> ExitCode {
                 "extend-not-shortened" => Bug::ExtendNotShortened,
                 "failure-counted-as-split" => Bug::FailureCountedAsSplit,
                 "resend-decided" => Bug::ResendDecided,
+                "release-notice-dropped" => Bug::ReleaseNoticeDropped,
                 _ => {
                     eprintln!("simulate: unknown bug {value}");
                     return ExitCode::from(2);
@@ -49,6 +53,7 @@ fn main() -> ExitCode {
         match (flag.as_str(), number()) {
             ("--for", Some(secs)) => budget = Duration::from_secs(secs),
             ("--seed", Some(seed)) => only = Some(seed),
+            ("--seeds", Some(n)) if n > 0 => count = Some(n),
             ("--from", Some(seed)) => from = seed,
             ("--clients", Some(n)) => settings.clients = n as usize,
             ("--masters", Some(n)) => settings.masters = n as usize,
@@ -60,6 +65,7 @@ fn main() -> ExitCode {
         }
     }
     let started = Instant::now();
+    let cpu_before = cpu_time();
     let (mut seeds, mut ops, mut granted, mut faults, mut simulated) =
         (0u64, 0u64, 0u64, 0u64, Duration::ZERO);
     let (mut kept, mut kept_extensions) = (0u64, 0u64);
@@ -88,21 +94,43 @@ fn main() -> ExitCode {
             );
             return ExitCode::FAILURE;
         }
-        if only.is_some() || started.elapsed() >= budget {
+        let enough = match count {
+            Some(n) => seeds >= n,
+            None => started.elapsed() >= budget,
+        };
+        if only.is_some() || enough {
             break;
         }
         seed += 1;
     }
-    let cpu = started.elapsed().as_secs_f64();
+    let wall = started.elapsed().as_secs_f64();
+    let cpu = (cpu_time() - cpu_before).as_secs_f64();
     println!(
         "{seeds} seeds ({}..={seed}): {ops} operations ({granted} locks granted, {kept} kept \
-         and extended {kept_extensions} times), {faults} faults, {:.1} s simulated, in {cpu:.1} s: \
-         {:.0} operations per second",
+         and extended {kept_extensions} times), {faults} faults, {:.1} s simulated, in {wall:.1} s \
+         ({cpu:.1} s of CPU): {:.0} operations per CPU-second, {:.0} seeds per CPU-second",
         only.unwrap_or(from),
         simulated.as_secs_f64(),
-        ops as f64 / cpu
+        ops as f64 / cpu.max(1e-9),
+        seeds as f64 / cpu.max(1e-9)
     );
     ExitCode::SUCCESS
+}
+
+/// The CPU time this process has used (user and system), from
+/// `getrusage`: what a run costs on a shared machine, whatever else runs.
+fn cpu_time() -> Duration {
+    // SAFETY: `getrusage` fills the zeroed struct it is given; `RUSAGE_SELF`
+    // is always a valid target.
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
+        usage
+    };
+    let time = |t: libc::timeval| {
+        Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
+    };
+    time(usage.ru_utime) + time(usage.ru_stime)
 }
 
 /// `--bug <name>` as given, for the replay line.

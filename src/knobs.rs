@@ -23,6 +23,10 @@ pub enum Bug {
     /// A late `-NOSCRIPT` to an acquire whose round was decided is
     /// answered by sending the acquire again.
     ResendDecided,
+    /// Release messages read on a subscriber connection are dropped: a
+    /// waiter hears of another process's release only from the holder's
+    /// expiry (or a renewed subscription).
+    ReleaseNoticeDropped,
 }
 
 #[cfg(any(test, feature = "test-knobs"))]

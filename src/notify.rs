@@ -477,6 +477,9 @@ impl Channels {
         };
         match &kind[..] {
             b"message" => {
+                if crate::knobs::injected(crate::knobs::Bug::ReleaseNoticeDropped) {
+                    return Ok(());
+                }
                 let token = match items.get(2) {
                     Some(Reply::Bulk(payload)) => std::str::from_utf8(payload)
                         .ok()

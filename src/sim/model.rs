@@ -13,9 +13,8 @@
 //! clock, and panics on no input (a malformed command gets the error reply
 //! Redis gives). `tests/model.rs` keeps it honest against real servers.
 
-use std::collections::hash_map::DefaultHasher;
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::hash::BuildHasherDefault;
+use std::sync::OnceLock;
 
 use bytes::Bytes;
 
@@ -23,8 +22,9 @@ use crate::resp::{Reply, format_i64};
 use crate::script::{self, RELEASE_CHANNEL_PREFIX, Script, ScriptId};
 
 /// Maps with a fixed hasher: the same run gives the same memory layout,
-/// with nothing read from the OS.
-type Map<K, V> = HashMap<K, V, BuildHasherDefault<DefaultHasher>>;
+/// with nothing read from the OS; a fast one, as every command looks keys
+/// up.
+type Map<K, V> = crate::sim::hash::FxMap<K, V>;
 
 /// How many databases a master has (`databases 16`, the default).
 pub const DATABASES: usize = 16;
@@ -297,7 +297,7 @@ pub struct Master {
     /// EVAL-created scripts by last use, oldest first.
     lru: BTreeMap<u64, [u8; 40]>,
     lru_clock: u64,
-    natives: [([u8; 40], ScriptId); 10],
+    natives: &'static [Native; 10],
     counts: [CallCount; CMD_COUNT],
     /// `INFO errorstats`, sorted by code.
     errors: Vec<(Bytes, u64)>,
@@ -312,7 +312,6 @@ impl Master {
     /// refusal, no EVAL LRU (Redis 7.0). `run_id_seed` makes its `run_id`,
     /// a new one at each [`Master::restart`].
     pub fn new(run_id_seed: u64, now_ms: u64) -> Master {
-        let native = |id: ScriptId, source: &'static str| (*Script::new(source).sha(), id);
         let mut master = Master {
             settings: Settings::default(),
             run_id_seed,
@@ -326,18 +325,7 @@ impl Master {
             scripts: Map::default(),
             lru: BTreeMap::new(),
             lru_clock: 0,
-            natives: [
-                native(ScriptId::Release, script::RELEASE_SOURCE),
-                native(ScriptId::Extend, script::EXTEND_SOURCE),
-                native(ScriptId::AcquireFenced, script::ACQUIRE_FENCED_SOURCE),
-                native(ScriptId::Fence, script::FENCE_SOURCE),
-                native(ScriptId::AcquireMany, script::ACQUIRE_MANY_SOURCE),
-                native(ScriptId::ReleaseMany, script::RELEASE_MANY_SOURCE),
-                native(ScriptId::ExtendMany, script::EXTEND_MANY_SOURCE),
-                native(ScriptId::AcquireWait, script::ACQUIRE_WAIT_SOURCE),
-                native(ScriptId::Cleanup, script::CLEANUP_SOURCE),
-                native(ScriptId::CleanupMany, script::CLEANUP_MANY_SOURCE),
-            ],
+            natives: natives(),
             counts: [CallCount::default(); CMD_COUNT],
             errors: Vec::new(),
             commands_since_sweep: 0,
@@ -552,7 +540,7 @@ impl Master {
                 None => Reply::Nil,
             },
             Cmd::ScriptLoad => {
-                let sha = sha1_hex(arg(args, 2));
+                let sha = script_sha(self.natives, arg(args, 2));
                 self.register(sha, false);
                 Reply::Bulk(Bytes::copy_from_slice(&sha))
             }
@@ -1200,11 +1188,7 @@ impl Master {
         } else {
             None
         };
-        let native = self
-            .natives
-            .iter()
-            .find(|(s, _)| *s == sha)
-            .map(|(_, id)| *id);
+        let native = self.natives.iter().find(|n| n.sha == sha).map(|n| n.id);
         self.scripts.insert(sha, Cached { native, lru });
     }
 
@@ -1237,18 +1221,20 @@ impl Master {
             return error(ERR_KEYS_TOO_MANY);
         }
         let sha = if by_sha {
-            match lower_sha(arg(args, 1)).filter(|sha| self.scripts.contains_key(sha)) {
+            match lower_sha(arg(args, 1)) {
                 Some(sha) => sha,
                 None => return error(ERR_NOSCRIPT),
             }
         } else {
-            let sha = sha1_hex(arg(args, 1));
+            let sha = script_sha(self.natives, arg(args, 1));
             if !self.scripts.contains_key(&sha) {
                 self.register(sha, true);
             }
             sha
         };
-        let native = self.scripts.get(&sha).and_then(|c| c.native);
+        let Some(&Cached { native, lru }) = self.scripts.get(&sha) else {
+            return error(ERR_NOSCRIPT);
+        };
         let (keys, argv) = rest.split_at(numkeys);
         let run = Run {
             db,
@@ -1267,7 +1253,9 @@ impl Master {
                 error_owned(msg)
             }
         };
-        self.touch(&sha);
+        if lru.is_some() {
+            self.touch(&sha);
+        }
         reply
     }
 
@@ -1714,6 +1702,47 @@ fn parse_i64(s: &[u8]) -> Option<i64> {
 }
 
 /// The lowercase hex SHA1 of `data`.
+/// One of the client's scripts, which the model runs natively.
+#[derive(Debug)]
+struct Native {
+    sha: [u8; 40],
+    id: ScriptId,
+    source: &'static str,
+}
+
+/// The SHA1 of script `source`: the client's own scripts are known by
+/// their text, with no SHA1 to work out each time one is loaded or sent.
+fn script_sha(natives: &[Native], source: &[u8]) -> [u8; 40] {
+    match natives.iter().find(|n| n.source.as_bytes() == source) {
+        Some(native) => native.sha,
+        None => sha1_hex(source),
+    }
+}
+
+/// The client's scripts, their SHA1s worked out once per process.
+fn natives() -> &'static [Native; 10] {
+    static NATIVES: OnceLock<[Native; 10]> = OnceLock::new();
+    NATIVES.get_or_init(|| {
+        let native = |id: ScriptId, source: &'static str| Native {
+            sha: *Script::new(source).sha(),
+            id,
+            source,
+        };
+        [
+            native(ScriptId::Release, script::RELEASE_SOURCE),
+            native(ScriptId::Extend, script::EXTEND_SOURCE),
+            native(ScriptId::AcquireFenced, script::ACQUIRE_FENCED_SOURCE),
+            native(ScriptId::Fence, script::FENCE_SOURCE),
+            native(ScriptId::AcquireMany, script::ACQUIRE_MANY_SOURCE),
+            native(ScriptId::ReleaseMany, script::RELEASE_MANY_SOURCE),
+            native(ScriptId::ExtendMany, script::EXTEND_MANY_SOURCE),
+            native(ScriptId::AcquireWait, script::ACQUIRE_WAIT_SOURCE),
+            native(ScriptId::Cleanup, script::CLEANUP_SOURCE),
+            native(ScriptId::CleanupMany, script::CLEANUP_MANY_SOURCE),
+        ]
+    })
+}
+
 fn sha1_hex(data: &[u8]) -> [u8; 40] {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let digest = sha1_smol::Sha1::from(data).digest().bytes();
@@ -3177,7 +3206,7 @@ mod tests {
         assert_eq!(declared, SCRIPTS.len());
         for (name, text) in SCRIPTS {
             let sha = *Script::new(text).sha();
-            assert!(master.natives.iter().any(|(s, _)| *s == sha), "{name}");
+            assert!(master.natives.iter().any(|n| n.sha == sha), "{name}");
         }
     }
 

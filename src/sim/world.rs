@@ -21,7 +21,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 
 use crate::clock::{BootInstant, Stamp};
 use crate::config::{Config, Retry};
@@ -33,15 +33,19 @@ use crate::keep::{KeepOptions, Keeper, Shared as KeepShared};
 use crate::lock::Lock;
 use crate::quorum::quorum;
 use crate::resp::{Limits, Reply, decode};
-use crate::script::{
-    ACQUIRE_FENCED_SOURCE, ACQUIRE_MANY_SOURCE, ACQUIRE_WAIT_SOURCE, CLEANUP_MANY_SOURCE,
-    CLEANUP_SOURCE, RELEASE_MANY_SOURCE, RELEASE_SOURCE, Script, Scripts,
-};
+use crate::script::Scripts;
+use crate::sim::hash::FxSet;
 use crate::sim::model::{ConnId, Master};
 use crate::sim::rng::Rng;
 use crate::token::TokenSource;
 
 pub use crate::knobs::Bug;
+
+mod waiting;
+mod wire;
+
+use waiting::{Bounds, Waiting};
+use wire::{Effect, MAX_ARGS, Read};
 
 /// What a run simulates.
 #[derive(Debug, Clone)]
@@ -111,6 +115,8 @@ const RESOURCES: [&str; 3] = ["r0", "r1", "r2"];
 /// The largest TTL the workload asks for, and the clients' restart
 /// quarantine.
 const MAX_TTL: Duration = Duration::from_millis(1_500);
+/// Mixed into a seed for the draw of the hand-over budget.
+const HANDOVER_SALT: u64 = 0x6861_6e64_6f76_6572;
 /// How long after a master lost its data another may: past the fences'
 /// readmission wait (`2 * max * (1 + drift) / (1 - drift) + 10 ms`), with
 /// room for a fenced acquire to readmit it.
@@ -129,11 +135,73 @@ const SPIN_ATTEMPTS: u64 = 30;
 const SPIN_STREAK: u64 = 25;
 const SPIN_GAP: Micros = 3_000;
 
+/// The longest delay between a waiting acquire's attempts the workload
+/// asks for.
+const RETRY_DELAY_MAX: Duration = Duration::from_millis(50);
+/// Splits in a row the waiting checker lets a waiter meet before it must
+/// hold the lock: each follows a random back-off that doubles (`job.rs`,
+/// `SPLIT_DOUBLINGS`), so that racers rarely split the votes twice.
+const SPLIT_ROUNDS: u64 = 3;
+
+/// The network's one-way delays, in µs: usually within `DELAY`, and with
+/// `LONG_DELAY_CHANCE` within `LONG_DELAY`.
+const DELAY: (Micros, Micros) = (20, 400);
+const LONG_DELAY: (Micros, Micros) = (2_000, 30_000);
+const LONG_DELAY_CHANCE: f64 = 0.02;
+
 /// Microseconds of virtual time.
 type Micros = u64;
 
 fn micros(d: Duration) -> Micros {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// The waiting checker's bounds (see [`Bounds`]), from the configuration
+/// and the network's delays. A round lasts until its last reply, two
+/// one-way delays, or at most `per_instance_timeout` (on a client clock
+/// that may run `drift_factor` slow); a back-off after a split is random,
+/// up to two rounds doubled per split in a row, at most the larger of the
+/// retry delay and two rounds (`job.rs`, `next_wait`), and a failed
+/// attempt's retry waits at most the retry delay. From a reason to try,
+/// the head waiter first ends what it does (a round, a back-off, or its
+/// wait for its subscriptions, at most `connect_timeout`), tries within
+/// `wake_spread`, and then meets racers splitting the votes at most
+/// [`SPLIT_ROUNDS`] times, each followed by a back-off.
+fn waiting_bounds(config: &Config) -> Bounds {
+    let drift = 1.0 + config.drift_factor;
+    let spread = micros(config.wake_spread);
+    let delay = micros(RETRY_DELAY_MAX);
+    let chain = |first: Micros, round: Micros, backoff: Micros| {
+        first + spread + (SPLIT_ROUNDS + 1) * round + SPLIT_ROUNDS * backoff
+    };
+    // The network's usual delays both ways (and a few µs for pieces).
+    let quick_round = (2.0 * DELAY.1 as f64 * drift) as Micros + 10;
+    let quick_backoff = delay.max(2 * quick_round);
+    let round = micros(config.per_instance_timeout.mul_f64(drift));
+    let backoff = delay.max(2 * round);
+    let first = micros(config.connect_timeout).max(backoff).max(round);
+    Bounds {
+        quick: chain(quick_backoff.max(quick_round), quick_round, quick_backoff),
+        slow: chain(first, round, backoff),
+        // A round that met a late message ends within a round of it, and
+        // the back-off after it within two more.
+        settle: 3 * round,
+        // A round, the holder's remaining time it read (at most
+        // `MAX_TTL`, on clocks that drift either way), a millisecond
+        // (Redis expires a key within one), the wake spread.
+        timer: round + micros(MAX_TTL.mul_f64(drift * drift)) + 1_000 + spread,
+    }
+}
+
+/// The client's scripts, hashed once per process.
+fn scripts() -> Scripts {
+    static SCRIPTS: std::sync::OnceLock<Scripts> = std::sync::OnceLock::new();
+    *SCRIPTS.get_or_init(Scripts::new)
+}
+
+/// The resource `key` names, if it is one the workload locks.
+fn resource_index(key: &[u8]) -> Option<usize> {
+    RESOURCES.iter().position(|r| r.as_bytes() == key)
 }
 
 /// One caller's wait for its output.
@@ -175,7 +243,10 @@ struct SimLinks {
 impl Links for SimLinks {
     fn prepare(&mut self, engine: &mut Engine, now: Instant) {
         for i in 0..engine.links() {
-            if engine.poll_connect(i, now) {
+            // Only a connection that is down may be due: asked first, as it
+            // costs nothing (`poll_connect` also asks whether anyone waits
+            // for a subscriber connection, a walk of the channel table).
+            if engine.link(i).is_some_and(Conn::is_down) && engine.poll_connect(i, now) {
                 engine.handle_connect_started(i, now);
                 self.opened.borrow_mut().push(i);
             }
@@ -209,7 +280,10 @@ impl Clock {
     /// later.
     fn virtual_at(&self, at: Instant) -> Micros {
         let local = at.saturating_duration_since(self.base);
-        (local.as_nanos() as f64 / 1_000.0 / self.rate).ceil() as Micros
+        // Through u64: exact for any run (under 2^64 ns), and no u128
+        // to float conversion.
+        let nanos = u64::try_from(local.as_nanos()).unwrap_or(u64::MAX);
+        (nanos as f64 / 1_000.0 / self.rate).ceil() as Micros
     }
 }
 
@@ -233,9 +307,31 @@ struct Link {
     half_open: bool,
     /// The next reply from the master is garbage.
     garbage: bool,
+    /// When it was last connected.
+    up_at: Micros,
+    /// Until when a message on it takes longer than the network's usual
+    /// delays (rounds on it may take up to a `per_instance_timeout`).
+    late_until: Micros,
+    /// Until when a message on it is overdue: late enough that with the
+    /// way back a round may time out (see `World::overdue`).
+    overdue_until: Micros,
+    /// Until when the client keeps the master out of its quorums (restart
+    /// quarantine), as last seen.
+    quarantine_until: Micros,
 }
 
 impl Link {
+    /// A message on the link takes `delay` and arrives at `at`: late, or
+    /// overdue (longer than `overdue`), until then.
+    fn note_delay(&mut self, delay: Micros, at: Micros, overdue: Micros) {
+        if delay > DELAY.1 {
+            self.late_until = self.late_until.max(at);
+        }
+        if delay > overdue {
+            self.overdue_until = self.overdue_until.max(at);
+        }
+    }
+
     fn new() -> Link {
         Link {
             state: LinkState::Down,
@@ -243,6 +339,10 @@ impl Link {
             to_client: 0,
             half_open: false,
             garbage: false,
+            up_at: 0,
+            late_until: 0,
+            overdue_until: 0,
+            quarantine_until: 0,
         }
     }
 }
@@ -269,6 +369,9 @@ struct Pending {
     bound: Micros,
     /// The masters' restart counts when it was submitted.
     restarts: Vec<u64>,
+    /// For a waiting acquire (woken by releases), the resource it waits
+    /// for, while the waiting checker counts it.
+    waits: Option<usize>,
 }
 
 /// A lock a simulated caller holds.
@@ -297,42 +400,40 @@ struct Client {
     closed: bool,
 }
 
-/// What a command does to a lock, as the checkers follow it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Effect {
-    /// An acquire attempt (SET NX or an acquire script) with this token.
-    Acquire,
-    /// An attempt of a waiting acquire (the script that also reads the
-    /// holder's PTTL): in a process, only the head waiter of a resource
-    /// makes them.
-    WaitingAcquire,
-    /// A release (compare-and-delete) of this token.
-    Release,
+/// A token as the checkers keep it: inline, no allocation (the client's
+/// are 48 bytes; a longer one, never sent, is cut to 64).
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct TokenKey {
+    len: u8,
+    bytes: [u8; 64],
 }
 
-/// The effect of `args` on the locks, and the token it carries.
-fn effect(args: &[Bytes], scripts: &[(Script, Effect)]) -> Option<(Effect, Bytes)> {
-    let word = |i: usize| args.get(i).map(Bytes::as_ref);
-    if word(0).is_some_and(|w| w.eq_ignore_ascii_case(b"SET"))
-        && args.iter().any(|a| a.eq_ignore_ascii_case(b"NX"))
-    {
-        return Some((Effect::Acquire, args.get(2)?.clone()));
-    }
-    let by_sha = word(0).is_some_and(|w| w.eq_ignore_ascii_case(b"EVALSHA"));
-    let by_source = word(0).is_some_and(|w| w.eq_ignore_ascii_case(b"EVAL"));
-    if !by_sha && !by_source {
-        return None;
-    }
-    let script = word(1)?;
-    let &(_, effect) = scripts.iter().find(|(s, _)| {
-        if by_sha {
-            s.sha().eq_ignore_ascii_case(script)
-        } else {
-            s.source().as_bytes() == script
+impl TokenKey {
+    fn new(token: &[u8]) -> TokenKey {
+        let len = token.len().min(64);
+        let mut bytes = [0; 64];
+        bytes[..len].copy_from_slice(&token[..len]);
+        TokenKey {
+            len: len as u8,
+            bytes,
         }
-    })?;
-    let keys: usize = std::str::from_utf8(word(2)?).ok()?.parse().ok()?;
-    Some((effect, args.get(3 + keys)?.clone()))
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..usize::from(self.len)]
+    }
+}
+
+impl fmt::Debug for TokenKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", String::from_utf8_lossy(self.as_bytes()))
+    }
+}
+
+impl std::hash::Hash for TokenKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write(self.as_bytes());
+    }
 }
 
 /// One master: the model and the world's view of it.
@@ -347,30 +448,46 @@ struct Node {
     conns: BTreeMap<u64, (usize, usize, BytesMut)>,
     restarts: u64,
     /// Tokens whose release this master has received.
-    released: std::collections::BTreeSet<Bytes>,
+    released: FxSet<TokenKey>,
 }
 
 impl Node {
     fn now_ms(&self, t: Micros) -> u64 {
-        MASTER_UPTIME_MS + (t as f64 * self.rate / 1_000.0) as u64
+        node_ms(self.rate, t)
     }
 
     /// The virtual time at which this master's clock reads `ms`.
     fn virtual_at(&self, ms: u64) -> Micros {
-        ((ms.saturating_sub(MASTER_UPTIME_MS)) as f64 * 1_000.0 / self.rate) as Micros
+        node_virtual_at(self.rate, ms)
     }
+}
+
+/// A master's clock at virtual time `t`, at its `rate`.
+fn node_ms(rate: f64, t: Micros) -> u64 {
+    MASTER_UPTIME_MS + (t as f64 * rate / 1_000.0) as u64
+}
+
+/// The virtual time at which a master's clock, at `rate`, reads `ms`.
+fn node_virtual_at(rate: f64, ms: u64) -> Micros {
+    ((ms.saturating_sub(MASTER_UPTIME_MS)) as f64 * 1_000.0 / rate) as Micros
 }
 
 #[derive(Debug)]
 enum Event {
     /// Bytes from a client's link reach its master.
-    ToMaster { id: u64, bytes: Bytes },
-    /// Bytes from a master reach a client's link.
+    ToMaster {
+        master: usize,
+        id: u64,
+        bytes: Bytes,
+    },
+    /// Bytes from a master reach a client's link; with the last of them,
+    /// a release message for this resource (for the waiting checker).
     ToClient {
         client: usize,
         link: usize,
         id: u64,
         bytes: Bytes,
+        notice: Option<usize>,
     },
     /// A connect finished (or was refused).
     Connect { client: usize, link: usize, id: u64 },
@@ -387,6 +504,42 @@ enum Event {
     Restart { master: usize },
     /// A master's stall may be over.
     Resume { master: usize },
+}
+
+/// The events to come, soonest first, ties in the order scheduled: a heap
+/// of small keys over a slab of bodies, so that neither moves an event's
+/// bytes around nor allocates per event once warm.
+#[derive(Debug, Default)]
+struct Queue {
+    /// (when, sequence number, slot in `bodies`), soonest first.
+    heap: BinaryHeap<Reverse<(Micros, u64, u32)>>,
+    bodies: Vec<Option<Event>>,
+    free: Vec<u32>,
+    seq: u64,
+}
+
+impl Queue {
+    fn push(&mut self, at: Micros, event: Event) {
+        self.seq += 1;
+        let slot = match self.free.pop() {
+            Some(slot) => {
+                self.bodies[slot as usize] = Some(event);
+                slot
+            }
+            None => {
+                self.bodies.push(Some(event));
+                u32::try_from(self.bodies.len() - 1).expect("fewer than 2^32 events queued")
+            }
+        };
+        self.heap.push(Reverse((at, self.seq, slot)));
+    }
+
+    fn pop(&mut self) -> Option<(Micros, Event)> {
+        let Reverse((at, _, slot)) = self.heap.pop()?;
+        self.free.push(slot);
+        let event = self.bodies[slot as usize].take()?;
+        Some((at, event))
+    }
 }
 
 /// One lock granted to a caller, as the checkers see it.
@@ -479,10 +632,7 @@ pub struct World {
     settings: Settings,
     rng: Rng,
     now: Micros,
-    events: BinaryHeap<Reverse<(Micros, u64, usize)>>,
-    /// Event bodies by sequence number (the heap holds their keys).
-    bodies: BTreeMap<u64, Event>,
-    seq: u64,
+    events: Queue,
     clients: Vec<Client>,
     nodes: Vec<Node>,
     next_conn: u64,
@@ -491,17 +641,33 @@ pub struct World {
     config: Config,
     /// Master pairs cut off from clients until then: (master, until).
     partitions: Vec<(usize, Micros)>,
-    /// The scripts that acquire or release, for [`effect`].
-    effects: Vec<(Script, Effect)>,
     /// Per client: acquires submitted, and acquire attempts the masters
     /// received (distinct tokens).
     acquires: Vec<u64>,
-    attempts: Vec<std::collections::BTreeSet<Bytes>>,
-    /// Per (client, resource): the last new attempt's time, and how many
-    /// came in a row, each soon after the one before.
-    streaks: BTreeMap<(usize, Bytes), (Micros, u64)>,
+    attempts: Vec<FxSet<TokenKey>>,
+    /// Per client and resource: the last new waiting attempt's time, and
+    /// how many came in a row, each soon after the one before.
+    streaks: Vec<[(Micros, u64); RESOURCES.len()]>,
     /// When masters lost their data.
     data_losses: Vec<Micros>,
+    /// The waiting checker.
+    waiting: Waiting,
+    /// What a master writes to a connection, built here and split off.
+    out: BytesMut,
+    /// Frames a master pushes to other connections, reused.
+    pushes: Vec<(ConnId, Reply)>,
+    /// Tokens of the locks granted to callers.
+    granted_tokens: FxSet<TokenKey>,
+    /// Per master and resource: the token the last hand-over seen there
+    /// took, and how many hand-overs in a row led to it (each a granted
+    /// lock's quiet release with the next holder's attempt right behind,
+    /// in one write, releasing the lock the hand-over before took).
+    handover_rows: Vec<Vec<(TokenKey, u32)>>,
+    /// A one-way delay longer than this is overdue: with the way back, it
+    /// may outlast a round, whose master then counts as failed (half a
+    /// `per_instance_timeout`, less a millisecond for the clients' clock
+    /// rates). Shorter ones, both ways, never do.
+    overdue: Micros,
 }
 
 impl World {
@@ -517,8 +683,13 @@ impl World {
         config.reconnect_backoff_max = Duration::from_millis(200);
         config.quarantine = Some(MAX_TTL);
         config.drift_factor = 0.01;
+        // In-process hand-overs in a row before a release is announced to
+        // every process: rows here rarely reach the default (8), so the
+        // budget is drawn per seed, hand-overs off (0) included. From a
+        // source of its own: the run's other choices stay as they were.
+        config.local_handovers = Rng::new(seed ^ HANDOVER_SALT).pick(&[0, 1, 2, 3, 8]);
         let base = Instant::now();
-        let scripts = Scripts::new();
+        let scripts = scripts();
         let clients: Vec<Client> = (0..settings.clients)
             .map(|c| {
                 // Within a quarter of the drift factor either way.
@@ -581,18 +752,26 @@ impl World {
                     rate: 1.0 + drift,
                     conns: BTreeMap::new(),
                     restarts: 0,
-                    released: std::collections::BTreeSet::new(),
+                    released: FxSet::default(),
                 }
             })
             .collect();
         let clients_len = clients.len();
+        let settings_masters = settings.masters;
+        let bounds = waiting_bounds(&config);
+        let overdue = (micros(config.per_instance_timeout) / 2).saturating_sub(1_000);
+        let waiting = Waiting::new(
+            clients_len,
+            RESOURCES.len(),
+            settings.masters,
+            quorum(settings.masters),
+            bounds,
+        );
         let mut world = World {
             settings,
             rng,
             now: 0,
-            events: BinaryHeap::new(),
-            bodies: BTreeMap::new(),
-            seq: 0,
+            events: Queue::default(),
             clients,
             nodes,
             next_conn: 1,
@@ -600,19 +779,16 @@ impl World {
             outcome: Outcome::default(),
             config,
             partitions: Vec::new(),
-            effects: vec![
-                (Script::new(ACQUIRE_WAIT_SOURCE), Effect::WaitingAcquire),
-                (Script::new(ACQUIRE_FENCED_SOURCE), Effect::Acquire),
-                (Script::new(ACQUIRE_MANY_SOURCE), Effect::Acquire),
-                (Script::new(RELEASE_SOURCE), Effect::Release),
-                (Script::new(RELEASE_MANY_SOURCE), Effect::Release),
-                (Script::new(CLEANUP_SOURCE), Effect::Release),
-                (Script::new(CLEANUP_MANY_SOURCE), Effect::Release),
-            ],
             acquires: vec![0; clients_len],
-            attempts: vec![std::collections::BTreeSet::new(); clients_len],
-            streaks: BTreeMap::new(),
+            attempts: vec![FxSet::default(); clients_len],
+            streaks: vec![[(0, 0); RESOURCES.len()]; clients_len],
             data_losses: Vec::new(),
+            waiting,
+            out: BytesMut::new(),
+            pushes: Vec::new(),
+            overdue,
+            granted_tokens: FxSet::default(),
+            handover_rows: vec![vec![(TokenKey::new(b""), 0); RESOURCES.len()]; settings_masters],
         };
         for c in 0..world.clients.len() {
             let at = world.rng.range(0, 2_000);
@@ -626,9 +802,7 @@ impl World {
     }
 
     fn schedule(&mut self, at: Micros, event: Event) {
-        self.seq += 1;
-        self.bodies.insert(self.seq, event);
-        self.events.push(Reverse((at, self.seq, 0)));
+        self.events.push(at, event);
     }
 
     /// Runs until every client has done its operations and everything
@@ -636,14 +810,15 @@ impl World {
     pub fn run(mut self, limit: Duration) -> Outcome {
         let _bug = crate::knobs::inject(self.settings.bug);
         let limit = micros(limit);
-        while let Some(Reverse((at, seq, _))) = self.events.pop() {
+        while let Some((at, event)) = self.events.pop() {
             if at > limit {
                 break;
             }
             self.now = self.now.max(at);
-            let Some(event) = self.bodies.remove(&seq) else {
-                continue;
-            };
+            // As things stood until this event.
+            if self.now >= self.waiting.next_check {
+                self.check_waiting();
+            }
             self.handle(event);
             if self.is_done() {
                 break;
@@ -659,6 +834,7 @@ impl World {
     }
 
     fn finish(mut self) -> Outcome {
+        self.check_waiting();
         let now = self.now;
         for (c, client) in self.clients.iter().enumerate() {
             if client.closed && !client.hub.is_idle() {
@@ -695,12 +871,13 @@ impl World {
 
     fn handle(&mut self, event: Event) {
         match event {
-            Event::ToMaster { id, bytes } => self.handle_at_master(id, bytes),
+            Event::ToMaster { master, id, bytes } => self.handle_at_master(master, id, bytes),
             Event::ToClient {
                 client,
                 link,
                 id,
                 bytes,
+                notice,
             } => {
                 if self.deferred(
                     client,
@@ -709,6 +886,7 @@ impl World {
                         link,
                         id,
                         bytes: bytes.clone(),
+                        notice,
                     },
                 ) {
                     return;
@@ -718,6 +896,9 @@ impl World {
                     let now = c.clock.stamp(self.now).mono;
                     c.hub.io().0.handle_input(link, &bytes, now);
                     self.step(client);
+                    if let Some(r) = notice {
+                        self.notice(client, r);
+                    }
                 }
             }
             Event::Connect { client, link, id } => {
@@ -767,6 +948,28 @@ impl World {
         }
     }
 
+    /// The waiting checker's turn (see [`Waiting`]), as things stand now.
+    fn check_waiting(&mut self) {
+        let now = self.now;
+        let (clients, nodes) = (&self.clients, &self.nodes);
+        let found = self.waiting.check(
+            now,
+            |c| disturbed_since(&clients[c], nodes, now),
+            &RESOURCES,
+        );
+        for what in found {
+            self.checker.violation(now, what);
+        }
+    }
+
+    /// Client `client` read a reason to try resource `r` now.
+    fn notice(&mut self, client: usize, r: usize) {
+        let now = self.now;
+        if let Some((broken, _)) = disturbed_since(&self.clients[client], &self.nodes, now) {
+            self.waiting.handle_notice(client, r, now, broken);
+        }
+    }
+
     /// A paused client handles nothing: the event waits for its resume.
     fn deferred(&mut self, client: usize, event: Event) -> bool {
         let until = self.clients[client].paused_until;
@@ -806,6 +1009,20 @@ impl World {
             self.checker.violation(self.now, what);
         }
         let c = &mut self.clients[client];
+        // Restart quarantine, for the waiting checker: seen once the
+        // handshake that found the new run id has been read.
+        for m in 0..self.settings.masters {
+            if let Some(left) = c
+                .hub
+                .engine()
+                .link(m)
+                .and_then(|l| l.quarantine_left(stamp.mono))
+            {
+                let until = c.clock.virtual_at(stamp.mono + left);
+                let link = &mut c.links[m];
+                link.quarantine_until = link.quarantine_until.max(until);
+            }
+        }
         if let Some(at) = c.hub.poll_timeout() {
             let at = c.clock.virtual_at(at).max(self.now + 1);
             if c.wake.is_none_or(|w| w > at) {
@@ -860,16 +1077,21 @@ impl World {
                 continue;
             };
             let (engine, _) = c.hub.io();
-            let bytes = Bytes::copy_from_slice(engine.poll_transmit(link));
-            if bytes.is_empty() {
+            let pending = engine.poll_transmit(link);
+            if pending.is_empty() {
                 continue;
             }
+            let bytes = Bytes::copy_from_slice(pending);
             engine.handle_written(link, bytes.len());
+            let master = link % self.settings.masters;
             let latency = self.latency();
+            let now = self.now;
+            let overdue = self.overdue;
             let link_state = &mut self.clients[client].links[link];
-            let at = (self.now + latency).max(link_state.to_master);
+            let at = (now + latency).max(link_state.to_master);
             link_state.to_master = at;
-            self.schedule(at, Event::ToMaster { id, bytes });
+            link_state.note_delay(at - now, at, overdue);
+            self.schedule(at, Event::ToMaster { master, id, bytes });
         }
     }
 
@@ -887,8 +1109,13 @@ impl World {
             self.step(client);
             return;
         }
+        let old = c.links[link];
         c.links[link] = Link {
             state: LinkState::Up { id },
+            up_at: self.now,
+            late_until: old.late_until,
+            overdue_until: old.overdue_until,
+            quarantine_until: old.quarantine_until,
             ..Link::new()
         };
         c.links[link].to_master = self.now;
@@ -902,10 +1129,10 @@ impl World {
 
     /// A one-way network delay: mostly short, sometimes long.
     fn latency(&mut self) -> Micros {
-        if self.rng.chance(0.02) {
-            self.rng.range(2_000, 30_000)
+        if self.rng.chance(LONG_DELAY_CHANCE) {
+            self.rng.range(LONG_DELAY.0, LONG_DELAY.1)
         } else {
-            self.rng.range(20, 400)
+            self.rng.range(DELAY.0, DELAY.1)
         }
     }
 
@@ -915,17 +1142,15 @@ impl World {
             .any(|&(m, until)| m == master && until > self.now)
     }
 
-    fn handle_at_master(&mut self, id: u64, bytes: Bytes) {
-        let Some(master) = self.nodes.iter().position(|n| n.conns.contains_key(&id)) else {
+    fn handle_at_master(&mut self, master: usize, id: u64, bytes: Bytes) {
+        let node = &mut self.nodes[master];
+        let Some((_, _, buf)) = node.conns.get_mut(&id) else {
             return;
         };
-        let node = &mut self.nodes[master];
         if !node.up {
             return;
         }
-        if let Some((_, _, buf)) = node.conns.get_mut(&id) {
-            buf.extend_from_slice(&bytes);
-        }
+        buf.extend_from_slice(&bytes);
         // A stalled master reads nothing until the stall ends; what came
         // waits in each connection's buffer, in order.
         if node.stalled_until > self.now {
@@ -951,110 +1176,184 @@ impl World {
 
     /// Runs every complete command waiting on connection `id` of `master`.
     fn process(&mut self, master: usize, id: u64) {
-        let node = &mut self.nodes[master];
-        let now_ms = node.now_ms(self.now);
-        let Some(&mut (client, link, _)) = node.conns.get_mut(&id) else {
+        let now = self.now;
+        let Node {
+            model,
+            conns,
+            released,
+            rate,
+            ..
+        } = &mut self.nodes[master];
+        let now_ms = node_ms(*rate, now);
+        let Some(&mut (client, link, _)) = conns.get_mut(&id) else {
             return;
         };
-        let mut out = BytesMut::new();
-        let mut pushes = Vec::new();
+        let out = &mut self.out;
+        let mut pushes = std::mem::take(&mut self.pushes);
         let mut late_sets = Vec::new();
         let mut spins = Vec::new();
-        while let Some((_, _, buf)) = node.conns.get_mut(&id) {
-            let command = match decode(buf, &Limits::default()) {
-                Ok(Some(Reply::Array(words))) => words,
-                Ok(None) => break,
-                // The client sent garbage: never, or the codec is broken.
-                _ => {
-                    node.conns.remove(&id);
-                    break;
-                }
+        let mut rows = Vec::new();
+        let mut quiet_release: Option<(TokenKey, usize)> = None;
+        while let Some((_, _, buf)) = conns.get_mut(&id) {
+            let mut slots = [&[][..]; MAX_ARGS];
+            let owned: Vec<Bytes>;
+            let listed: Vec<&[u8]>;
+            let (len, args): (usize, &[&[u8]]) = match wire::read_command(buf, &mut slots) {
+                Read::Command { len, args } => (len, &slots[..args]),
+                Read::Partial => break,
+                // What the client never sends: as the decoder takes it.
+                Read::Other => match decode(buf, &Limits::default()) {
+                    Ok(Some(Reply::Array(words))) => {
+                        owned = words
+                            .into_iter()
+                            .filter_map(|w| match w {
+                                Reply::Bulk(b) => Some(b),
+                                _ => None,
+                            })
+                            .collect();
+                        listed = owned.iter().map(Bytes::as_ref).collect();
+                        (0, &listed)
+                    }
+                    Ok(None) => break,
+                    // The client sent garbage: never, or the codec is broken.
+                    _ => {
+                        conns.remove(&id);
+                        break;
+                    }
+                },
             };
-            let args: Vec<Bytes> = command
-                .into_iter()
-                .filter_map(|w| match w {
-                    Reply::Bulk(b) => Some(b),
-                    _ => None,
-                })
-                .collect();
-            match effect(&args, &self.effects) {
-                Some((Effect::Release, token)) => {
-                    node.released.insert(token);
+            let handed = std::mem::take(&mut quiet_release);
+            let (effect, keys) = wire::effect(args);
+            match effect {
+                Some((Effect::Release { quiet }, token)) => {
+                    let token = TokenKey::new(token);
+                    // A granted lock released quietly: a hand-over, if the
+                    // next command takes it again.
+                    if quiet && self.granted_tokens.contains(&token) {
+                        quiet_release = keys
+                            .iter()
+                            .find_map(|k| resource_index(k))
+                            .map(|r| (token, r));
+                    }
+                    released.insert(token);
                 }
                 Some((effect @ (Effect::Acquire | Effect::WaitingAcquire), token)) => {
-                    if node.released.contains(&token) {
-                        late_sets.push(token.clone());
+                    let token = TokenKey::new(token);
+                    if released.contains(&token) {
+                        late_sets.push(token);
                     }
-                    if self.attempts[client].insert(token)
-                        && effect == Effect::WaitingAcquire
-                        && let Some(resource) = args.get(3)
+                    if let Some((old, r)) = handed
+                        && keys.iter().any(|k| resource_index(k) == Some(r))
                     {
-                        let streak = self
-                            .streaks
-                            .entry((client, resource.clone()))
-                            .or_insert((0, 0));
-                        streak.1 = if self.now.saturating_sub(streak.0) <= SPIN_GAP {
+                        let row = &mut self.handover_rows[master][r];
+                        row.1 = if row.0 == old { row.1 + 1 } else { 1 };
+                        row.0 = token;
+                        if row.1 > self.config.local_handovers {
+                            rows.push((r, row.1));
+                        }
+                    }
+                    let new = self.attempts[client].insert(token);
+                    if new
+                        && effect == Effect::WaitingAcquire
+                        && let Some(r) = args.get(3).and_then(|k| resource_index(k))
+                    {
+                        let streak = &mut self.streaks[client][r];
+                        streak.1 = if now.saturating_sub(streak.0) <= SPIN_GAP {
                             streak.1 + 1
                         } else {
                             1
                         };
-                        streak.0 = self.now;
+                        streak.0 = now;
                         if streak.1 == SPIN_STREAK {
-                            spins.push(resource.clone());
+                            spins.push(r);
                         }
                     }
                 }
                 None => {}
             }
-            let reply = node.model.handle_command(now_ms, ConnId(id), &args);
-            reply.encode(&mut out);
+            let reply = model.handle_command(now_ms, ConnId(id), args);
+            for r in keys.iter().filter_map(|k| resource_index(k)) {
+                let key = model.entry(now_ms, 0, RESOURCES[r].as_bytes());
+                let key = key.map(|(token, expiry)| {
+                    let until = expiry.map_or(Micros::MAX, |ms| node_virtual_at(*rate, ms + 1));
+                    (token, until)
+                });
+                self.waiting.handle_key(r, master, key, now);
+            }
+            wire::encode(&reply, out);
             // Frames for this connection follow its reply on the wire.
-            while let Some((to, push)) = node.model.poll_push() {
+            while let Some((to, push)) = model.poll_push() {
                 if to == ConnId(id) {
-                    push.encode(&mut out);
+                    wire::encode(&push, out);
                 } else {
                     pushes.push((to, push));
                 }
             }
+            if len > 0 {
+                buf.advance(len);
+            }
         }
-        for resource in spins {
+        for r in spins {
             let what = format!(
-                "spin: client {client} made {SPIN_STREAK} waiting attempts at {resource:?} in a \
-                 row, each within {SPIN_GAP} µs of the one before"
+                "spin: client {client} made {SPIN_STREAK} waiting attempts at {:?} in a \
+                 row, each within {SPIN_GAP} µs of the one before",
+                Bytes::from_static(RESOURCES[r].as_bytes())
             );
-            self.checker.violation(self.now, what);
+            self.checker.violation(now, what);
+        }
+        for (r, row) in rows {
+            let what = format!(
+                "hand-over: master {master} saw client {client} hand {:?} over {row} times in a \
+                 row (local_handovers {})",
+                RESOURCES[r], self.config.local_handovers
+            );
+            self.checker.violation(now, what);
         }
         for token in late_sets {
             let what = format!(
                 "a key set after its release: master {master} received client {client}'s \
                  acquire for token {:?} after that token's release",
-                String::from_utf8_lossy(&token)
+                String::from_utf8_lossy(token.as_bytes())
             );
-            self.checker.violation(self.now, what);
+            self.checker.violation(now, what);
         }
-        if !out.is_empty() {
-            self.deliver(client, link, id, out.freeze());
+        if !self.out.is_empty() {
+            let bytes = self.out.split().freeze();
+            self.deliver(client, link, id, bytes, None);
         }
-        for (ConnId(to), reply) in pushes {
+        for (ConnId(to), reply) in pushes.drain(..) {
             let Some(&(c, l, _)) = self.nodes[master].conns.get(&to) else {
                 continue;
             };
-            let mut bytes = BytesMut::new();
-            reply.encode(&mut bytes);
-            self.deliver(c, l, to, bytes.freeze());
+            // Another process's release: a reason for this one to try.
+            let notice = wire::release_message(&reply)
+                .filter(|(_, token)| !self.attempts[c].contains(&TokenKey::new(token)))
+                .and_then(|(resource, _)| resource_index(resource));
+            wire::encode(&reply, &mut self.out);
+            let bytes = self.out.split().freeze();
+            self.deliver(c, l, to, bytes, notice);
         }
+        self.pushes = pushes;
     }
 
     /// Bytes from a master to a client's link, in TCP order, perhaps in
-    /// pieces, perhaps lost to a half-open connection.
-    fn deliver(&mut self, client: usize, link: usize, id: u64, bytes: Bytes) {
+    /// pieces, perhaps lost to a half-open connection; `notice`: they are a
+    /// release message for that resource.
+    fn deliver(
+        &mut self,
+        client: usize,
+        link: usize,
+        id: u64,
+        bytes: Bytes,
+        notice: Option<usize>,
+    ) {
         if self.clients[client].links[link].half_open {
             return;
         }
-        let bytes = if std::mem::take(&mut self.clients[client].links[link].garbage) {
-            Bytes::from_static(b"?garbage\r\n")
+        let (bytes, notice) = if std::mem::take(&mut self.clients[client].links[link].garbage) {
+            (Bytes::from_static(b"?garbage\r\n"), None)
         } else {
-            bytes
+            (bytes, notice)
         };
         let latency = self.latency();
         let split = if bytes.len() > 1 && self.rng.chance(0.05) {
@@ -1065,6 +1364,7 @@ impl World {
         let state = &mut self.clients[client].links[link];
         let at = (self.now + latency).max(state.to_client);
         state.to_client = at + 1;
+        state.note_delay(at + 1 - self.now, at + 1, self.overdue);
         match split {
             Some(k) => {
                 self.schedule(
@@ -1074,6 +1374,7 @@ impl World {
                         link,
                         id,
                         bytes: bytes.slice(..k),
+                        notice: None,
                     },
                 );
                 self.schedule(
@@ -1083,6 +1384,7 @@ impl World {
                         link,
                         id,
                         bytes: bytes.slice(k..),
+                        notice,
                     },
                 );
             }
@@ -1093,6 +1395,7 @@ impl World {
                     link,
                     id,
                     bytes,
+                    notice,
                 },
             ),
         }
@@ -1147,8 +1450,11 @@ impl World {
         } else if roll < 95 {
             // A caller gives up on an operation still under way.
             let c = &mut self.clients[client];
-            if let Some(p) = c.pending.iter().find(|p| !p.slot.borrow().abandoned) {
+            if let Some(p) = c.pending.iter_mut().find(|p| !p.slot.borrow().abandoned) {
                 p.slot.borrow_mut().abandoned = true;
+                if let Some(r) = p.waits.take() {
+                    self.waiting.handle_waiter_gone(client, r);
+                }
                 let stamp = c.clock.stamp(now);
                 c.hub.handle_abandoned(stamp);
             }
@@ -1162,9 +1468,22 @@ impl World {
         self.schedule(next, Event::Work { client });
     }
 
-    fn submit(&mut self, client: usize, asked: Asked, order: Order, bound: Micros) {
+    /// Submits `order` for client `client`'s caller, who asked for `asked`
+    /// and waits at most `bound`; `waits`: a waiting acquire of that
+    /// resource.
+    fn submit(
+        &mut self,
+        client: usize,
+        asked: Asked,
+        order: Order,
+        bound: Micros,
+        waits: Option<usize>,
+    ) {
         let slot = Rc::new(RefCell::new(Slot::default()));
         let restarts = self.nodes.iter().map(|n| n.restarts).collect();
+        if let Some(r) = waits {
+            self.waiting.handle_waiter(client, r, self.now);
+        }
         let c = &mut self.clients[client];
         let stamp = c.clock.stamp(self.now);
         c.pending.push(Pending {
@@ -1173,6 +1492,7 @@ impl World {
             at: self.now,
             bound,
             restarts,
+            waits,
         });
         c.hub.handle_order(
             Submission {
@@ -1198,7 +1518,7 @@ impl World {
         let retry = if waiting {
             Retry {
                 attempts: u32::MAX,
-                delay: Duration::from_millis(self.rng.range(5, 50)),
+                delay: Duration::from_millis(self.rng.range(5, micros(RETRY_DELAY_MAX) / 1_000)),
                 max_wait: Some(Duration::from_millis(self.rng.range(50, 3_000))),
             }
         } else {
@@ -1248,7 +1568,10 @@ impl World {
             Asked::Batch => 2,
             _ => 1,
         };
-        self.submit(client, asked, order, bound);
+        // Woken by releases: a plain acquire of one resource that tries
+        // more than once (`job.rs`, `Acquire::notify`).
+        let waits = (waiting && kind <= 5 && self.config.wake_on_release).then_some(r);
+        self.submit(client, asked, order, bound, waits);
     }
 
     fn submit_release(&mut self, client: usize, h: usize) {
@@ -1271,7 +1594,7 @@ impl World {
             }
             None => Order::Release { lock },
         };
-        self.submit(client, Asked::Release { held: h }, order, bound);
+        self.submit(client, Asked::Release { held: h }, order, bound, None);
     }
 
     /// Hands held lock `h` to the hub to keep alive, as
@@ -1353,6 +1676,7 @@ impl World {
             Asked::Extend { held: h },
             Order::Extend { lock, ttl },
             bound,
+            None,
         );
     }
 
@@ -1366,6 +1690,9 @@ impl World {
                 continue;
             }
             let pending = self.clients[client].pending.swap_remove(i);
+            if let Some(r) = pending.waits {
+                self.waiting.handle_waiter_gone(client, r);
+            }
             let output = pending.slot.borrow_mut().output.take();
             match output {
                 Some(output) => self.handle_output(client, pending, output),
@@ -1417,11 +1744,24 @@ impl World {
                     self.check_keys(&lock, client, &pending);
                 }
             }
-            (Asked::Release { held: h }, Output::Released(_)) => {
+            (Asked::Release { held: h }, Output::Released(result)) => {
                 // Forget the lock; indices of later held locks stay valid
                 // as the slot is kept, emptied.
-                if let Some(held) = self.clients[client].held.get_mut(h) {
-                    held.entries.clear();
+                let Some(held) = self.clients[client].held.get_mut(h) else {
+                    return;
+                };
+                held.entries.clear();
+                // Released through this client: its own waiters know.
+                if result.is_ok() {
+                    let freed: Vec<usize> = held
+                        .lock
+                        .resources()
+                        .iter()
+                        .filter_map(|k| resource_index(k))
+                        .collect();
+                    for r in freed {
+                        self.notice(client, r);
+                    }
                 }
             }
             _ => {}
@@ -1436,6 +1776,7 @@ impl World {
         let stamp = c.clock.stamp(self.now);
         let until = c.clock.virtual_at(lock.deadline_at(stamp));
         let token = lock.token().as_str().to_owned();
+        self.granted_tokens.insert(TokenKey::new(token.as_bytes()));
         let mut entries = Vec::new();
         for resource in lock.resources() {
             entries.push(self.checker.entries.len());
@@ -1548,6 +1889,11 @@ impl World {
                 node.restarts += 1;
                 let now_ms = node.now_ms(self.now);
                 node.model.restart(now_ms, keep_data);
+                if !keep_data {
+                    for r in 0..RESOURCES.len() {
+                        self.waiting.handle_key(r, m, None, self.now);
+                    }
+                }
                 let ids: Vec<u64> = node.conns.keys().copied().collect();
                 node.conns.clear();
                 self.reset_all(m, &ids);
@@ -1623,6 +1969,39 @@ impl World {
     }
 }
 
+/// For the waiting checker, when client `c` last could not reach every
+/// master (`now` if it cannot now): paused, a command connection not up or
+/// half-open, a message on one overdue, a master stalled or in the
+/// client's restart quarantine (partitions and crashes reset the
+/// connections); and until when its connections were slow: a message late
+/// on any, a subscriber connection not up or half-open, or just made (its
+/// subscriptions unconfirmed). `None` for a client closed.
+fn disturbed_since(c: &Client, nodes: &[Node], now: Micros) -> Option<(Micros, Micros)> {
+    if c.closed {
+        return None;
+    }
+    let mut broken = c.paused_until.min(now);
+    let mut slow = 0;
+    for (i, link) in c.links.iter().enumerate() {
+        let down = !matches!(link.state, LinkState::Up { .. }) || link.half_open;
+        slow = slow.max(link.late_until);
+        let Some(node) = nodes.get(i) else {
+            // A subscriber connection.
+            slow = if down { now } else { slow.max(link.up_at) };
+            continue;
+        };
+        if down || !node.up {
+            return Some((now, now));
+        }
+        broken = broken
+            .max(link.up_at)
+            .max(link.overdue_until.min(now))
+            .max(link.quarantine_until.min(now))
+            .max(node.stalled_until.min(now));
+    }
+    Some((broken, slow))
+}
+
 /// Runs seed `seed` as `settings` say, for at most `limit` of virtual time.
 pub fn simulate(seed: u64, settings: &Settings, limit: Duration) -> Outcome {
     World::new(seed, settings.clone()).run(limit)
@@ -1635,7 +2014,7 @@ mod tests {
     /// Virtual time one seed may run for.
     const LIMIT: Duration = Duration::from_secs(600);
     /// Seeds `cargo test` runs with three masters (the CI budget).
-    const SEEDS: u64 = 300;
+    const SEEDS: u64 = 500;
     /// Seeds run twice to see them replay.
     const REPLAYS: u64 = 40;
     /// Seeds within which each injected bug must be caught.
@@ -1650,6 +2029,7 @@ mod tests {
             Some(Bug::ExtendNotShortened) => " --bug extend-not-shortened",
             Some(Bug::FailureCountedAsSplit) => " --bug failure-counted-as-split",
             Some(Bug::ResendDecided) => " --bug resend-decided",
+            Some(Bug::ReleaseNoticeDropped) => " --bug release-notice-dropped",
         };
         format!(
             "cargo run --release --features test-knobs --example simulate -- --seed {seed} \
@@ -1761,6 +2141,12 @@ mod tests {
     fn a_failure_counted_as_a_split_spins() {
         let (seed, violations) = caught(Bug::FailureCountedAsSplit);
         assert!(said(&violations, "spin"), "seed {seed}: {violations:?}");
+    }
+
+    #[test]
+    fn dropped_release_messages_leave_a_waiter_waiting_for_a_free_lock() {
+        let (seed, violations) = caught(Bug::ReleaseNoticeDropped);
+        assert!(said(&violations, "waiting"), "seed {seed}: {violations:?}");
     }
 
     #[test]

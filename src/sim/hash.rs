@@ -1,0 +1,92 @@
+//! A fast, fixed hasher for the simulation's own tables (the model's
+//! keyspace and scripts, the world's token sets): the Fx hash rustc uses.
+//! Fixed, so that a run is the same whatever the process (no random
+//! seed), and cheap, since every simulated command looks keys up. Not for
+//! keys a remote party chooses: nothing here resists collisions made on
+//! purpose.
+
+use std::hash::{BuildHasherDefault, Hasher};
+
+/// Builds [`FxHasher`]s.
+pub type FxBuild = BuildHasherDefault<FxHasher>;
+
+/// A hash map with [`FxHasher`].
+pub type FxMap<K, V> = std::collections::HashMap<K, V, FxBuild>;
+
+/// A hash set with [`FxHasher`].
+pub type FxSet<T> = std::collections::HashSet<T, FxBuild>;
+
+/// The Fx hash: a rotate, a xor and a multiply per word.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct FxHasher(u64);
+
+const SEED: u64 = 0x517c_c1b7_2722_0a95;
+
+impl FxHasher {
+    #[inline]
+    fn add(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(SEED);
+    }
+}
+
+impl Hasher for FxHasher {
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        let mut chunks = bytes.chunks_exact(8);
+        for chunk in &mut chunks {
+            let mut word = [0u8; 8];
+            word.copy_from_slice(chunk);
+            self.add(u64::from_le_bytes(word));
+        }
+        let rest = chunks.remainder();
+        if !rest.is_empty() {
+            let mut word = [0u8; 8];
+            word[..rest.len()].copy_from_slice(rest);
+            self.add(u64::from_le_bytes(word) ^ ((rest.len() as u64) << 56));
+        }
+    }
+
+    #[inline]
+    fn write_u8(&mut self, n: u8) {
+        self.add(u64::from(n));
+    }
+
+    #[inline]
+    fn write_u32(&mut self, n: u32) {
+        self.add(u64::from(n));
+    }
+
+    #[inline]
+    fn write_u64(&mut self, n: u64) {
+        self.add(n);
+    }
+
+    #[inline]
+    fn write_usize(&mut self, n: usize) {
+        self.add(n as u64);
+    }
+
+    #[inline]
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::hash::BuildHasher;
+
+    #[test]
+    fn equal_keys_hash_alike_and_near_keys_apart() {
+        let build = FxBuild::default();
+        let hash = |key: &[u8]| build.hash_one(key);
+        assert_eq!(hash(b"redlock:r0"), hash(b"redlock:r0"));
+        let keys: [&[u8]; 6] = [b"", b"r", b"r0", b"r1", b"r0\0", b"0123456789abcdef0"];
+        for (i, a) in keys.iter().enumerate() {
+            for b in &keys[i + 1..] {
+                assert_ne!(hash(a), hash(b), "{a:?} {b:?}");
+            }
+        }
+    }
+}
