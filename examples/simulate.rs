@@ -13,7 +13,8 @@
 //! however long they take), `--seed <n>` (that seed alone), `--from <n>`
 //! (the first seed), `--clients`, `--masters`, `--ops`, and
 //! `--bug quorum-off-by-one|drift-dropped|extend-not-shortened|
-//! failure-counted-as-split|resend-decided|release-notice-dropped` to put
+//! failure-counted-as-split|resend-decided|release-notice-dropped|
+//! handover-budget-ignored` to put
 //! a bug in on purpose (the run should then stop at a seed that shows it).
 
 use std::process::ExitCode;
@@ -43,6 +44,7 @@ fn main() -> ExitCode {
                 "failure-counted-as-split" => Bug::FailureCountedAsSplit,
                 "resend-decided" => Bug::ResendDecided,
                 "release-notice-dropped" => Bug::ReleaseNoticeDropped,
+                "handover-budget-ignored" => Bug::HandoverBudgetIgnored,
                 _ => {
                     eprintln!("simulate: unknown bug {value}");
                     return ExitCode::from(2);

@@ -586,15 +586,20 @@ impl<P: Promise, L: Links> Hub<P, L> {
         // No longer held here: a new local waiter tries again.
         self.engine.let_go(resource, now);
         let cohort = release.cohort().unwrap_or(Cohort { row: 0, since: now });
-        let within = cohort.row < self.config.local_handovers
-            && now.saturating_duration_since(cohort.since) < self.config.local_handover_window;
+        let within = (cohort.row < self.config.local_handovers
+            && now.saturating_duration_since(cohort.since) < self.config.local_handover_window)
+            || crate::knobs::injected(crate::knobs::Bug::HandoverBudgetIgnored);
         // A head between attempts tries right behind the release; one in
         // an attempt is handed the lock when the attempt ends (the masters
         // refuse it: the lock is still ours there when it arrives, sent
-        // before this release on every connection).
+        // before this release on every connection). A fenced waiter is not
+        // handed a lock: it hears the release, as other processes' do (see
+        // `Config::local_handovers`).
         let head = self.engine.head(resource).filter(|&head| {
             matches!(self.jobs.get(head), Some(Some(r))
-                if (r.in_round || r.job.is_between_attempts()) && !r.waiter.is_abandoned())
+                if ((r.in_round && r.job.is_attempting()) || r.job.is_between_attempts())
+                    && !r.job.is_fenced()
+                    && !r.waiter.is_abandoned())
         });
         match head {
             Some(head) if within && self.closing_since.is_none() => {

@@ -234,6 +234,17 @@ impl Job {
         matches!(self, Job::Acquire(job) if matches!(job.stage, Stage::Await(_) | Stage::Sleep(_)))
     }
 
+    /// A waiting acquire whose attempt (a fenced one's first phase) is
+    /// under way: not one writing its fence back, which won its attempt.
+    pub(crate) fn is_attempting(&self) -> bool {
+        matches!(self, Job::Acquire(job) if job.stage == Stage::Waiting)
+    }
+
+    /// A fenced acquire.
+    pub(crate) fn is_fenced(&self) -> bool {
+        matches!(self, Job::Acquire(job) if job.op == Op::AcquireFenced)
+    }
+
     /// A queued waiting acquire promoted to the head of its queue while the
     /// lock is held in this client, by the waiter before it, until
     /// `deadline`: instead of trying (the masters would refuse it), it
@@ -495,14 +506,15 @@ impl Acquire {
             ])),
             _ => keys.clone(),
         };
-        // Every kind of acquire waits for releases: a plain one learns the
-        // holder's expiry from its waiting script; a fenced or
-        // multi-resource one, whose scripts do not tell it, waits for a
-        // release or a retry's delay. A multi-resource acquire waits on its
-        // first resource's releases (a lock of several resources announces
-        // its release on each).
+        // A plain acquire waits for releases and learns the holder's expiry
+        // from its waiting script; a fenced one, whose script does not tell
+        // it, waits for a release or a retry's delay. A multi-resource one
+        // still polls: it would have to hear every one of its resources'
+        // releases, and on its first resource's alone it missed the others'
+        // (the simulator's waiting checker caught such waits of a retry's
+        // delay).
         let notify = ctx.config.wake_on_release
-            && matches!(op, Op::Acquire | Op::AcquireFenced | Op::AcquireMany)
+            && matches!(op, Op::Acquire | Op::AcquireFenced)
             && retry.attempts > 1;
         let span = retry
             .delay

@@ -27,6 +27,10 @@ pub enum Bug {
     /// waiter hears of another process's release only from the holder's
     /// expiry (or a renewed subscription).
     ReleaseNoticeDropped,
+    /// A shared client hands a lock over in-process however long its row
+    /// of hand-overs: other processes never get their turn while its
+    /// waiters keep coming.
+    HandoverBudgetIgnored,
 }
 
 #[cfg(any(test, feature = "test-knobs"))]

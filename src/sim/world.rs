@@ -2030,6 +2030,7 @@ mod tests {
             Some(Bug::FailureCountedAsSplit) => " --bug failure-counted-as-split",
             Some(Bug::ResendDecided) => " --bug resend-decided",
             Some(Bug::ReleaseNoticeDropped) => " --bug release-notice-dropped",
+            Some(Bug::HandoverBudgetIgnored) => " --bug handover-budget-ignored",
         };
         format!(
             "cargo run --release --features test-knobs --example simulate -- --seed {seed} \
@@ -2147,6 +2148,12 @@ mod tests {
     fn dropped_release_messages_leave_a_waiter_waiting_for_a_free_lock() {
         let (seed, violations) = caught(Bug::ReleaseNoticeDropped);
         assert!(said(&violations, "waiting"), "seed {seed}: {violations:?}");
+    }
+
+    #[test]
+    fn hand_overs_past_the_budget_are_a_row_too_long() {
+        let (seed, violations) = caught(Bug::HandoverBudgetIgnored);
+        assert!(said(&violations, "row"), "seed {seed}: {violations:?}");
     }
 
     #[test]
