@@ -186,9 +186,10 @@ pub struct Config {
     /// cohorting; see also [`Config::local_handover_window`]). A fenced
     /// waiter is not handed a lock: it is woken by the announced release
     /// (its two-phase acquire would make its fence new and larger, but
-    /// the simulator's hand-over checker found rows longer than this
-    /// budget with fenced waiters, not yet explained). 0 turns hand-overs
-    /// off. Default 8.
+    /// with fenced waiters handed locks the simulator saw rows of
+    /// hand-overs longer than this budget, the lock's row lost on the way:
+    /// not yet explained, so they are not handed locks). 0 turns
+    /// hand-overs off. Default 8.
     pub local_handovers: u32,
     /// With [`Config::local_handovers`]: how long a row of in-process
     /// hand-overs may last, from its first; the release after that is

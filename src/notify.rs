@@ -109,13 +109,16 @@ pub(crate) struct Channels {
     warned: Vec<bool>,
     /// The resources a sweep unsubscribes, reused.
     swept: Vec<Bytes>,
+    /// How many channels are subscribed: the common case, none, costs
+    /// no walk of the table (see [`Channels::is_wanted`]).
+    subscribed: usize,
 }
 
 impl Channels {
     /// Whether any resource is waited for: subscriber connections are
     /// opened only then.
     pub(crate) fn is_wanted(&self) -> bool {
-        self.table.values().any(|c| c.subscribed)
+        self.subscribed > 0
     }
 
     /// Waiter `waiter` waits for `resource`: it joins the queue, and the
@@ -145,6 +148,7 @@ impl Channels {
         if std::mem::replace(&mut channel.subscribed, true) {
             return;
         }
+        self.subscribed += 1;
         let mut dropped = false;
         for (i, (link, conn)) in channel.links.iter_mut().zip(subs.iter_mut()).enumerate() {
             if self.refused.get(i).copied().unwrap_or(false) {
@@ -224,7 +228,7 @@ impl Channels {
     /// Ends the subscriptions kept with nobody waiting whose lock is no
     /// longer held here at `now` (heard released, or past its validity).
     pub(crate) fn sweep(&mut self, subs: &mut [Conn], now: Instant) {
-        if self.table.is_empty() {
+        if self.subscribed == 0 {
             return;
         }
         let mut done = std::mem::take(&mut self.swept);
@@ -243,6 +247,9 @@ impl Channels {
     /// When the next subscription kept for a lock held here ends, if its
     /// lock is not let go before (see [`Channels::sweep`]).
     pub(crate) fn next_sweep(&self) -> Option<Instant> {
+        if self.subscribed == 0 {
+            return None;
+        }
         self.table
             .values()
             .filter(|c| c.is_lingering())
@@ -257,7 +264,9 @@ impl Channels {
         let Some(channel) = self.table.get_mut(resource) else {
             return;
         };
-        channel.subscribed = false;
+        if std::mem::take(&mut channel.subscribed) {
+            self.subscribed -= 1;
+        }
         channel.held_until = None;
         let mut dropped = false;
         for (i, (link, conn)) in channel.links.iter_mut().zip(subs.iter_mut()).enumerate() {
