@@ -133,8 +133,6 @@ struct Running<P> {
     timer: u64,
     /// Waiting for a round's outcome: nothing else may move it on.
     in_round: bool,
-    /// For a release: what its local waiters are told once it is done.
-    announce: Announce,
     /// For a waiting acquire whose attempt was under way when this client
     /// released the lock to it unannounced: the row of hand-overs its
     /// next attempt, made at once if this one is refused, carries (0:
@@ -155,23 +153,9 @@ impl<P: Promise> Running<P> {
             awaiting: false,
             timer: 0,
             in_round: false,
-            announce: Announce::Locally,
             handed: None,
         })
     }
-}
-
-/// How a release through this client reaches its local waiters.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Announce {
-    /// Published to every process; the local head waiter is woken at once.
-    Locally,
-    /// Handed over: sent unannounced with the local head waiter's attempt
-    /// right behind it (see [`Config::local_handovers`]); nothing to tell.
-    HandedOver,
-    /// The release after a row of hand-overs: published, and the local
-    /// waiters hear of it from the masters, as other processes' do.
-    Yielded,
 }
 
 /// Who waits for a job.
@@ -538,14 +522,8 @@ impl<P: Promise, L: Links> Hub<P, L> {
                 }) {
                     let _ = job.queue_first();
                 }
-                let (job, announce, head) = self.plan_release(job, now);
-                let span = job.span();
-                let running = Running::new(job, Waiter::Caller(completion), span);
-                let index = place(&mut self.jobs, &mut self.free_jobs, running);
-                if let Some(Some(running)) = self.jobs.get_mut(index) {
-                    running.announce = announce;
-                }
-                self.advance(index, now);
+                let (job, head) = self.plan_release(job, now);
+                self.spawn(job, Waiter::Caller(completion), now);
                 // The head's attempt follows the release in the same write.
                 if let Some((head, cohort)) = head
                     && let Some(Some(running)) = self.jobs.get_mut(head)
@@ -576,12 +554,12 @@ impl<P: Promise, L: Links> Hub<P, L> {
     /// continues); announced to every process, the local waiters told by
     /// the masters, once the row is that long; otherwise announced, the
     /// local waiters told at once. Other jobs go as they are.
-    fn plan_release(&mut self, job: Job, now: Instant) -> (Job, Announce, Option<(usize, Cohort)>) {
+    fn plan_release(&mut self, job: Job, now: Instant) -> (Job, Option<(usize, Cohort)>) {
         let Job::Release(release) = job else {
-            return (job, Announce::Locally, None);
+            return (job, None);
         };
         let Some(resource) = release.resource() else {
-            return (Job::Release(release), Announce::Locally, None);
+            return (Job::Release(release), None);
         };
         // No longer held here: a new local waiter tries again.
         self.engine.let_go(resource, now);
@@ -608,17 +586,13 @@ impl<P: Promise, L: Links> Hub<P, L> {
                     row: cohort.row + 1,
                     since: cohort.since,
                 };
-                (
-                    Job::Release(release),
-                    Announce::HandedOver,
-                    Some((head, next)),
-                )
+                (Job::Release(release), Some((head, next)))
             }
             // This client's turn is over: its waiters hear of the release
             // from the masters, with the other processes' (and, younger,
             // tend to try after them).
-            _ if cohort.row > 0 && !within => (Job::Release(release), Announce::Yielded, None),
-            _ => (Job::Release(release), Announce::Locally, None),
+            _ if cohort.row > 0 && !within => (Job::Release(release.yielded()), None),
+            _ => (Job::Release(release), None),
         }
     }
 
@@ -824,12 +798,9 @@ impl<P: Promise, L: Links> Hub<P, L> {
                     return;
                 }
                 Step::Done => {
-                    match running.announce {
-                        Announce::Locally => running
-                            .job
-                            .for_each_released(|key| engine.handle_released(key)),
-                        Announce::Yielded | Announce::HandedOver => {}
-                    }
+                    running
+                        .job
+                        .for_each_released(|key| engine.handle_released(key));
                     let waited_for = running.waits_for.take();
                     let promoted = match &waited_for {
                         Some(resource) => {

@@ -310,8 +310,10 @@ impl Job {
         }
     }
 
-    /// What a finished release (or batch of releases) freed: each key,
-    /// where a quorum confirmed it.
+    /// What a finished release (or batch of releases) freed, to tell this
+    /// client's waiters at once: each key, where a quorum confirmed it;
+    /// nothing for a release handed over or yielded (see
+    /// [`Release::unannounced`], [`Release::yielded`]).
     pub(crate) fn for_each_released(&self, mut freed: impl FnMut(&[u8])) {
         let mut each = |request: &Request| {
             for key in request.keys.as_slice() {
@@ -319,7 +321,9 @@ impl Job {
             }
         };
         match self {
-            Job::Release(job) if matches!(job.result, Some(Ok(()))) => each(&job.request),
+            Job::Release(job) if job.tells_locally && matches!(job.result, Some(Ok(()))) => {
+                each(&job.request)
+            }
             Job::ReleaseBatch(job) => {
                 let results = job.releases.iter().flatten();
                 for (request, result) in job.requests.iter().zip(results) {
@@ -1050,6 +1054,9 @@ pub(crate) struct Release {
     request: Request,
     /// The released lock's row of in-process hand-overs.
     cohort: Option<Cohort>,
+    /// This client's waiters are told of the release once it is done
+    /// (see [`Job::for_each_released`]).
+    tells_locally: bool,
     timeout: Duration,
     first: Instant,
     stage: Stage,
@@ -1067,6 +1074,7 @@ impl Release {
                 arg: 0,
             },
             cohort: lock.cohort,
+            tells_locally: true,
             timeout: ctx.config.per_instance_timeout,
             first: now,
             stage: Stage::Round,
@@ -1076,9 +1084,19 @@ impl Release {
 
     /// This release sent unannounced (the cleanup script: a
     /// compare-and-delete that publishes nothing), for a hand-over to a
-    /// local waiter whose attempt follows it in the same write.
+    /// local waiter whose attempt follows it in the same write: nobody is
+    /// told of it.
     pub(crate) fn unannounced(mut self) -> Release {
         self.request.op = cleanup_op(&self.request.keys);
+        self.tells_locally = false;
+        self
+    }
+
+    /// The release after a row of hand-overs: announced to every process,
+    /// and this client's waiters hear of it from the masters, as other
+    /// processes' do, not at once.
+    pub(crate) fn yielded(mut self) -> Release {
+        self.tells_locally = false;
         self
     }
 

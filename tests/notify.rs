@@ -279,6 +279,21 @@ fn refused_waiter(servers: &[Server], redlock: &SharedRedlock) -> Waiter {
     waiter
 }
 
+/// `R` for `ttl`, taken by a waiter in `b` (B) when a holder of its own
+/// releases it: B's only waiter, woken by the release.
+fn waited_for(servers: &[Server], urls: &[String], b: &SharedRedlock, ttl: Duration) -> Lock {
+    let (mut holder, held) = hold(urls);
+    let waiter = {
+        let b = b.clone();
+        Waiter::spawn(move || b.acquire_with(R, ttl, &waiting()))
+    };
+    wait_numsub(servers, 1, "while B waits");
+    holder
+        .release(&held)
+        .unwrap_or_else(|e| panic!("the holder's release: {e}"));
+    waiter.outcome().unwrap_or_else(|e| panic!("B: {e}"))
+}
+
 fn get(server: &Server, key: &str) -> Reply {
     connect(server).cmd(&["GET".into(), key.into()])
 }
@@ -495,14 +510,8 @@ fn the_client_keeps_its_subscription_while_its_last_waiter_holds_the_lock_and_en
  {
     let masters = cluster(3);
     let urls = masters.urls();
-    let (mut holder, held) = hold(&urls);
     let b = shared(&urls);
-    let waiter = Waiter::shared(&b);
-    wait_numsub(masters.servers(), 1, "while B waits");
-    holder
-        .release(&held)
-        .unwrap_or_else(|e| panic!("the holder's release: {e}"));
-    let lock = waiter.outcome().unwrap_or_else(|e| panic!("B: {e}"));
+    let lock = waited_for(masters.servers(), &urls, &b, HOLD_TTL);
     // B holds the lock, nobody waits: the subscription stays for the next
     // local waiter, which waits for B's release rather than try. Nothing
     // ends it before B's release (the lock is valid for HOLD_TTL).
@@ -518,17 +527,8 @@ fn the_client_keeps_its_subscription_while_its_last_waiter_holds_the_lock_and_en
 fn the_subscription_kept_for_a_lock_held_here_ends_when_the_lock_is_no_longer_valid() {
     let masters = cluster(3);
     let urls = masters.urls();
-    let (mut holder, held) = hold(&urls);
     let b = shared(&urls);
-    let waiter = {
-        let b = b.clone();
-        Waiter::spawn(move || b.acquire_with(R, Duration::from_secs(2), &waiting()))
-    };
-    wait_numsub(masters.servers(), 1, "while B waits");
-    holder
-        .release(&held)
-        .unwrap_or_else(|e| panic!("the holder's release: {e}"));
-    let lock = waiter.outcome().unwrap_or_else(|e| panic!("B: {e}"));
+    let lock = waited_for(masters.servers(), &urls, &b, Duration::from_secs(2));
     // Never released: the 2 s lock's validity ends within SETTLE.
     std::mem::forget(lock);
     wait_numsub(masters.servers(), 0, "once B's lock is no longer valid");
