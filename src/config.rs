@@ -222,6 +222,7 @@ impl Config {
         Timing {
             connect: self.connect_timeout,
             stall: self.connect_timeout.max(self.per_instance_timeout),
+            patience: self.per_instance_timeout,
             backoff_min: Duration::from_millis(10).min(self.reconnect_backoff_max),
             backoff_max: self.reconnect_backoff_max,
             quarantine: self.quarantine,

@@ -216,7 +216,10 @@ pub enum HandshakeStep {
 /// an error of the whole operation.
 #[derive(Clone, PartialEq, Eq)]
 pub enum Cause {
-    /// No reply within the per-instance timeout.
+    /// No reply within the per-instance timeout: to this request, or to
+    /// an earlier one on the same connection, still unanswered (a round
+    /// does not wait for a master that has not answered for that long;
+    /// its reply would come after the earlier one's).
     Timeout,
     /// The host name resolved to no address, or its lookup ran past the
     /// connect timeout.
@@ -395,6 +398,11 @@ pub(crate) struct Timing {
     /// How long the oldest request in flight may go unanswered before the
     /// connection is dropped and re-established.
     pub(crate) stall: Duration,
+    /// How long a request may go unanswered before the master counts as
+    /// unresponsive (the per-instance timeout): a new round does not wait
+    /// for a master whose earlier request has waited this long (see
+    /// [`Conn::is_unresponsive`]).
+    pub(crate) patience: Duration,
     /// First wait before reconnecting after a failed connect; it doubles on
     /// each further failure.
     pub(crate) backoff_min: Duration,
@@ -781,12 +789,14 @@ impl Conn {
         Some(cause)
     }
 
-    /// Whether the connection is behind: its oldest request in flight
-    /// (queued while connecting, or sent) has waited longer than
-    /// `patience` for its reply.
-    pub(crate) fn is_lagging(&self, now: Instant, patience: Duration) -> bool {
+    /// Whether the master is unresponsive: the oldest request in flight
+    /// on this connection (queued while connecting, or sent) has waited
+    /// longer than [`Timing::patience`] (the per-instance timeout) for its
+    /// reply. A reply to a request sent now comes after that one's, so a
+    /// round does not wait for it.
+    pub(crate) fn is_unresponsive(&self, now: Instant) -> bool {
         self.oldest_sent_at()
-            .is_some_and(|t| now.saturating_duration_since(t) > patience)
+            .is_some_and(|t| now.saturating_duration_since(t) > self.timing.patience)
     }
 
     fn oldest_sent_at(&self) -> Option<Instant> {
@@ -1252,6 +1262,7 @@ mod tests {
         Timing {
             connect: Duration::from_secs(1),
             stall: Duration::from_secs(1),
+            patience: Duration::from_millis(200),
             backoff_min: Duration::from_millis(10),
             backoff_max: Duration::from_secs(1),
             quarantine: None,

@@ -254,7 +254,8 @@ impl Engine {
     /// Encodes `requests` once and queues all of them on every connection,
     /// so that each master gets them in one write (with whatever other
     /// rounds queued since the last write). A master that is down gets its
-    /// failed votes at once. Replies are awaited until `now + timeout`.
+    /// failed votes at once. Replies are awaited until `now + timeout`, or
+    /// until the master is unresponsive (see [`Engine::handle_timeout`]).
     pub(crate) fn start(
         &mut self,
         requests: &[Request],
@@ -498,11 +499,33 @@ impl Engine {
     /// Applies the connections' connect and stall limits (a subscriber
     /// connection's too: a SUBSCRIBE or UNSUBSCRIBE unconfirmed past it
     /// drops the connection and its subscriptions) and the rounds'
-    /// deadlines.
+    /// deadlines. A master that is unresponsive (a request unanswered
+    /// past the per-instance timeout, [`Conn::is_unresponsive`]) fails its
+    /// pending votes in every round at once, with [`Cause::Timeout`]: it
+    /// still gets the requests, in order, but no round waits for it, since
+    /// each reply would come after that one's. A stalled master then costs
+    /// a round nothing rather than its timeout; two racers that split the
+    /// other masters would otherwise each keep their key in the way for
+    /// that long, again and again until the stall limit. (Called after the
+    /// sockets are read, as the stall limit is: a reply waiting in a socket
+    /// is read first. No wake-up is set for the instant a master turns
+    /// unresponsive: a round waiting on it then learns it at its next
+    /// reply, or at its own deadline, at most the per-instance timeout.)
     pub(crate) fn handle_timeout(&mut self, now: Instant) {
         for i in 0..self.n {
             if let Some(cause) = self.conns[i].handle_timeout(now) {
                 self.fail_pending(i, &cause, now);
+            } else if self.conns[i].is_unresponsive(now) {
+                // As a round's own deadline does: counted as a failure of
+                // the master only by the round that sent the request.
+                for index in 0..self.entries.len() {
+                    if self.entries[index].live {
+                        self.entries[index]
+                            .round
+                            .fail_pending(i, &Cause::Timeout, now);
+                        self.check_complete(index);
+                    }
+                }
             }
         }
         for s in 0..self.subs.len() {
@@ -561,21 +584,15 @@ impl Engine {
     /// share waits its turn instead of pushing the slowest of them past
     /// [`Timing::max_in_flight`] (a master still connecting or in its
     /// handshake included: at start-up every master is); a master that
-    /// lags (its oldest request unanswered for longer than `patience`, the
+    /// is unresponsive (its oldest request unanswered for longer than the
     /// per-instance timeout) holds nobody back and is dropped as too far
     /// behind, as with one caller. At least a quorum must have room.
-    pub(crate) fn has_room(
-        &self,
-        k: usize,
-        limit: usize,
-        now: Instant,
-        patience: Duration,
-    ) -> bool {
+    pub(crate) fn has_room(&self, k: usize, limit: usize, now: Instant) -> bool {
         let mut fits = 0;
         for conn in &self.conns {
             if conn.is_down() || conn.in_flight() + k <= limit {
                 fits += 1;
-            } else if !conn.is_lagging(now, patience) {
+            } else if !conn.is_unresponsive(now) {
                 return self.in_flight() == 0;
             }
         }

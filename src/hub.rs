@@ -461,9 +461,8 @@ impl<P: Promise, L: Links> Hub<P, L> {
     /// master lagging alone, which the connection drops as too far behind.
     fn admit(&mut self, now: Instant) {
         let limit = self.config.max_in_flight / 2;
-        let patience = self.config.per_instance_timeout;
         while let Some(&(slot, generation)) = self.kept_admitting.front() {
-            if !self.engine.has_room(1, limit, now, patience) {
+            if !self.engine.has_room(1, limit, now) {
                 return;
             }
             self.kept_admitting.pop_front();
@@ -482,10 +481,7 @@ impl<P: Promise, L: Links> Hub<P, L> {
                 _ => 1,
             }
             .min(limit);
-            if !self
-                .engine
-                .has_room(k, limit, now, self.config.per_instance_timeout)
-            {
+            if !self.engine.has_room(k, limit, now) {
                 return;
             }
             if let Some(submission) = self.admitting.pop_front() {

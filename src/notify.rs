@@ -595,6 +595,7 @@ mod tests {
         let timing = Timing {
             connect: Duration::from_secs(1),
             stall: Duration::from_secs(1),
+            patience: Duration::from_millis(200),
             backoff_min: Duration::from_millis(10),
             backoff_max: Duration::from_secs(1),
             quarantine: None,

@@ -291,6 +291,7 @@ fn timing() -> Timing {
     Timing {
         connect: Duration::from_millis(200),
         stall: Duration::from_millis(500),
+        patience: Duration::from_millis(200),
         backoff_min: Duration::from_millis(10),
         backoff_max: Duration::from_millis(80),
         quarantine: None,
@@ -985,6 +986,61 @@ fn a_stalled_connection_is_dropped_after_the_stall_limit() {
         "the stalled connection was replaced"
     );
     assert_eq!(sim.votes(), vec![Vote::Granted]);
+}
+
+#[test]
+fn a_master_unanswered_past_the_per_instance_timeout_is_not_waited_for() {
+    // Master 2 stops answering (a SIGSTOP, say). The first round is won
+    // without it; the second, a split of the other two, is decided at
+    // their replies: master 2's request of the first round has gone
+    // unanswered past the per-instance timeout, and this round's reply
+    // would come after that one's. Waiting for it to the round's deadline
+    // would keep this racer's key in the other racer's way that long.
+    let mut sim = Sim::new(vec![
+        vec![reply(OK, 1), reply(OK, 1)],
+        vec![reply(OK, 1), reply(NIL, 1)],
+        vec![Act::Silent, Act::Silent],
+    ]);
+    let request = sim.request(Op::Acquire);
+    sim.run(&request);
+    assert_eq!(sim.round().decision(0), Some(Decision::Won));
+    sim.advance(timing().patience + MS);
+    assert!(timing().patience + MS < timing().stall, "not yet stalled");
+    let started = sim.now;
+    let request = sim.request(Op::Acquire);
+    let ended = sim.run(&request);
+    assert_eq!(
+        sim.votes(),
+        vec![Vote::Granted, Vote::Refused, Vote::Failed(Cause::Timeout)]
+    );
+    assert!(
+        ended - started < ROUND_TIMEOUT,
+        "decided at the replies, not the deadline: {:?}",
+        ended - started
+    );
+    assert!(!sim.conn(2).is_down(), "not dropped before the stall limit");
+}
+
+#[test]
+fn a_late_reply_waiting_in_the_socket_keeps_its_master_counted() {
+    // Master 2 answered the first round after its decision; nothing read
+    // the reply before the next round, long after. It is read first: the
+    // master is not taken for unresponsive.
+    let mut sim = Sim::new(vec![
+        vec![reply(OK, 1), reply(ONE, 5)],
+        vec![reply(OK, 1), reply(ONE, 5)],
+        vec![reply(OK, 20), reply(ONE, 5)],
+    ]);
+    let request = sim.request(Op::Acquire);
+    sim.run(&request);
+    assert_eq!(sim.round().decision(0), Some(Decision::Won));
+    sim.advance(timing().patience * 2);
+    let release = Request {
+        op: Op::Release,
+        ..request
+    };
+    sim.run(&release);
+    assert_eq!(sim.votes(), vec![Vote::Granted; 3]);
 }
 
 #[test]

@@ -71,8 +71,7 @@ impl<P: Promise, L: Links> Hub<P, L> {
                     // burst of extensions falling due together must not
                     // push a connection others use past its bound.
                     let limit = self.config.max_in_flight / 2;
-                    let patience = self.config.per_instance_timeout;
-                    if !self.engine.has_room(1, limit, now, patience) {
+                    if !self.engine.has_room(1, limit, now) {
                         if !kept.admitting {
                             kept.admitting = true;
                             self.kept_admitting.push_back((slot, kept.generation));
