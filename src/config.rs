@@ -198,6 +198,20 @@ pub struct Config {
     /// wait about this long for their turn, however long each section.
     /// Default 2 ms.
     pub local_handover_window: Duration,
+    /// With [`Config::local_handovers`]: how long a release finding no
+    /// local waiter for its lock waits for one, when the lock has been
+    /// passing between this client's callers (it was handed over since a
+    /// release last waited in vain) and the row of hand-overs is within
+    /// its budget. A caller that released the lock and comes straight
+    /// back for it is then handed it (one round trip, unannounced) rather
+    /// than meeting every process's waiters, woken by an announced
+    /// release, in a race it wins while they each pay an attempt and a
+    /// cleanup. The lock stays held meanwhile, and the releasing caller's
+    /// release returns that much later. A release that waited in vain
+    /// does not wait again until the lock is next handed over, so a
+    /// client with one caller per lock never waits. `Duration::ZERO`
+    /// turns it off. Default 100 µs.
+    pub local_handover_linger: Duration,
     /// TLS settings for the `rediss://` masters. Default: the system's
     /// root certificates, no client certificate.
     pub tls: TlsConfig,
@@ -272,6 +286,7 @@ impl Config {
             wake_spread: Duration::from_micros(300),
             local_handovers: 8,
             local_handover_window: Duration::from_millis(2),
+            local_handover_linger: Duration::from_micros(100),
             tls: TlsConfig::default(),
             #[cfg(feature = "test-knobs")]
             overstate_validity: Duration::ZERO,

@@ -204,6 +204,16 @@ impl Engine {
         self.channels.handle_granted(resource, until);
     }
 
+    /// See [`Channels::handle_company`].
+    pub(crate) fn handle_company(&mut self, resource: &[u8], company: bool) {
+        self.channels.handle_company(resource, company);
+    }
+
+    /// See [`Channels::has_company`].
+    pub(crate) fn has_company(&self, resource: &[u8]) -> bool {
+        self.channels.has_company(resource)
+    }
+
     /// Until when a lock on `resource` is held here (see
     /// [`Channels::held_here`]).
     pub(crate) fn held_here(&self, resource: &[u8], now: Instant) -> Option<Instant> {

@@ -37,10 +37,12 @@ use crate::token::TokenSource;
 
 mod inline;
 mod kept;
+mod linger;
 mod waiters;
 
 pub(crate) use inline::{Drive, Ran};
 use kept::Kept;
+use linger::Parked;
 use waiters::{Timers, wake_at};
 
 /// Where a caller waits for its operation's output: the thread's
@@ -213,6 +215,9 @@ pub(crate) struct Hub<P, L> {
     closing_since: Option<Instant>,
     /// A finished batch's request list, kept for the next batch.
     spare: Vec<Request>,
+    /// Releases waiting a moment for a local caller of their lock (see
+    /// `linger.rs`).
+    parked: Vec<Parked<P>>,
 }
 
 /// A hub's parts for running one job on a caller's thread, while the hub
@@ -256,6 +261,7 @@ impl<P: Promise, L: Links> Hub<P, L> {
             generations: 0,
             closing_since: None,
             spare: Vec::new(),
+            parked: Vec::new(),
             config,
         }
     }
@@ -345,6 +351,7 @@ impl<P: Promise, L: Links> Hub<P, L> {
         self.wake_waiters(now);
         self.engine.sweep(now);
         self.fire_keep_timers(now);
+        self.unpark(now);
     }
 
     /// After the engine's inputs: each completed round goes to its job,
@@ -395,6 +402,7 @@ impl<P: Promise, L: Links> Hub<P, L> {
             self.timers.next(),
             self.subscribing.iter().map(|(_, at)| *at).min(),
             self.next_keep(),
+            self.next_unpark(),
         ]
         .into_iter()
         .flatten()
@@ -426,6 +434,7 @@ impl<P: Promise, L: Links> Hub<P, L> {
                 completion.complete(running.job.stopped(error));
             }
         }
+        self.stop_parked(error);
         for kept in self.kept.iter_mut().filter_map(Option::take) {
             let mut keeper = kept.keeper;
             keeper.handle_stopped(error.clone(), now);
@@ -452,6 +461,7 @@ impl<P: Promise, L: Links> Hub<P, L> {
         self.jobs.len() == self.free_jobs.len()
             && self.admitting.is_empty()
             && self.kept_admitting.is_empty()
+            && self.parked.is_empty()
     }
 
     /// Starts the orders waiting for room, oldest first, while every
@@ -518,26 +528,36 @@ impl<P: Promise, L: Links> Hub<P, L> {
                 }) {
                     let _ = job.queue_first();
                 }
-                let (job, head) = self.plan_release(job, now);
-                self.spawn(job, Waiter::Caller(completion), now);
-                // The head's attempt follows the release in the same write.
-                if let Some((head, cohort)) = head
-                    && let Some(Some(running)) = self.jobs.get_mut(head)
-                {
-                    if running.in_round {
-                        running.handed = Some(cohort);
-                    } else {
-                        self.timers.cancel(running);
-                        running.awaiting = false;
-                        running.job.handle_handover(cohort);
-                        self.advance(head, now);
-                    }
+                if let Some(resource) = self.lingers(&job, now) {
+                    self.park(job, completion, resource, now);
+                    return;
                 }
+                self.launch(job, Waiter::Caller(completion), now);
             }
             Err(output) => {
                 if let Some(output) = completion.complete(output) {
                     self.release_abandoned(output, now);
                 }
+            }
+        }
+    }
+
+    /// Runs `job`, a release handing its lock over to the head waiter
+    /// here when it is planned so (see [`Hub::plan_release`]).
+    fn launch(&mut self, job: Job, waiter: Waiter<P>, now: Instant) {
+        let (job, head) = self.plan_release(job, now);
+        self.spawn(job, waiter, now);
+        // The head's attempt follows the release in the same write.
+        if let Some((head, cohort)) = head
+            && let Some(Some(running)) = self.jobs.get_mut(head)
+        {
+            if running.in_round {
+                running.handed = Some(cohort);
+            } else {
+                self.timers.cancel(running);
+                running.awaiting = false;
+                running.job.handle_handover(cohort);
+                self.advance(head, now);
             }
         }
     }
@@ -560,23 +580,11 @@ impl<P: Promise, L: Links> Hub<P, L> {
         // No longer held here: a new local waiter tries again.
         self.engine.let_go(resource, now);
         let cohort = release.cohort().unwrap_or(Cohort { row: 0, since: now });
-        let within = (cohort.row < self.config.local_handovers
-            && now.saturating_duration_since(cohort.since) < self.config.local_handover_window)
-            || crate::knobs::injected(crate::knobs::Bug::HandoverBudgetIgnored);
-        // A head between attempts tries right behind the release; one in
-        // an attempt is handed the lock when the attempt ends (the masters
-        // refuse it: the lock is still ours there when it arrives, sent
-        // before this release on every connection). A fenced waiter is not
-        // handed a lock: it hears the release, as other processes' do (see
-        // `Config::local_handovers`).
-        let head = self.engine.head(resource).filter(|&head| {
-            matches!(self.jobs.get(head), Some(Some(r))
-                if ((r.in_round && r.job.is_attempting()) || r.job.is_between_attempts())
-                    && !r.job.is_fenced()
-                    && !r.waiter.is_abandoned())
-        });
-        match head {
+        let within = self.is_within_budget(cohort, now);
+        match self.handover_head(resource) {
             Some(head) if within && self.closing_since.is_none() => {
+                // Several callers here take this lock in turn.
+                self.engine.handle_company(resource, true);
                 let release = release.unannounced();
                 let next = Cohort {
                     row: cohort.row + 1,
@@ -590,6 +598,30 @@ impl<P: Promise, L: Links> Hub<P, L> {
             _ if cohort.row > 0 && !within => (Job::Release(release.yielded()), None),
             _ => (Job::Release(release), None),
         }
+    }
+
+    /// Whether a row of hand-overs at `cohort` may go on at `now`: short of
+    /// [`Config::local_handovers`] and of [`Config::local_handover_window`].
+    fn is_within_budget(&self, cohort: Cohort, now: Instant) -> bool {
+        (cohort.row < self.config.local_handovers
+            && now.saturating_duration_since(cohort.since) < self.config.local_handover_window)
+            || crate::knobs::injected(crate::knobs::Bug::HandoverBudgetIgnored)
+    }
+
+    /// The waiter here that a release of `resource` would hand its lock
+    /// to: the head of its queue, between attempts (it tries right behind
+    /// the release) or in one (handed the lock when the attempt ends: the
+    /// masters refuse it, the lock still ours there when it arrives, sent
+    /// before the release on every connection). A fenced waiter is not
+    /// handed a lock: it hears the release, as other processes' do (see
+    /// [`Config::local_handovers`]).
+    fn handover_head(&self, resource: &[u8]) -> Option<usize> {
+        self.engine.head(resource).filter(|&head| {
+            matches!(self.jobs.get(head), Some(Some(r))
+                if ((r.in_round && r.job.is_attempting()) || r.job.is_between_attempts())
+                    && !r.job.is_fenced()
+                    && !r.waiter.is_abandoned())
+        })
     }
 
     /// The job for `order` (not a keep or unkeep), or the output it ends

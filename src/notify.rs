@@ -71,6 +71,11 @@ struct Channel {
     /// waits for its release instead of trying (see
     /// [`Channels::held_here`]).
     held_until: Option<Instant>,
+    /// The lock passed between two of this client's callers (handed
+    /// over) since a release last waited for a local caller in vain:
+    /// several callers here take it in turn (see
+    /// [`Config::local_handover_linger`](crate::Config::local_handover_linger)).
+    company: bool,
 }
 
 impl Channel {
@@ -143,6 +148,7 @@ impl Channels {
                 links: vec![Link::default(); subs.len()],
                 subscribed: false,
                 held_until: None,
+                company: false,
             });
         channel.waiters.push_back(waiter);
         if std::mem::replace(&mut channel.subscribed, true) {
@@ -197,6 +203,20 @@ impl Channels {
         if let Some(channel) = self.table.get_mut(resource) {
             channel.held_until = Some(until);
         }
+    }
+
+    /// The lock on `resource` was handed over between two callers here
+    /// (`true`), or a release waited for a caller here in vain (`false`).
+    pub(crate) fn handle_company(&mut self, resource: &[u8], company: bool) {
+        if let Some(channel) = self.table.get_mut(resource) {
+            channel.company = company;
+        }
+    }
+
+    /// Whether the lock on `resource` passes between several callers here
+    /// (see [`Channels::handle_company`]).
+    pub(crate) fn has_company(&self, resource: &[u8]) -> bool {
+        !self.table.is_empty() && self.table.get(resource).is_some_and(|c| c.company)
     }
 
     /// Until when a lock on `resource` taken by a local waiter is held

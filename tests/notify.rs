@@ -1210,6 +1210,80 @@ fn a_release_with_a_waiter_in_the_same_client_hands_the_lock_over_unannounced() 
     }
 }
 
+/// Issue 23: a lock passing between a client's callers, released while
+/// none of them waits, is held a moment for one coming back
+/// (`Config::local_handover_linger`), and handed to it unannounced; with
+/// no linger the release is announced, and every process's waiters would
+/// race the caller coming back. A linger that runs out announces the
+/// release, and the lock is free to all.
+#[test]
+fn a_lock_passing_between_callers_waits_a_moment_for_the_next_one() {
+    let masters = cluster(3);
+    let (servers, urls) = (masters.servers(), masters.urls());
+    for linger in [HUNG, Duration::ZERO, Duration::from_millis(50)] {
+        let mut config = config(&urls);
+        config.local_handover_window = Duration::from_secs(3600);
+        config.local_handover_linger = linger;
+        let b = SharedRedlock::new(config).unwrap_or_else(|e| panic!("{e}"));
+        // Two callers of B take the lock in turn: a hand-over.
+        let first = b
+            .try_acquire(R, HOLD_TTL)
+            .unwrap_or_else(|e| panic!("the first holder takes {R}: {e}"));
+        let waiter = refused_waiter(servers, &b);
+        b.release(&first)
+            .unwrap_or_else(|e| panic!("the first holder's release: {e}"));
+        let second = waiter
+            .outcome()
+            .unwrap_or_else(|e| panic!("the waiter, after the release: {e}"));
+        // The second releases with nobody waiting in B.
+        let before = calls_now(servers);
+        let releaser = {
+            let b = b.clone();
+            thread::spawn(move || b.release(&second))
+        };
+        if linger == Duration::from_millis(50) {
+            // Nobody comes: announced once the linger is over, and the
+            // lock is free to another client.
+            let released = releaser.join().unwrap_or_else(|_| panic!("the releaser"));
+            released.unwrap_or_else(|e| panic!("the release nobody came for: {e}"));
+            let every = || published_since(servers, &before).iter().all(|&p| p == 1);
+            assert!(eventually(SETTLE, every), "announced after the linger");
+            let c = shared(&urls);
+            let other = c
+                .try_acquire(R, HOLD_TTL)
+                .unwrap_or_else(|e| panic!("another client, after the linger: {e}"));
+            c.release(&other).unwrap_or_else(|e| panic!("{e}"));
+            continue;
+        }
+        // Time for the release to reach B's loop: it returns at once
+        // unless it waits for a caller (then it waits out this limit).
+        eventually(Duration::from_millis(200), || releaser.is_finished());
+        // The first caller comes back for the lock.
+        let third = b
+            .acquire_with(R, HOLD_TTL, &waiting())
+            .unwrap_or_else(|e| panic!("the caller coming back: {e}"));
+        let released = releaser.join().unwrap_or_else(|_| panic!("the releaser"));
+        released.unwrap_or_else(|e| panic!("the second holder's release: {e}"));
+        assert!(
+            holding(servers, R, &third) >= 2,
+            "a quorum holds the third token"
+        );
+        let published = published_since(servers, &before);
+        if linger > Duration::ZERO {
+            assert_eq!(published, [0, 0, 0], "handed over unannounced");
+            // Its release would wait for a caller again: the keys go by
+            // hand.
+            for server in servers {
+                connect(server).cmd(&["DEL".into(), R.into()]);
+            }
+        } else {
+            let every = || published_since(servers, &before).iter().all(|&p| p == 1);
+            assert!(eventually(SETTLE, every), "announced: {published:?}");
+            b.release(&third).unwrap_or_else(|e| panic!("{e}"));
+        }
+    }
+}
+
 #[test]
 fn after_a_row_of_hand_overs_the_release_is_announced_and_another_process_gets_its_turn() {
     // The row ends at its count, or at its window.

@@ -143,6 +143,12 @@ pub struct BenchArgs {
     #[arg(long, value_name = "D", value_parser = parse_duration)]
     local_handover_window: Option<Duration>,
 
+    /// How long a release of a lock passing between this process's
+    /// threads, with none of them waiting for it, waits for one before it
+    /// is announced [default: the library's, 100us; 0 turns it off]
+    #[arg(long, value_name = "D", value_parser = parse_duration)]
+    local_handover_linger: Option<Duration>,
+
     /// Busy-wait for replies instead of sleeping in epoll (lower latency,
     /// one core per thread; per-thread clients only)
     #[arg(long)]
@@ -313,11 +319,13 @@ pub fn bench(
         ));
     }
     if args.wait_mode == WaitMode::Poll
-        && (args.local_handovers.is_some() || args.local_handover_window.is_some())
+        && (args.local_handovers.is_some()
+            || args.local_handover_window.is_some()
+            || args.local_handover_linger.is_some())
     {
         return Err(Failure::usage(
-            "--local-handovers and --local-handover-window apply to --wait-mode notify: \
-             a polling waiter is never handed a lock",
+            "--local-handovers, --local-handover-window and --local-handover-linger apply to \
+             --wait-mode notify: a polling waiter is never handed a lock",
         ));
     }
     let given: Vec<String> = servers
@@ -368,6 +376,9 @@ pub fn bench(
     }
     if let Some(window) = args.local_handover_window {
         config.local_handover_window = window;
+    }
+    if let Some(linger) = args.local_handover_linger {
+        config.local_handover_linger = linger;
     }
     quarantine.apply(&mut config);
     if cluster.is_some() {

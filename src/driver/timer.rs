@@ -105,8 +105,9 @@ mod tests {
         assert!(!timer.arm_if_fine(Duration::ZERO), "zero is no wait");
         assert!(!timer.arm_if_fine(COARSE), "long waits are epoll's");
         // Only the timer ends the poll with an event.
-        assert!(timer.arm_if_fine(Duration::from_micros(200)));
+        // Armed after this instant: the wait is measured from before it.
         let started = Instant::now();
+        assert!(timer.arm_if_fine(Duration::from_micros(200)));
         poll.poll(&mut events, Some(Duration::from_secs(60)))
             .expect("poll");
         assert!(started.elapsed() >= Duration::from_micros(200));

@@ -687,7 +687,12 @@ impl World {
         // every process: rows here rarely reach the default (8), so the
         // budget is drawn per seed, hand-overs off (0) included. From a
         // source of its own: the run's other choices stay as they were.
-        config.local_handovers = Rng::new(seed ^ HANDOVER_SALT).pick(&[0, 1, 2, 3, 8]);
+        let mut handovers = Rng::new(seed ^ HANDOVER_SALT);
+        config.local_handovers = handovers.pick(&[0, 1, 2, 3, 8]);
+        // How long a release with no local caller waiting holds the lock
+        // for one to come: off, the default, and longer than it.
+        config.local_handover_linger =
+            Duration::from_micros(handovers.pick(&[0, 100, 1_000, 5_000]));
         let base = Instant::now();
         let scripts = scripts();
         let clients: Vec<Client> = (0..settings.clients)
