@@ -181,6 +181,23 @@ impl Engine {
         self.channels.leave(&mut self.subs, resource, waiter, now)
     }
 
+    /// Waiter `waiter` waits for `resource` among others (see
+    /// [`Channels::listen`]).
+    pub(crate) fn listen(&mut self, resource: &Bytes, waiter: usize, now: Instant) {
+        self.channels.listen(&mut self.subs, resource, waiter, now);
+    }
+
+    /// Waiter `waiter` stops listening to `resource`.
+    pub(crate) fn unlisten(&mut self, resource: &Bytes, waiter: usize, now: Instant) {
+        self.channels
+            .unlisten(&mut self.subs, resource, waiter, now);
+    }
+
+    /// The waiters listening to `resource`.
+    pub(crate) fn listeners(&self, resource: &[u8]) -> &[usize] {
+        self.channels.listeners(resource)
+    }
+
     /// The waiter that races for `resource`.
     pub(crate) fn head(&self, resource: &[u8]) -> Option<usize> {
         self.channels.head(resource)

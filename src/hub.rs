@@ -126,6 +126,9 @@ struct Running<P> {
     waiter: Waiter<P>,
     /// The resource whose queue of waiters the job joined.
     waits_for: Option<Bytes>,
+    /// The resources a multi-resource waiting acquire listens to, once it
+    /// does (see [`Job::listens_to`]).
+    listening: Option<Keys>,
     /// The resource's epoch when the job's last attempt started: a
     /// release seen since then means try again.
     tried_at: u64,
@@ -151,6 +154,7 @@ impl<P: Promise> Running<P> {
             waiter,
             span,
             waits_for: None,
+            listening: None,
             tried_at: 0,
             awaiting: false,
             timer: 0,
@@ -748,6 +752,9 @@ impl<P: Promise, L: Links> Hub<P, L> {
                 tokens,
                 jitter,
             };
+            // A multi-resource waiter's resources, to listen to (an Arc
+            // shared, nothing copied).
+            let multi = running.job.listens_to().cloned();
             match running.job.poll(&mut ctx, now) {
                 Step::Round {
                     requests,
@@ -755,8 +762,12 @@ impl<P: Promise, L: Links> Hub<P, L> {
                     wait,
                 } => {
                     links.prepare(engine, now);
-                    if let Some(resource) = &running.waits_for {
-                        running.tried_at = engine.epoch(resource);
+                    if let Some(epoch) = epoch_of(
+                        engine,
+                        running.waits_for.as_ref(),
+                        running.listening.as_ref(),
+                    ) {
+                        running.tried_at = epoch;
                     }
                     let started = *stamp;
                     let id = engine.start(requests, started.mono, timeout, wait);
@@ -773,6 +784,11 @@ impl<P: Promise, L: Links> Hub<P, L> {
                             engine.handle_cleanup(resource, request.token);
                         }
                     }
+                    for key in running.listening.iter().flat_map(Keys::as_slice) {
+                        for request in requests {
+                            engine.handle_cleanup(key, request.token);
+                        }
+                    }
                     links.prepare(engine, now);
                     let id = engine.start(requests, now, Duration::ZERO, Wait::Decision);
                     engine.finish(id);
@@ -785,6 +801,18 @@ impl<P: Promise, L: Links> Hub<P, L> {
                 }
                 Step::Sleep(at) => {
                     timers.set(running, index, at);
+                    return;
+                }
+                Step::Subscribe(_) if multi.is_some() => {
+                    if running.listening.is_none() {
+                        for key in multi.iter().flat_map(Keys::as_slice) {
+                            engine.listen(key, index, now);
+                        }
+                        running.listening = multi;
+                        links.prepare(engine, now);
+                    }
+                    let until = now.checked_add(config.connect_timeout).unwrap_or(now);
+                    subscribing.push((index, until));
                     return;
                 }
                 Step::Subscribe(resource) => {
@@ -814,7 +842,13 @@ impl<P: Promise, L: Links> Hub<P, L> {
                     until,
                     backoff,
                 } => {
-                    let at = if backoff || engine.epoch(resource) == running.tried_at {
+                    let epoch = epoch_of(
+                        engine,
+                        running.waits_for.as_ref(),
+                        running.listening.as_ref(),
+                    )
+                    .unwrap_or_else(|| engine.epoch(resource));
+                    let at = if backoff || epoch == running.tried_at {
                         running.awaiting = true;
                         until
                     } else {
@@ -829,6 +863,9 @@ impl<P: Promise, L: Links> Hub<P, L> {
                     running
                         .job
                         .for_each_released(|key| engine.handle_released(key));
+                    for key in running.listening.take().iter().flat_map(Keys::as_slice) {
+                        engine.unlisten(key, index, now);
+                    }
                     let waited_for = running.waits_for.take();
                     let promoted = match &waited_for {
                         Some(resource) => {
@@ -920,6 +957,16 @@ fn place<T>(table: &mut Vec<Option<T>>, free: &mut Vec<usize>, item: Option<T>) 
 /// A waiting acquire at the head of `resource`'s queue waits for the lock
 /// held here to be released (see [`Job::handle_held_here`]), if it is
 /// held here and the subscriptions are in place; returns whether it does.
+/// The releases seen of what `running` waits for: its queue's resource,
+/// or the sum over the resources it listens to; none when it waits for
+/// none.
+fn epoch_of(engine: &Engine, waits_for: Option<&Bytes>, listening: Option<&Keys>) -> Option<u64> {
+    if let Some(keys) = listening {
+        return Some(keys.as_slice().iter().map(|k| engine.epoch(k)).sum());
+    }
+    waits_for.map(|r| engine.epoch(r))
+}
+
 fn wait_held_here<P>(
     engine: &Engine,
     running: &mut Running<P>,

@@ -278,7 +278,7 @@ impl Job {
     /// when the job joined the wait.
     pub(crate) fn queue_first(&mut self) -> Option<&Bytes> {
         match self {
-            Job::Acquire(job) if job.notify && job.attempt == 0 => {
+            Job::Acquire(job) if job.notify && job.attempt == 0 && job.op != Op::AcquireMany => {
                 job.start_waiting();
                 job.keys.as_slice().first()
             }
@@ -289,7 +289,19 @@ impl Job {
     /// The resource a waiting acquire would wait for, before it started.
     pub(crate) fn resource(&self) -> Option<&Bytes> {
         match self {
-            Job::Acquire(job) if job.notify => job.keys.as_slice().first(),
+            Job::Acquire(job) if job.notify && job.op != Op::AcquireMany => {
+                job.keys.as_slice().first()
+            }
+            _ => None,
+        }
+    }
+
+    /// The resources a multi-resource waiting acquire listens to: a
+    /// release of any of them wakes it. It joins no resource's queue and
+    /// is handed no lock.
+    pub(crate) fn listens_to(&self) -> Option<&Keys> {
+        match self {
+            Job::Acquire(job) if job.notify && job.op == Op::AcquireMany => Some(&job.keys),
             _ => None,
         }
     }
@@ -512,13 +524,13 @@ impl Acquire {
         };
         // A plain acquire waits for releases and learns the holder's expiry
         // from its waiting script; a fenced one, whose script does not tell
-        // it, waits for a release or a retry's delay. A multi-resource one
-        // still polls: it would have to hear every one of its resources'
-        // releases, and on its first resource's alone it missed the others'
-        // (the simulator's waiting checker caught such waits of a retry's
+        // it, waits for a release or a retry's delay. So does a
+        // multi-resource one, woken by a release of any of its resources
+        // (on its first resource's alone it missed the others': the
+        // simulator's waiting checker caught such waits of a retry's
         // delay).
         let notify = ctx.config.wake_on_release
-            && matches!(op, Op::Acquire | Op::AcquireFenced)
+            && matches!(op, Op::Acquire | Op::AcquireFenced | Op::AcquireMany)
             && retry.attempts > 1;
         let span = retry
             .delay

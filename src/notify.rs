@@ -52,6 +52,9 @@ struct Link {
 struct Channel {
     /// Waiters in arrival order; the head races.
     waiters: VecDeque<usize>,
+    /// Waiters for this resource among others (multi-resource acquires):
+    /// each release wakes every one of them; none is anyone's head.
+    listeners: Vec<usize>,
     /// Moved on by each release seen.
     epoch: u64,
     /// The token of this client's last cleanup of a waiter's failed
@@ -86,7 +89,7 @@ impl Channel {
     /// Subscribed with nobody waiting, for a lock held here (or until
     /// swept, see [`Channels::sweep`]).
     fn is_lingering(&self) -> bool {
-        self.subscribed && self.waiters.is_empty()
+        self.subscribed && self.waiters.is_empty() && self.listeners.is_empty()
     }
 }
 
@@ -137,11 +140,69 @@ impl Channels {
         waiter: usize,
         now: Instant,
     ) {
+        self.enter(subs, resource, now, |channel| {
+            channel.waiters.push_back(waiter)
+        });
+    }
+
+    /// Waiter `waiter` waits for `resource` among others: it listens to
+    /// its releases, subscribed as for [`Channels::join`], but joins no
+    /// queue.
+    pub(crate) fn listen(
+        &mut self,
+        subs: &mut [Conn],
+        resource: &Bytes,
+        waiter: usize,
+        now: Instant,
+    ) {
+        self.enter(subs, resource, now, |channel| {
+            channel.listeners.push(waiter)
+        });
+    }
+
+    /// Waiter `waiter` stops listening to `resource`; the last one to go,
+    /// with no queue and the lock not held here, unsubscribes.
+    pub(crate) fn unlisten(
+        &mut self,
+        subs: &mut [Conn],
+        resource: &Bytes,
+        waiter: usize,
+        now: Instant,
+    ) {
+        let Some(channel) = self.table.get_mut(resource) else {
+            return;
+        };
+        channel.listeners.retain(|&w| w != waiter);
+        if channel.is_lingering() && channel.held_until.is_none() {
+            self.unsubscribe(subs, resource, now);
+        }
+    }
+
+    /// The waiters listening to `resource` (see [`Channels::listen`]).
+    pub(crate) fn listeners(&self, resource: &[u8]) -> &[usize] {
+        if self.table.is_empty() {
+            return &[];
+        }
+        self.table
+            .get(resource)
+            .map_or(&[], |c| c.listeners.as_slice())
+    }
+
+    /// `resource`'s channel, made if new, passed to `add` (which adds a
+    /// waiter), then subscribed if it was not.
+    fn enter(
+        &mut self,
+        subs: &mut [Conn],
+        resource: &Bytes,
+        now: Instant,
+        add: impl FnOnce(&mut Channel),
+    ) {
         let channel = self
             .table
             .entry(resource.clone())
             .or_insert_with(|| Channel {
                 waiters: VecDeque::new(),
+                listeners: Vec::new(),
                 epoch: 0,
                 cleanup: None,
                 queued: false,
@@ -150,7 +211,7 @@ impl Channels {
                 held_until: None,
                 company: false,
             });
-        channel.waiters.push_back(waiter);
+        add(channel);
         if std::mem::replace(&mut channel.subscribed, true) {
             return;
         }
@@ -190,7 +251,7 @@ impl Channels {
         if !channel.waiters.is_empty() {
             return channel.waiters.front().copied().filter(|_| position == 0);
         }
-        if channel.held_until.is_none() {
+        if channel.listeners.is_empty() && channel.held_until.is_none() {
             self.unsubscribe(subs, resource, now);
         }
         None
@@ -714,6 +775,39 @@ mod tests {
         );
         confirm(&mut channels, 3, "unsubscribe");
         assert_eq!(channels.len(), 0);
+    }
+
+    #[test]
+    fn a_listener_is_no_head_and_keeps_the_subscription_until_the_last_one_goes() {
+        let now = Instant::now();
+        let mut subs = subs(3, now);
+        let mut channels = Channels::default();
+        let resource = Bytes::from_static(R);
+        channels.listen(&mut subs, &resource, 4, now);
+        for conn in &mut subs {
+            assert_eq!(sent(conn), ["SUBSCRIBE redlock:released:orders:42"]);
+        }
+        assert_eq!(channels.head(R), None, "a listener races nobody's turn");
+        assert_eq!(channels.listeners(R), [4]);
+        confirm(&mut channels, 3, "subscribe");
+        // A queue's waiter comes and goes: the listener keeps the
+        // subscription.
+        channels.join(&mut subs, &resource, 7, now);
+        assert_eq!(channels.head(R), Some(7));
+        assert_eq!(channels.leave(&mut subs, &resource, 7, now), None);
+        for conn in &mut subs {
+            assert!(sent(conn).is_empty(), "still listened to");
+        }
+        // A release is queued once, for the head and the listeners alike.
+        channels.handle_released(R);
+        assert_eq!(channels.poll_notified().as_deref(), Some(R));
+        assert_eq!(channels.epoch(R), 1);
+        channels.unlisten(&mut subs, &resource, 4, now);
+        for conn in &mut subs {
+            assert_eq!(sent(conn), ["UNSUBSCRIBE redlock:released:orders:42"]);
+        }
+        assert!(!channels.is_wanted());
+        assert!(channels.listeners(R).is_empty());
     }
 
     #[test]

@@ -1371,6 +1371,53 @@ fn row_of_hand_overs_then_announced(handovers: u32, window: Duration) {
     released_everywhere(servers, &last);
 }
 
+/// Issue 23, item 3: a multi-resource waiter listens to every one of its
+/// resources' releases, not its first's alone, and joins no queue: a
+/// holder of the second resource releasing it wakes the waiter, which
+/// then takes the whole set, rather than after a retry delay (longer
+/// here than the test waits for it).
+#[test]
+fn a_multi_resource_waiter_is_woken_by_the_release_of_any_of_its_resources() {
+    let masters = cluster(3);
+    let (servers, urls) = (masters.servers(), masters.urls());
+    let b = shared(&urls);
+    let mut holder = single(&urls);
+    let set = ["notify:m1", "notify:m2"];
+    let held = holder
+        .try_acquire(set[1], HOLD_TTL)
+        .unwrap_or_else(|e| panic!("the holder takes {}: {e}", set[1]));
+    // Its retry delay, and so its fallback wait without a message, is
+    // longer than the waiter is given to return: only the release's
+    // message can end the wait in time.
+    let patient = Retry {
+        attempts: 2,
+        delay: 2 * (MAX_WAIT + HUNG),
+        max_wait: None,
+    };
+    let waiter = {
+        let b = b.clone();
+        Waiter::spawn(move || b.acquire_many_with(set, HOLD_TTL, &patient))
+    };
+    wait_numsub_of(servers, &set, 1, "while the multi-resource waiter waits");
+    assert!(waiter.is_waiting(), "the waiter got a held set");
+    holder
+        .release(&held)
+        .unwrap_or_else(|e| panic!("the holder's release: {e}"));
+    let both = waiter
+        .outcome()
+        .unwrap_or_else(|e| panic!("the multi-resource waiter, after the release: {e}"));
+    assert_eq!(both.resources().len(), 2);
+    for key in set {
+        assert!(
+            holding(servers, key, &both) >= 2,
+            "a quorum holds {key} for the waiter"
+        );
+    }
+    b.release(&both)
+        .unwrap_or_else(|e| panic!("the multi-resource waiter's release: {e}"));
+    wait_numsub_of(servers, &set, 0, "once the waiter released the set");
+}
+
 #[test]
 fn a_fenced_waiter_is_woken_by_the_release_not_a_retry_delay() {
     let masters = cluster(3);

@@ -7,6 +7,7 @@ use std::collections::BinaryHeap;
 use std::time::{Duration, Instant};
 
 use super::{Hub, Links, Promise, Running};
+use crate::conn::Keys;
 use crate::job::SplitMix64;
 
 /// When a waiter woken by a release at `now` tries: after a random delay
@@ -129,6 +130,11 @@ impl<P: Promise, L: Links> Hub<P, L> {
                             .waits_for
                             .as_ref()
                             .is_none_or(|r| self.engine.is_listening(r, now))
+                            && running
+                                .listening
+                                .iter()
+                                .flat_map(Keys::as_slice)
+                                .all(|k| self.engine.is_listening(k, now))
                 }
                 _ => true,
             };
@@ -149,17 +155,28 @@ impl<P: Promise, L: Links> Hub<P, L> {
     /// epochs when the attempt ends).
     pub(super) fn wake_waiters(&mut self, now: Instant) {
         while let Some(resource) = self.engine.poll_notified() {
-            let Some(head) = self.engine.head(&resource) else {
-                continue;
-            };
-            if let Some(Some(running)) = self.jobs.get_mut(head)
-                && running.awaiting
-            {
-                running.awaiting = false;
-                let since = running.job.waiting_since();
-                let at = wake_at(&mut self.jitter, self.config.wake_spread, since, now);
-                self.timers.set(running, head, at);
+            if let Some(head) = self.engine.head(&resource) {
+                self.wake(head, now);
             }
+            // Every multi-resource waiter listening to it: none is a head.
+            let mut i = 0;
+            while let Some(&listener) = self.engine.listeners(&resource).get(i) {
+                self.wake(listener, now);
+                i += 1;
+            }
+        }
+    }
+
+    /// Waiter `index`, woken by a release, tries after its share of the
+    /// wake spread, if it waits for one.
+    fn wake(&mut self, index: usize, now: Instant) {
+        if let Some(Some(running)) = self.jobs.get_mut(index)
+            && running.awaiting
+        {
+            running.awaiting = false;
+            let since = running.job.waiting_since();
+            let at = wake_at(&mut self.jitter, self.config.wake_spread, since, now);
+            self.timers.set(running, index, at);
         }
     }
 }
