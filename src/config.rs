@@ -184,12 +184,11 @@ pub struct Config {
     /// client's waiters then hear of it from the masters, as other
     /// processes' waiters do, so that they get their turn (lock
     /// cohorting; see also [`Config::local_handover_window`]). A fenced
-    /// waiter is not handed a lock: it is woken by the announced release
-    /// (its two-phase acquire would make its fence new and larger, but
-    /// with fenced waiters handed locks the simulator saw rows of
-    /// hand-overs longer than this budget, the lock's row lost on the way:
-    /// not yet explained, so they are not handed locks). 0 turns
-    /// hand-overs off. Default 8.
+    /// waiter is handed a lock too: its attempt behind the release is its
+    /// whole two-phase acquire, phase one in that write and the fence
+    /// write-back one round trip later, so its fence is read after the
+    /// release, from a quorum, and is new and larger. 0 turns hand-overs
+    /// off. Default 8.
     pub local_handovers: u32,
     /// With [`Config::local_handovers`]: how long a row of in-process
     /// hand-overs may last, from its first; the release after that is

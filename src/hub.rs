@@ -616,14 +616,14 @@ impl<P: Promise, L: Links> Hub<P, L> {
     /// to: the head of its queue, between attempts (it tries right behind
     /// the release) or in one (handed the lock when the attempt ends: the
     /// masters refuse it, the lock still ours there when it arrives, sent
-    /// before the release on every connection). A fenced waiter is not
-    /// handed a lock: it hears the release, as other processes' do (see
-    /// [`Config::local_handovers`]).
+    /// before the release on every connection). A fenced waiter is handed
+    /// the lock as a plain one is: its attempt is its whole two-phase
+    /// acquire, whose fence, read from a quorum after the release, is new
+    /// and larger.
     fn handover_head(&self, resource: &[u8]) -> Option<usize> {
         self.engine.head(resource).filter(|&head| {
             matches!(self.jobs.get(head), Some(Some(r))
                 if ((r.in_round && r.job.is_attempting()) || r.job.is_between_attempts())
-                    && !r.job.is_fenced()
                     && !r.waiter.is_abandoned())
         })
     }

@@ -240,11 +240,6 @@ impl Job {
         matches!(self, Job::Acquire(job) if job.stage == Stage::Waiting)
     }
 
-    /// A fenced acquire.
-    pub(crate) fn is_fenced(&self) -> bool {
-        matches!(self, Job::Acquire(job) if job.op == Op::AcquireFenced)
-    }
-
     /// A queued waiting acquire promoted to the head of its queue while the
     /// lock is held in this client, by the waiter before it, until
     /// `deadline`: instead of trying (the masters would refuse it), it

@@ -1284,6 +1284,61 @@ fn a_lock_passing_between_callers_waits_a_moment_for_the_next_one() {
     }
 }
 
+/// Issue 23: a fenced waiter in the same client is handed the lock too,
+/// unannounced, and its fence is new and larger: its two-phase acquire
+/// runs behind the release, reading the fence after it.
+#[test]
+fn a_fenced_waiter_in_the_same_client_is_handed_the_lock_with_a_larger_fence() {
+    let masters = cluster(3);
+    let (servers, urls) = (masters.servers(), masters.urls());
+    let b = shared(&urls);
+    let first = b
+        .try_acquire_fenced(R, HOLD_TTL)
+        .unwrap_or_else(|e| panic!("the first holder takes {R} fenced: {e}"));
+    let before = calls_now(servers);
+    let waiter = {
+        let b = b.clone();
+        Waiter::spawn(move || b.acquire_fenced_with(R, HOLD_TTL, &waiting()))
+    };
+    // Its first attempt and that attempt's cleanup, then, subscribed, its
+    // second attempt: under way or refused, it is handed the lock.
+    wait_numsub(servers, 1, "while the fenced waiter waits");
+    let tried_again = || {
+        servers
+            .iter()
+            .zip(&before)
+            .all(|(s, b)| calls(s).scripts >= b.scripts + 3)
+    };
+    assert!(
+        eventually(SETTLE, tried_again),
+        "the fenced waiter's second attempt reached every master"
+    );
+    let before = calls_now(servers);
+    b.release(&first)
+        .unwrap_or_else(|e| panic!("the first holder's release: {e}"));
+    let next = waiter
+        .outcome()
+        .unwrap_or_else(|e| panic!("the fenced waiter, after the release: {e}"));
+    assert_ne!(next.token(), first.token(), "a fresh token");
+    assert!(
+        next.fence() > first.fence(),
+        "fence {:?} after {:?}",
+        next.fence(),
+        first.fence()
+    );
+    assert!(
+        holding(servers, R, &next) >= 2,
+        "a quorum holds the fenced waiter's token"
+    );
+    assert_eq!(
+        published_since(servers, &before),
+        [0, 0, 0],
+        "handed over unannounced"
+    );
+    b.release(&next)
+        .unwrap_or_else(|e| panic!("the fenced waiter's release: {e}"));
+}
+
 #[test]
 fn after_a_row_of_hand_overs_the_release_is_announced_and_another_process_gets_its_turn() {
     // The row ends at its count, or at its window.
