@@ -469,6 +469,10 @@ pub(crate) struct Acquire {
     /// [`Acquire::next_wait`]): each doubles the longest delay before the
     /// next, up to [`SPLIT_DOUBLINGS`] times.
     splits: u32,
+    /// The holder last seen refusing with the failed masters' help alone:
+    /// seen again after a look, it is taken for a holder (see
+    /// `next_wait`).
+    suspect: Option<u64>,
 }
 
 /// How many times a run of splits doubles a waiting acquire's longest
@@ -549,6 +553,7 @@ impl Acquire {
             waited: 0,
             after_wait: false,
             splits: 0,
+            suspect: None,
             handed: None,
             keys,
             op,
@@ -833,10 +838,12 @@ impl Acquire {
     ///   out of step.
     /// - Refused by fewer, but a quorum with the failed masters: a holder
     ///   may have its quorum there (a failed master cannot say it holds
-    ///   no key), so this is a held lock, not a split, and it is waited
-    ///   for as one, the failed masters counted as holding: retrying at
-    ///   round-trip rate would only split the votes of every waiter of
-    ///   every process until the holder's keys expire.
+    ///   no key), or racers split the masters that can say. A holder
+    ///   newly seen so is looked at again after a per-instance timeout
+    ///   (a racer has cleaned up by then); still refusing, it is a held
+    ///   lock, waited for as one, the failed masters counted as holding:
+    ///   retrying at round-trip rate would only split the votes of every
+    ///   waiter of every process until the holder's keys expire.
     /// - Out of waiting time: finish.
     fn next_wait(
         &mut self,
@@ -888,6 +895,23 @@ impl Acquire {
             self.splits += 1;
             let backoff = ctx.jitter.between(Duration::ZERO, most);
             return Some(After::Await(cap(now + backoff)));
+        }
+        // Held only with the failed masters' help: a holder whose quorum
+        // may include a master that cannot say, or racers that split the
+        // masters that can, each cleaning up at once and quietly (no
+        // release is heard). Waiting for the refusing keys' expiry would
+        // leave a lock that racers freed unused for up to a TTL. So a
+        // holder newly seen so is looked at again once a racer would have
+        // cleaned up (a per-instance timeout: its round is over by then),
+        // and waited out only when it still refuses.
+        if round.refused_by_one(0) < q {
+            let holder = round.main_holder(0);
+            if holder.is_some() && holder != self.suspect {
+                self.suspect = holder;
+                let look = ctx.config.per_instance_timeout.max(round_trip * 2);
+                let again = ctx.jitter.between(look, look.saturating_mul(2));
+                return Some(After::Await(cap(now + again)));
+            }
         }
         self.splits = 0;
         // The lock is free once `needed` of the refusing masters' keys

@@ -294,6 +294,25 @@ impl Round {
         most + unknown
     }
 
+    /// The holder that refused `slot` on the most masters, as the waiting
+    /// script named it (a hash of its token); none when no refusal named
+    /// one. Allocates nothing.
+    pub(crate) fn main_holder(&self, slot: usize) -> Option<u64> {
+        let range = slot * self.n..(slot + 1) * self.n;
+        let (Some(votes), Some(holders)) = (self.votes.get(range.clone()), self.holders.get(range))
+        else {
+            return None;
+        };
+        let named = || {
+            votes
+                .iter()
+                .zip(holders)
+                .filter(|(v, h)| matches!(v, Vote::Refused) && **h != 0)
+                .map(|(_, h)| *h)
+        };
+        named().max_by_key(|h| named().filter(|o| o == h).count())
+    }
+
     /// What each master reported in phase one of a fenced acquire on
     /// `slot`, in master order: `None` where it sent no such report (it
     /// refused, failed, has not answered, or ran another script).
@@ -772,6 +791,12 @@ mod tests {
 
     #[test]
     fn refusals_count_as_one_holders_only_when_they_name_one_holder() {
+        fn refusal_of(holder: &[u8]) -> Reply {
+            Reply::Array(vec![
+                Reply::Integer(-9_000),
+                Reply::Bulk(Bytes::copy_from_slice(holder)),
+            ])
+        }
         let now = Instant::now();
         let request = Request {
             op: Op::AcquireWait,
@@ -779,12 +804,7 @@ mod tests {
             token: crate::token::TokenSource::from_seed([7; 16]).next_token(),
             arg: 10_000,
         };
-        let refusal = |holder: &'static [u8]| {
-            Reply::Array(vec![
-                Reply::Integer(-9_000),
-                Reply::Bulk(Bytes::from_static(holder)),
-            ])
-        };
+        let refusal = |holder: &'static [u8]| refusal_of(holder);
         // (replies of five masters, refusals that may be one holder's)
         let cases: [(Vec<Option<Reply>>, usize); 6] = [
             // Racers that each took a master: a split.
@@ -853,6 +873,23 @@ mod tests {
                 }
             }
             assert_eq!(round.refused_by_one(0), want, "{replies:?}");
+            // The holder named by the most refusals.
+            let named = |h: &[u8]| {
+                replies
+                    .iter()
+                    .flatten()
+                    .filter(|r| **r == refusal_of(h))
+                    .count()
+            };
+            let main = round.main_holder(0);
+            match [b"h".as_slice(), b"a", b"b", b"c", b"x", b""]
+                .into_iter()
+                .filter(|h| named(h) > 0)
+                .max_by_key(|h| named(h))
+            {
+                Some(h) => assert_eq!(main, Some(holder_id(h)), "{replies:?}"),
+                None => assert_eq!(main, None, "{replies:?}"),
+            }
         }
         assert_eq!(holder_id(b"a"), holder_id(b"a"));
         assert_ne!(holder_id(b"a"), holder_id(b"b"));

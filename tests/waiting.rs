@@ -3,9 +3,11 @@
 
 mod common;
 
+use std::sync::mpsc;
+use std::thread;
 use std::time::Duration;
 
-use common::{cluster, connect, hold_elsewhere};
+use common::{cluster, connect, eventually, hold_elsewhere};
 use redlock_mio::resp::{Arg, Reply};
 use redlock_mio::{Config, Retry, SharedRedlock};
 use redlock_test::Server;
@@ -77,5 +79,66 @@ fn refusals_short_of_a_quorum_beside_a_down_master_are_waited_out_not_retried() 
         "the waiter sent {sent} lock commands to one master while the lock was held"
     );
     println!("{sent} lock commands to master 3 while waiting");
+    waiter.release(&lock).unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// How many PTTLs `server` has run: the waiting script runs one when it
+/// is refused.
+fn pttls(server: &Server) -> u64 {
+    let Reply::Bulk(info) =
+        connect(server).cmd(&[Arg::Bytes(b"INFO"), Arg::Bytes(b"commandstats")])
+    else {
+        panic!("INFO commandstats from {}", server.url());
+    };
+    String::from_utf8_lossy(&info)
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_pttl:calls="))
+        .and_then(|rest| rest.split(',').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// N = 3 with one master down: a waiter refused by one key (a racer's,
+/// which split the two live masters with it) beside the down master
+/// cannot tell it from a holder's. The racer cleans up at once and
+/// quietly (no release is published): the waiter looks again after a
+/// per-instance timeout, finds the lock free and takes it, rather than
+/// waiting for that key's expiry (two minutes here, past the test's
+/// patience).
+#[test]
+fn a_refusal_beside_a_down_master_is_looked_at_again_before_it_is_waited_out() {
+    let mut masters = cluster(3);
+    hold_elsewhere(masters.iter().take(1), "racer", 120_000);
+    masters[2].kill().unwrap_or_else(|e| panic!("{e}"));
+    let mut config = Config::new(masters.urls()).unwrap_or_else(|e| panic!("{e}"));
+    // The look comes this long after the refusal: time for the racer's
+    // cleanup below, on a loaded machine.
+    config.per_instance_timeout = Duration::from_secs(2);
+    config.quarantine = None;
+    let waiter = SharedRedlock::new(config).unwrap_or_else(|e| panic!("{e}"));
+    let before = pttls(&masters[0]);
+    let (tx, outcome) = mpsc::channel();
+    let thread = {
+        let waiter = waiter.clone();
+        thread::spawn(move || {
+            let retry = Retry {
+                attempts: 3,
+                delay: Duration::from_secs(200),
+                max_wait: None,
+            };
+            let _ = tx.send(waiter.acquire_with("racer", Duration::from_secs(10), &retry));
+        })
+    };
+    // Its waiting attempt refused by the racer's key: the racer lets go.
+    assert!(
+        eventually(Duration::from_secs(10), || pttls(&masters[0]) > before),
+        "the waiter's waiting attempt reached master 0"
+    );
+    let deleted = connect(&masters[0]).cmd(&[Arg::Bytes(b"DEL"), Arg::Bytes(b"racer")]);
+    assert_eq!(deleted, Reply::Integer(1));
+    let lock = outcome
+        .recv_timeout(Duration::from_secs(60))
+        .unwrap_or_else(|_| panic!("the waiter still waits for a key deleted long ago"))
+        .unwrap_or_else(|e| panic!("the waiter: {e}"));
+    let _ = thread.join();
     waiter.release(&lock).unwrap_or_else(|e| panic!("{e}"));
 }

@@ -111,9 +111,10 @@ pub(super) struct Bounds {
 /// never free:
 /// the release and the waiter's SET NX reach each master in one write.
 /// No bound applies while a client cannot reach every master in time: with
-/// a master failing it cannot tell racers that split the votes from a
-/// holder, and waits for the refusing keys' expiry (`job.rs`,
-/// `next_wait`); nor while it is paused.
+/// a master failing it cannot at once tell racers that split the votes
+/// from a holder, looks again after a per-instance timeout, and then
+/// waits for the refusing keys' expiry (`job.rs`, `next_wait`); nor while
+/// it is paused.
 ///
 /// [`Config::wake_on_release`]: crate::Config::wake_on_release
 /// [`MAX_TTL`]: super::MAX_TTL
