@@ -1255,14 +1255,26 @@ fn a_lock_passing_between_callers_waits_a_moment_for_the_next_one() {
             c.release(&other).unwrap_or_else(|e| panic!("{e}"));
             continue;
         }
-        // Time for the release to reach B's loop: it returns at once
-        // unless it waits for a caller (then it waits out this limit).
-        eventually(Duration::from_millis(200), || releaser.is_finished());
+        let mut releaser = Some(releaser);
+        let mut released = None;
+        if linger.is_zero() {
+            // Announced at once: done before the first caller comes back.
+            released = releaser.take().map(|r| r.join());
+        } else if let Some(waiting) = &releaser {
+            // Time for the release to reach B's loop, where it waits for a
+            // caller (come earlier, the caller is handed the lock all the
+            // same: it waits behind the lock held here).
+            eventually(Duration::from_millis(200), || waiting.is_finished());
+            assert!(!waiting.is_finished(), "the release waits for a caller");
+        }
         // The first caller comes back for the lock.
         let third = b
             .acquire_with(R, HOLD_TTL, &waiting())
             .unwrap_or_else(|e| panic!("the caller coming back: {e}"));
-        let released = releaser.join().unwrap_or_else(|_| panic!("the releaser"));
+        let released = released
+            .or_else(|| releaser.map(|r| r.join()))
+            .unwrap_or_else(|| panic!("the releaser"))
+            .unwrap_or_else(|_| panic!("the releaser panicked"));
         released.unwrap_or_else(|e| panic!("the second holder's release: {e}"));
         assert!(
             holding(servers, R, &third) >= 2,
