@@ -1678,7 +1678,18 @@ fn proxy_run(name: &str, mode: Mode) {
     let masters = cluster(3);
     let (proxy, urls) = behind_proxy(&masters);
     let setup = Setup::faulty(name, &urls, vec![masters[0].addr()]);
-    let mut fault = || proxy_fault(&proxy, mode, Duration::from_secs(1));
+    // Added latency (20-50 ms a chunk) makes the slow master's vote come
+    // after most of a 20-50 ms TTL's validity: two racers that split the
+    // other two masters each keep their key in the way for their round,
+    // and only attempts that take both fast masters succeed. Over 1 s that
+    // left as few as 2 acquisitions in a window (23 windows of a 40 s run,
+    // under load): 2 s keeps the check that the lock stays usable from
+    // failing by chance.
+    let length = match mode {
+        Mode::Latency => Duration::from_secs(2),
+        _ => Duration::from_secs(1),
+    };
+    let mut fault = || proxy_fault(&proxy, mode, length);
     let report = check_mutual_exclusion(&setup, Some(&mut fault));
     eprintln!("safety [{name}] {}", proxy.summary());
     report.assert_safe();
