@@ -1573,9 +1573,12 @@ impl World {
             Asked::Batch => 2,
             _ => 1,
         };
-        // Woken by releases: a plain acquire of one resource that tries
-        // more than once (`job.rs`, `Acquire::notify`).
-        let waits = (waiting && kind <= 5 && self.config.wake_on_release).then_some(r);
+        // Woken by releases and watched by the waiting checker: a plain or
+        // fenced acquire of one resource that tries more than once
+        // (`job.rs`, `Acquire::notify`). Multi-resource ones listen to
+        // releases too, but their lock is free only when both resources
+        // are: the checker, per resource, does not watch them.
+        let waits = (waiting && kind <= 7 && self.config.wake_on_release).then_some(r);
         self.submit(client, asked, order, bound, waits);
     }
 

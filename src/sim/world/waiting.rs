@@ -92,7 +92,8 @@ pub(super) struct Bounds {
 /// A client *owes* the lock of resource `r` while `r` is free (no token's
 /// key live on a quorum of masters: released by its holder or expired),
 /// one of its waiting acquires (Retry with [`Config::wake_on_release`],
-/// one resource, more than one attempt) waits for it, and it can reach
+/// one resource, plain or fenced, more than one attempt) waits for it,
+/// and it can reach
 /// every master (see `World::disturbed_since`). From `g`, the latest of
 /// when the lock was free, when the client's waiting began and when it
 /// last could not reach every master, the client must have a reason to
