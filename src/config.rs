@@ -160,6 +160,14 @@ pub struct Config {
     /// lock is handed over within round trips. Waiting then lasts up to
     /// [`Retry::max_wait`], or `attempts * delay` without one; attempts
     /// refused because the lock is held do not use up [`Retry::attempts`].
+    /// Fenced and multi-resource acquires wait so too, but their scripts
+    /// do not report the remaining time: they wait for a release or a
+    /// retry's delay, and a multi-resource one listens to every one of its
+    /// resources' channels (any release among them wakes it). Beside a
+    /// master that fails, a refusal that makes a quorum only with it is
+    /// looked at again after [`Config::per_instance_timeout`] before its
+    /// key's remaining time is waited out (racers that split the other
+    /// masters clean up at once, unannounced).
     /// `false`: every refused attempt waits [`Retry::delay`] (jittered),
     /// as Redlock clients usually do.
     ///
