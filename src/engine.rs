@@ -545,14 +545,7 @@ impl Engine {
             } else if self.conns[i].is_unresponsive(now) {
                 // As a round's own deadline does: counted as a failure of
                 // the master only by the round that sent the request.
-                for index in 0..self.entries.len() {
-                    if self.entries[index].live {
-                        self.entries[index]
-                            .round
-                            .fail_pending(i, &Cause::Timeout, now);
-                        self.check_complete(index);
-                    }
-                }
+                self.fail_votes(i, &Cause::Timeout, now);
             }
         }
         for s in 0..self.subs.len() {
@@ -643,8 +636,15 @@ impl Engine {
         lookup(&self.entries, id)
     }
 
+    /// Master `i` failed with `cause`: counted, and its pending votes in
+    /// every live round fail.
     fn fail_pending(&mut self, i: usize, cause: &Cause, now: Instant) {
         self.metrics.handle_failure(i, cause);
+        self.fail_votes(i, cause, now);
+    }
+
+    /// Master `i`'s pending votes in every live round fail with `cause`.
+    fn fail_votes(&mut self, i: usize, cause: &Cause, now: Instant) {
         for index in 0..self.entries.len() {
             if self.entries[index].live {
                 self.entries[index].round.fail_pending(i, cause, now);

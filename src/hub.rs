@@ -583,7 +583,7 @@ impl<P: Promise, L: Links> Hub<P, L> {
         };
         // No longer held here: a new local waiter tries again.
         self.engine.let_go(resource, now);
-        let cohort = release.cohort().unwrap_or(Cohort { row: 0, since: now });
+        let cohort = release.cohort(now);
         let within = self.is_within_budget(cohort, now);
         match self.handover_head(resource) {
             Some(head) if within && self.closing_since.is_none() => {

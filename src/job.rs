@@ -1131,9 +1131,10 @@ impl Release {
         self
     }
 
-    /// The released lock's row of in-process hand-overs.
-    pub(crate) fn cohort(&self) -> Option<Cohort> {
-        self.cohort
+    /// The released lock's row of in-process hand-overs: a lock not
+    /// handed over starts one at `now`.
+    pub(crate) fn cohort(&self, now: Instant) -> Cohort {
+        self.cohort.unwrap_or(Cohort { row: 0, since: now })
     }
 
     /// The resource released, for a lock of one key.

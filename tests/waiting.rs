@@ -7,7 +7,7 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::Duration;
 
-use common::{cluster, connect, eventually, hold_elsewhere};
+use common::{cluster, command_calls, connect, eventually, hold_elsewhere};
 use redlock_mio::resp::{Arg, Reply};
 use redlock_mio::{Config, Retry, SharedRedlock};
 use redlock_test::Server;
@@ -15,26 +15,9 @@ use redlock_test::Server;
 /// How many lock commands (SET, and scripts by EVALSHA or EVAL) `server`
 /// has run.
 fn lock_commands(server: &Server) -> u64 {
-    let Reply::Bulk(info) =
-        connect(server).cmd(&[Arg::Bytes(b"INFO"), Arg::Bytes(b"commandstats")])
-    else {
-        panic!("INFO commandstats from {}", server.url());
-    };
-    String::from_utf8_lossy(&info)
-        .lines()
-        .filter(|l| {
-            ["cmdstat_set:", "cmdstat_evalsha:", "cmdstat_eval:"]
-                .iter()
-                .any(|p| l.starts_with(p))
-        })
-        .filter_map(|l| {
-            l.split("calls=")
-                .nth(1)?
-                .split(',')
-                .next()?
-                .parse::<u64>()
-                .ok()
-        })
+    ["set", "evalsha", "eval"]
+        .iter()
+        .map(|command| command_calls(server, command))
         .sum()
 }
 
@@ -82,21 +65,6 @@ fn refusals_short_of_a_quorum_beside_a_down_master_are_waited_out_not_retried() 
     waiter.release(&lock).unwrap_or_else(|e| panic!("{e}"));
 }
 
-/// How many PTTLs `server` has run: the waiting script runs one when it
-/// is refused.
-fn pttls(server: &Server) -> u64 {
-    let Reply::Bulk(info) =
-        connect(server).cmd(&[Arg::Bytes(b"INFO"), Arg::Bytes(b"commandstats")])
-    else {
-        panic!("INFO commandstats from {}", server.url());
-    };
-    String::from_utf8_lossy(&info)
-        .lines()
-        .find_map(|l| l.strip_prefix("cmdstat_pttl:calls="))
-        .and_then(|rest| rest.split(',').next()?.parse().ok())
-        .unwrap_or(0)
-}
-
 /// N = 3 with one master down: a waiter refused by one key (a racer's,
 /// which split the two live masters with it) beside the down master
 /// cannot tell it from a holder's. The racer cleans up at once and
@@ -115,7 +83,9 @@ fn a_refusal_beside_a_down_master_is_looked_at_again_before_it_is_waited_out() {
     config.per_instance_timeout = Duration::from_secs(2);
     config.quarantine = None;
     let waiter = SharedRedlock::new(config).unwrap_or_else(|e| panic!("{e}"));
-    let before = pttls(&masters[0]);
+    // The waiting script runs a PTTL when it is refused.
+    let refused = || command_calls(&masters[0], "pttl");
+    let before = refused();
     let (tx, outcome) = mpsc::channel();
     let thread = {
         let waiter = waiter.clone();
@@ -130,7 +100,7 @@ fn a_refusal_beside_a_down_master_is_looked_at_again_before_it_is_waited_out() {
     };
     // Its waiting attempt refused by the racer's key: the racer lets go.
     assert!(
-        eventually(Duration::from_secs(10), || pttls(&masters[0]) > before),
+        eventually(Duration::from_secs(10), || refused() > before),
         "the waiter's waiting attempt reached master 0"
     );
     let deleted = connect(&masters[0]).cmd(&[Arg::Bytes(b"DEL"), Arg::Bytes(b"racer")]);

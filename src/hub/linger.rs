@@ -13,7 +13,6 @@ use bytes::Bytes;
 use super::{Hub, Links, Promise, Waiter};
 use crate::error::Error;
 use crate::job::Job;
-use crate::lock::Cohort;
 
 /// A release held back, and its caller.
 #[derive(Debug)]
@@ -39,9 +38,8 @@ impl<P: Promise, L: Links> Hub<P, L> {
             return None;
         }
         let resource = release.resource()?;
-        let cohort = release.cohort().unwrap_or(Cohort { row: 0, since: now });
         (self.engine.has_company(resource)
-            && self.is_within_budget(cohort, now)
+            && self.is_within_budget(release.cohort(now), now)
             && self.handover_head(resource).is_none())
         .then(|| resource.clone())
     }
