@@ -283,7 +283,22 @@ impl Clock {
         // Through u64: exact for any run (under 2^64 ns), and no u128
         // to float conversion.
         let nanos = u64::try_from(local.as_nanos()).unwrap_or(u64::MAX);
-        (nanos as f64 / 1_000.0 / self.rate).ceil() as Micros
+        ceil_micros(nanos as f64 / 1_000.0 / self.rate)
+    }
+}
+
+/// `x.ceil() as Micros` for `x` not negative, without the call to libm's
+/// `ceil` (the baseline x86-64 has no rounding instruction): a whole
+/// number below 2^53 is exact as a float, so `x` has a fraction exactly
+/// when its truncation is below it; from 2^53 on every float is whole.
+/// Casts saturate as the original's does (NaN to 0, past `u64::MAX` to
+/// it).
+fn ceil_micros(x: f64) -> Micros {
+    let t = x as Micros;
+    if (t as f64) < x {
+        t.saturating_add(1)
+    } else {
+        t
     }
 }
 
@@ -449,6 +464,11 @@ struct Node {
     restarts: u64,
     /// Tokens whose release this master has received.
     released: FxSet<TokenKey>,
+    /// The last key expiry (master milliseconds) the waiting checker was
+    /// given, and the virtual time it converted to: a key read again after
+    /// a refused attempt has the expiry it had, and costs no division.
+    /// (`u64::MAX` is never one: expiries come from `i64`.)
+    expiry_seen: (u64, Micros),
 }
 
 impl Node {
@@ -511,8 +531,11 @@ enum Event {
 /// bytes around nor allocates per event once warm.
 #[derive(Debug, Default)]
 struct Queue {
-    /// (when, sequence number, slot in `bodies`), soonest first.
-    heap: BinaryHeap<Reverse<(Micros, u64, u32)>>,
+    /// (when, tie), soonest first; the tie is the sequence number in the
+    /// high 32 bits and the slot in `bodies` in the low 32: sequence
+    /// numbers are unique, so it orders as the sequence number alone, and
+    /// a key is 16 bytes, not 24.
+    heap: BinaryHeap<Reverse<(Micros, u64)>>,
     bodies: Vec<Option<Event>>,
     free: Vec<u32>,
     seq: u64,
@@ -521,6 +544,7 @@ struct Queue {
 impl Queue {
     fn push(&mut self, at: Micros, event: Event) {
         self.seq += 1;
+        assert!(self.seq < 1 << 32, "fewer than 2^32 events in a run");
         let slot = match self.free.pop() {
             Some(slot) => {
                 self.bodies[slot as usize] = Some(event);
@@ -531,11 +555,13 @@ impl Queue {
                 u32::try_from(self.bodies.len() - 1).expect("fewer than 2^32 events queued")
             }
         };
-        self.heap.push(Reverse((at, self.seq, slot)));
+        self.heap
+            .push(Reverse((at, (self.seq << 32) | u64::from(slot))));
     }
 
     fn pop(&mut self) -> Option<(Micros, Event)> {
-        let Reverse((at, _, slot)) = self.heap.pop()?;
+        let Reverse((at, tie)) = self.heap.pop()?;
+        let slot = tie as u32;
         self.free.push(slot);
         let event = self.bodies[slot as usize].take()?;
         Some((at, event))
@@ -663,6 +689,10 @@ pub struct World {
     /// lock's quiet release with the next holder's attempt right behind,
     /// in one write, releasing the lock the hand-over before took).
     handover_rows: Vec<Vec<(TokenKey, u32)>>,
+    /// Set when a client may have finished (its last operation started,
+    /// or an operation of its ended): [`World::is_done`] is asked then
+    /// only, not after every event.
+    maybe_done: bool,
     /// A one-way delay longer than this is overdue: with the way back, it
     /// may outlast a round, whose master then counts as failed (half a
     /// `per_instance_timeout`, less a millisecond for the clients' clock
@@ -758,6 +788,7 @@ impl World {
                     conns: BTreeMap::new(),
                     restarts: 0,
                     released: FxSet::default(),
+                    expiry_seen: (u64::MAX, 0),
                 }
             })
             .collect();
@@ -792,6 +823,7 @@ impl World {
             out: BytesMut::new(),
             pushes: Vec::new(),
             overdue,
+            maybe_done: true,
             granted_tokens: FxSet::default(),
             handover_rows: vec![vec![(TokenKey::new(b""), 0); RESOURCES.len()]; settings_masters],
         };
@@ -825,7 +857,7 @@ impl World {
                 self.check_waiting();
             }
             self.handle(event);
-            if self.is_done() {
+            if std::mem::take(&mut self.maybe_done) && self.is_done() {
                 break;
             }
         }
@@ -875,6 +907,18 @@ impl World {
     }
 
     fn handle(&mut self, event: Event) {
+        // A paused client handles nothing: the event waits for its resume.
+        if let Event::ToClient { client, .. }
+        | Event::Connect { client, .. }
+        | Event::Reset { client, .. }
+        | Event::Work { client } = event
+        {
+            let until = self.clients[client].paused_until;
+            if until > self.now {
+                self.schedule(until, event);
+                return;
+            }
+        }
         match event {
             Event::ToMaster { master, id, bytes } => self.handle_at_master(master, id, bytes),
             Event::ToClient {
@@ -884,18 +928,6 @@ impl World {
                 bytes,
                 notice,
             } => {
-                if self.deferred(
-                    client,
-                    Event::ToClient {
-                        client,
-                        link,
-                        id,
-                        bytes: bytes.clone(),
-                        notice,
-                    },
-                ) {
-                    return;
-                }
                 let c = &mut self.clients[client];
                 if c.links[link].state == (LinkState::Up { id }) {
                     let now = c.clock.stamp(self.now).mono;
@@ -906,16 +938,8 @@ impl World {
                     }
                 }
             }
-            Event::Connect { client, link, id } => {
-                if self.deferred(client, Event::Connect { client, link, id }) {
-                    return;
-                }
-                self.connect(client, link, id);
-            }
+            Event::Connect { client, link, id } => self.connect(client, link, id),
             Event::Reset { client, link, id } => {
-                if self.deferred(client, Event::Reset { client, link, id }) {
-                    return;
-                }
                 let c = &mut self.clients[client];
                 if matches!(c.links[link].state, LinkState::Up { id: x } | LinkState::Connecting { id: x } if x == id)
                 {
@@ -938,12 +962,7 @@ impl World {
                 self.clients[client].wake = None;
                 self.step(client);
             }
-            Event::Work { client } => {
-                if self.deferred(client, Event::Work { client }) {
-                    return;
-                }
-                self.work(client);
-            }
+            Event::Work { client } => self.work(client),
             Event::Fault => self.fault(),
             Event::Resume { master } => self.resume(master),
             Event::Restart { master } => {
@@ -973,16 +992,6 @@ impl World {
         if let Some((broken, _)) = disturbed_since(&self.clients[client], &self.nodes, now) {
             self.waiting.handle_notice(client, r, now, broken);
         }
-    }
-
-    /// A paused client handles nothing: the event waits for its resume.
-    fn deferred(&mut self, client: usize, event: Event) -> bool {
-        let until = self.clients[client].paused_until;
-        if until > self.now {
-            self.schedule(until, event);
-            return true;
-        }
-        false
     }
 
     /// The hub's turn after an input: the engine's limits, completed
@@ -1187,6 +1196,7 @@ impl World {
             conns,
             released,
             rate,
+            expiry_seen,
             ..
         } = &mut self.nodes[master];
         let now_ms = node_ms(*rate, now);
@@ -1280,7 +1290,14 @@ impl World {
             for r in keys.iter().filter_map(|k| resource_index(k)) {
                 let key = model.entry(now_ms, 0, RESOURCES[r].as_bytes());
                 let key = key.map(|(token, expiry)| {
-                    let until = expiry.map_or(Micros::MAX, |ms| node_virtual_at(*rate, ms + 1));
+                    let until = expiry.map_or(Micros::MAX, |ms| {
+                        // A key read again after a refused attempt has the
+                        // expiry it had: no division for it.
+                        if expiry_seen.0 != ms {
+                            *expiry_seen = (ms, node_virtual_at(*rate, ms + 1));
+                        }
+                        expiry_seen.1
+                    });
                     (token, until)
                 });
                 self.waiting.handle_key(r, master, key, now);
@@ -1436,6 +1453,7 @@ impl World {
             return;
         }
         self.clients[client].ops_left -= 1;
+        self.maybe_done = true;
         let roll = self.rng.below(100);
         let holding: Vec<usize> = (0..self.clients[client].held.len())
             .filter(|&h| !self.clients[client].held[h].releasing)
@@ -1640,9 +1658,11 @@ impl World {
     /// the loss reported).
     fn watch_kept(&mut self, client: usize) {
         let c = &self.clients[client];
-        let stamp = c.clock.stamp(self.now);
+        // Read once, and only for a kept lock (most steps have none).
+        let mut stamp = None;
         for held in &c.held {
             let Some(shared) = &held.kept else { continue };
+            let stamp = *stamp.get_or_insert_with(|| c.clock.stamp(self.now));
             let state = shared.state();
             let (deadline, lost) = match &state.lost {
                 Some(lost) => (lost.deadline, true),
@@ -1698,6 +1718,7 @@ impl World {
                 continue;
             }
             let pending = self.clients[client].pending.swap_remove(i);
+            self.maybe_done = true;
             if let Some(r) = pending.waits {
                 self.waiting.handle_waiter_gone(client, r);
             }
