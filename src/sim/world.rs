@@ -149,6 +149,10 @@ const DELAY: (Micros, Micros) = (20, 400);
 const LONG_DELAY: (Micros, Micros) = (2_000, 30_000);
 const LONG_DELAY_CHANCE: f64 = 0.02;
 
+/// The world's write buffer is taken in chunks of this many bytes, each
+/// shared by the messages cut from it.
+const OUT_CHUNK: usize = 64 * 1024;
+
 /// Microseconds of virtual time.
 type Micros = u64;
 
@@ -450,6 +454,15 @@ impl std::hash::Hash for TokenKey {
         state.write(self.as_bytes());
     }
 }
+
+/// An empty set of tokens with room for a run's usual count (a few
+/// hundred), so that it seldom grows: growing rehashes every token.
+fn token_set() -> FxSet<TokenKey> {
+    FxSet::with_capacity_and_hasher(TOKEN_SET_CAPACITY, Default::default())
+}
+
+/// Tokens a token set holds before it first grows.
+const TOKEN_SET_CAPACITY: usize = 256;
 
 /// One master: the model and the world's view of it.
 struct Node {
@@ -787,7 +800,7 @@ impl World {
                     rate: 1.0 + drift,
                     conns: BTreeMap::new(),
                     restarts: 0,
-                    released: FxSet::default(),
+                    released: token_set(),
                     expiry_seen: (u64::MAX, 0),
                 }
             })
@@ -816,15 +829,15 @@ impl World {
             config,
             partitions: Vec::new(),
             acquires: vec![0; clients_len],
-            attempts: vec![FxSet::default(); clients_len],
+            attempts: vec![token_set(); clients_len],
             streaks: vec![[(0, 0); RESOURCES.len()]; clients_len],
             data_losses: Vec::new(),
             waiting,
-            out: BytesMut::new(),
+            out: BytesMut::with_capacity(OUT_CHUNK),
             pushes: Vec::new(),
             overdue,
             maybe_done: true,
-            granted_tokens: FxSet::default(),
+            granted_tokens: token_set(),
             handover_rows: vec![vec![(TokenKey::new(b""), 0); RESOURCES.len()]; settings_masters],
         };
         for c in 0..world.clients.len() {
@@ -1095,7 +1108,14 @@ impl World {
             if pending.is_empty() {
                 continue;
             }
-            let bytes = Bytes::copy_from_slice(pending);
+            // Through the world's buffer: a slice of a shared chunk, not
+            // an allocation per write.
+            let out = &mut self.out;
+            if out.capacity() < pending.len() {
+                out.reserve(pending.len().max(OUT_CHUNK));
+            }
+            out.extend_from_slice(pending);
+            let bytes = out.split().freeze();
             engine.handle_written(link, bytes.len());
             let master = link % self.settings.masters;
             let latency = self.latency();
