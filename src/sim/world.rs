@@ -544,11 +544,11 @@ enum Event {
 /// bytes around nor allocates per event once warm.
 #[derive(Debug, Default)]
 struct Queue {
-    /// (when, tie), soonest first; the tie is the sequence number in the
-    /// high 32 bits and the slot in `bodies` in the low 32: sequence
-    /// numbers are unique, so it orders as the sequence number alone, and
-    /// a key is 16 bytes, not 24.
-    heap: BinaryHeap<Reverse<(Micros, u64)>>,
+    /// When (high 64 bits) and the tie (low 64), soonest first, compared
+    /// as one number; the tie is the sequence number in its high 32 bits
+    /// and the slot in `bodies` in its low 32: sequence numbers are
+    /// unique, so it orders as the sequence number alone.
+    heap: BinaryHeap<Reverse<u128>>,
     bodies: Vec<Option<Event>>,
     free: Vec<u32>,
     seq: u64,
@@ -568,13 +568,14 @@ impl Queue {
                 u32::try_from(self.bodies.len() - 1).expect("fewer than 2^32 events queued")
             }
         };
+        let tie = (self.seq << 32) | u64::from(slot);
         self.heap
-            .push(Reverse((at, (self.seq << 32) | u64::from(slot))));
+            .push(Reverse((u128::from(at) << 64) | u128::from(tie)));
     }
 
     fn pop(&mut self) -> Option<(Micros, Event)> {
-        let Reverse((at, tie)) = self.heap.pop()?;
-        let slot = tie as u32;
+        let Reverse(key) = self.heap.pop()?;
+        let (at, slot) = ((key >> 64) as Micros, key as u32);
         self.free.push(slot);
         let event = self.bodies[slot as usize].take()?;
         Some((at, event))
