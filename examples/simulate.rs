@@ -14,7 +14,7 @@
 //! (the first seed), `--clients`, `--masters`, `--ops`, and
 //! `--bug quorum-off-by-one|drift-dropped|extend-not-shortened|
 //! failure-counted-as-split|resend-decided|release-notice-dropped|
-//! handover-budget-ignored` to put
+//! handover-budget-ignored|contention-unheard` to put
 //! a bug in on purpose (the run should then stop at a seed that shows it).
 
 use std::process::ExitCode;
@@ -45,6 +45,7 @@ fn main() -> ExitCode {
                 "resend-decided" => Bug::ResendDecided,
                 "release-notice-dropped" => Bug::ReleaseNoticeDropped,
                 "handover-budget-ignored" => Bug::HandoverBudgetIgnored,
+                "contention-unheard" => Bug::ContentionUnheard,
                 _ => {
                     eprintln!("simulate: unknown bug {value}");
                     return ExitCode::from(2);

@@ -197,13 +197,24 @@ pub struct Config {
     /// write-back one round trip later, so its fence is read after the
     /// release, from a quorum, and is new and larger. 0 turns hand-overs
     /// off. Default 8.
+    ///
+    /// The count applies while other processes compete for the lock:
+    /// another client's release of it (or cleanup after a race) was heard
+    /// since this client last ended a row with an announced release, or
+    /// no row has ended yet. With nobody else heard, the window alone ends
+    /// a row: the count would only make this client's own callers race,
+    /// in vain, for their own lock (an announced release costs about
+    /// three hand-overs). A process that starts competing is heard once
+    /// it takes a master in a race (its cleanup is published) or the lock
+    /// (its release is); a client that does not publish (another Redlock
+    /// library) is never heard, and against it rows end at the window.
     pub local_handovers: u32,
     /// With [`Config::local_handovers`]: how long a row of in-process
     /// hand-overs may last, from its first; the release after that is
     /// announced to every process. With short critical sections the count
-    /// ends a row, with longer ones this: the other processes' waiters
-    /// wait about this long for their turn, however long each section.
-    /// Default 2 ms.
+    /// ends a row (while other processes compete), with longer ones this:
+    /// the other processes' waiters wait about this long for their turn,
+    /// however long each section. Default 2 ms.
     pub local_handover_window: Duration,
     /// With [`Config::local_handovers`]: how long a release finding no
     /// local waiter for its lock waits for one, when the lock has been

@@ -226,6 +226,21 @@ impl Engine {
         self.channels.handle_company(resource, company);
     }
 
+    /// See [`Channels::know_own_tokens`].
+    pub(crate) fn know_own_tokens(&mut self, prefix: [u8; 32]) {
+        self.channels.know_own_tokens(prefix);
+    }
+
+    /// See [`Channels::handle_yield`].
+    pub(crate) fn handle_yield(&mut self, resource: &[u8]) {
+        self.channels.handle_yield(resource);
+    }
+
+    /// See [`Channels::is_contended`].
+    pub(crate) fn is_contended(&self, resource: &[u8]) -> bool {
+        self.channels.is_contended(resource)
+    }
+
     /// See [`Channels::has_company`].
     pub(crate) fn has_company(&self, resource: &[u8]) -> bool {
         self.channels.has_company(resource)

@@ -244,6 +244,8 @@ impl<P: Promise, L: Links> Hub<P, L> {
         jitter: SplitMix64,
         now: Stamp,
     ) -> Hub<P, L> {
+        let mut engine = engine;
+        engine.know_own_tokens(tokens.prefix());
         Hub {
             names,
             engine,
@@ -584,7 +586,7 @@ impl<P: Promise, L: Links> Hub<P, L> {
         // No longer held here: a new local waiter tries again.
         self.engine.let_go(resource, now);
         let cohort = release.cohort(now);
-        let within = self.is_within_budget(cohort, now);
+        let within = self.is_within_budget(resource, cohort, now);
         match self.handover_head(resource) {
             Some(head) if within && self.closing_since.is_none() => {
                 // Several callers here take this lock in turn.
@@ -599,15 +601,26 @@ impl<P: Promise, L: Links> Hub<P, L> {
             // This client's turn is over: its waiters hear of the release
             // from the masters, with the other processes' (and, younger,
             // tend to try after them).
-            _ if cohort.row > 0 && !within => (Job::Release(release.yielded()), None),
+            _ if cohort.row > 0 && !within => {
+                self.engine.handle_yield(resource);
+                (Job::Release(release.yielded()), None)
+            }
             _ => (Job::Release(release), None),
         }
     }
 
-    /// Whether a row of hand-overs at `cohort` may go on at `now`: short of
-    /// [`Config::local_handovers`] and of [`Config::local_handover_window`].
-    fn is_within_budget(&self, cohort: Cohort, now: Instant) -> bool {
-        (cohort.row < self.config.local_handovers
+    /// Whether a row of hand-overs of the lock on `resource` at `cohort`
+    /// may go on at `now`: hand-overs on, the row short of
+    /// [`Config::local_handover_window`], and, while other processes
+    /// compete for the lock (see [`Engine::is_contended`]), short of
+    /// [`Config::local_handovers`]. With nobody else heard since the last
+    /// row ended, the window alone ends a row: its count would only make
+    /// this client's own callers race, in vain, for their own lock.
+    fn is_within_budget(&self, resource: &[u8], cohort: Cohort, now: Instant) -> bool {
+        let handovers = self.config.local_handovers;
+        let counted = self.engine.is_contended(resource);
+        (handovers > 0
+            && (!counted || cohort.row < handovers)
             && now.saturating_duration_since(cohort.since) < self.config.local_handover_window)
             || crate::knobs::injected(crate::knobs::Bug::HandoverBudgetIgnored)
     }

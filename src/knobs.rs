@@ -31,6 +31,10 @@ pub enum Bug {
     /// of hand-overs: other processes never get their turn while its
     /// waiters keep coming.
     HandoverBudgetIgnored,
+    /// Other clients' release messages do not mark a lock as contended:
+    /// a shared client takes nobody else to compete for it, and its rows
+    /// of hand-overs run past their count while other processes wait.
+    ContentionUnheard,
 }
 
 #[cfg(any(test, feature = "test-knobs"))]

@@ -79,6 +79,14 @@ struct Channel {
     /// several callers here take it in turn (see
     /// [`Config::local_handover_linger`](crate::Config::local_handover_linger)).
     company: bool,
+    /// Another client's release of this lock (or cleanup of its attempt)
+    /// was heard since this client last ended a row of hand-overs with an
+    /// announced release ([`Channels::handle_yield`]): other processes
+    /// compete for it, and a row ends after
+    /// [`Config::local_handovers`](crate::Config::local_handovers) as well
+    /// as after its window. Set for a new channel: until a row has ended
+    /// with nobody else heard, other processes are taken to compete.
+    contended: bool,
 }
 
 impl Channel {
@@ -120,6 +128,10 @@ pub(crate) struct Channels {
     /// How many channels are subscribed: the common case, none, costs
     /// no walk of the table (see [`Channels::is_wanted`]).
     subscribed: usize,
+    /// The prefix of every token this client mints: a message with
+    /// another token is another client's release (see `Channel`'s
+    /// `contended`). `None` until told: every message is then another's.
+    own: Option<[u8; 32]>,
 }
 
 impl Channels {
@@ -210,6 +222,7 @@ impl Channels {
                 subscribed: false,
                 held_until: None,
                 company: false,
+                contended: true,
             });
         add(channel);
         if std::mem::replace(&mut channel.subscribed, true) {
@@ -272,6 +285,28 @@ impl Channels {
         if let Some(channel) = self.table.get_mut(resource) {
             channel.company = company;
         }
+    }
+
+    /// The prefix of the tokens this client mints (see
+    /// [`TokenSource::prefix`](crate::token::TokenSource::prefix)).
+    pub(crate) fn know_own_tokens(&mut self, prefix: [u8; 32]) {
+        self.own = Some(prefix);
+    }
+
+    /// This client ended a row of hand-overs of the lock on `resource`
+    /// with an announced release: whether other processes still compete
+    /// for it is told by their releases heard from now on.
+    pub(crate) fn handle_yield(&mut self, resource: &[u8]) {
+        if let Some(channel) = self.table.get_mut(resource) {
+            channel.contended = false;
+        }
+    }
+
+    /// Whether other processes compete for the lock on `resource`: one of
+    /// their releases (or cleanups) was heard since this client last
+    /// ended a row of hand-overs, or no row has ended yet.
+    pub(crate) fn is_contended(&self, resource: &[u8]) -> bool {
+        self.table.get(resource).is_none_or(|c| c.contended)
     }
 
     /// Whether the lock on `resource` passes between several callers here
@@ -562,20 +597,28 @@ impl Channels {
         let Some(resource) = name.strip_prefix(RELEASE_CHANNEL_PREFIX) else {
             return Ok(());
         };
+        let own = self.own;
         let Some(channel) = self.table.get_mut(resource) else {
             return Ok(());
         };
         match &kind[..] {
             b"message" => {
-                if crate::knobs::injected(crate::knobs::Bug::ReleaseNoticeDropped) {
-                    return Ok(());
-                }
                 let token = match items.get(2) {
                     Some(Reply::Bulk(payload)) => std::str::from_utf8(payload)
                         .ok()
                         .and_then(|text| Token::parse(text).ok()),
                     _ => None,
                 };
+                // Another client's release, or its cleanup after a race:
+                // another process competes for this lock.
+                if !token.is_some_and(|t| own.is_some_and(|p| t.has_prefix(&p)))
+                    && !crate::knobs::injected(crate::knobs::Bug::ContentionUnheard)
+                {
+                    channel.contended = true;
+                }
+                if crate::knobs::injected(crate::knobs::Bug::ReleaseNoticeDropped) {
+                    return Ok(());
+                }
                 // Every master's message counts, those of one release
                 // included: a release reaches the masters one by one, and
                 // a waiter woken by the first may try before the others
@@ -940,6 +983,43 @@ mod tests {
         // Queued once, however many releases came.
         assert_eq!(channels.poll_notified().as_deref(), Some(R));
         assert_eq!(channels.poll_notified(), None);
+    }
+
+    #[test]
+    fn another_clients_release_heard_since_the_last_row_ended_makes_the_lock_contended() {
+        let now = Instant::now();
+        let mut subs = subs(3, now);
+        let mut channels = Channels::default();
+        let mut ours = TokenSource::from_seed([1; 16]);
+        let mut theirs = TokenSource::from_seed([2; 16]);
+        channels.know_own_tokens(ours.prefix());
+        // No channel, or a new one: taken to be contended.
+        assert!(channels.is_contended(R));
+        channels.join(&mut subs, &Bytes::from_static(R), 1, now);
+        confirm(&mut channels, 3, "subscribe");
+        assert!(channels.is_contended(R));
+        // A row ended: from now on, only other clients' messages count.
+        channels.handle_yield(R);
+        assert!(!channels.is_contended(R));
+        let (yielded, cleanup) = (ours.next_token(), ours.next_token());
+        channels.handle_cleanup(R, cleanup);
+        for link in 0..3 {
+            channels.handle_push(link, message(R, &yielded)).unwrap();
+            channels.handle_push(link, message(R, &cleanup)).unwrap();
+        }
+        assert!(!channels.is_contended(R), "this client's own releases");
+        // Another client's cleanup after a race (or its release) does.
+        channels
+            .handle_push(1, message(R, &theirs.next_token()))
+            .unwrap();
+        assert!(channels.is_contended(R));
+        channels.handle_yield(R);
+        assert!(!channels.is_contended(R));
+        // A message whose payload is no token is another client's too.
+        channels
+            .handle_push(0, push("message", R, Reply::Bulk(Bytes::from_static(b""))))
+            .unwrap();
+        assert!(channels.is_contended(R));
     }
 
     #[test]

@@ -64,6 +64,11 @@ impl Token {
         &self.bytes[..usize::from(self.len)]
     }
 
+    /// Whether the token starts with `prefix` (see [`TokenSource::prefix`]).
+    pub(crate) fn has_prefix(&self, prefix: &[u8]) -> bool {
+        self.as_bytes().starts_with(prefix)
+    }
+
     /// The token as text; always printable ASCII.
     pub fn as_str(&self) -> &str {
         std::str::from_utf8(self.as_bytes()).unwrap_or_default()
@@ -111,6 +116,12 @@ impl TokenSource {
             pair[1] = HEX[usize::from(byte & 0x0f)];
         }
         TokenSource { prefix, counter: 0 }
+    }
+
+    /// The prefix every token of this source starts with: a token without
+    /// it is another source's (another client's).
+    pub(crate) fn prefix(&self) -> [u8; 32] {
+        self.prefix
     }
 
     /// The next token: the prefix followed by the counter in 16 hex digits.

@@ -1210,6 +1210,72 @@ fn a_release_with_a_waiter_in_the_same_client_hands_the_lock_over_unannounced() 
     }
 }
 
+/// Issue 23: a row of hand-overs ends after `Config::local_handovers`
+/// only while other processes compete for the lock. Once a row has ended
+/// (its release announced) and no other client's release is heard, this
+/// client's callers pass the lock on until the window ends the row: the
+/// count would only make them race, in vain, for their own lock. A client
+/// takes others to compete until a row has ended so.
+#[test]
+fn with_no_other_process_heard_a_row_of_hand_overs_goes_on_past_its_count() {
+    let masters = cluster(3);
+    let (servers, urls) = (masters.servers(), masters.urls());
+    let mut config = config(&urls);
+    config.local_handovers = 1;
+    config.local_handover_window = Duration::from_secs(3600);
+    // A release whose next holder is not queued yet waits for it (rather
+    // than announce the release, which the check below would misread).
+    config.local_handover_linger = SETTLE;
+    let b = SharedRedlock::new(config).unwrap_or_else(|e| panic!("{e}"));
+    let first = b
+        .try_acquire(R, HOLD_TTL)
+        .unwrap_or_else(|e| panic!("the first holder takes {R}: {e}"));
+    // The first row: one hand-over, then announced (no row has ended yet,
+    // so other processes are taken to compete).
+    let waiter = refused_waiter(servers, &b);
+    b.release(&first)
+        .unwrap_or_else(|e| panic!("the first holder's release: {e}"));
+    let mut lock = waiter
+        .outcome()
+        .unwrap_or_else(|e| panic!("the first waiter: {e}"));
+    let waiter = Waiter::shared(&b);
+    let before = calls_now(servers);
+    b.release(&lock)
+        .unwrap_or_else(|e| panic!("the first row's last release: {e}"));
+    let every = || published_since(servers, &before).iter().all(|&p| p == 1);
+    assert!(
+        eventually(SETTLE, every),
+        "the first row ends at its count, announced: {:?}",
+        published_since(servers, &before)
+    );
+    lock = waiter
+        .outcome()
+        .unwrap_or_else(|e| panic!("the waiter after the announced release: {e}"));
+    // Nobody else was heard since: the next row goes on past its count,
+    // each release unannounced, each next holder with a fresh token.
+    let before = calls_now(servers);
+    for handed in 1..=3 {
+        let waiter = Waiter::shared(&b);
+        b.release(&lock)
+            .unwrap_or_else(|e| panic!("hand-over {handed}'s release: {e}"));
+        let next = waiter
+            .outcome()
+            .unwrap_or_else(|e| panic!("hand-over {handed}'s waiter: {e}"));
+        assert_ne!(next.token(), lock.token(), "a fresh token");
+        lock = next;
+    }
+    assert_eq!(
+        published_since(servers, &before),
+        [0, 0, 0],
+        "three hand-overs in a row, with a count of 1 and no other process heard, all \
+         unannounced"
+    );
+    assert!(
+        holding(servers, R, &lock) >= 2,
+        "a quorum holds the last holder's token"
+    );
+}
+
 /// Issue 23: a lock passing between a client's callers, released while
 /// none of them waits, is held a moment for one coming back
 /// (`Config::local_handover_linger`), and handed to it unannounced; with

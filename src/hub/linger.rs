@@ -39,7 +39,7 @@ impl<P: Promise, L: Links> Hub<P, L> {
         }
         let resource = release.resource()?;
         (self.engine.has_company(resource)
-            && self.is_within_budget(release.cohort(now), now)
+            && self.is_within_budget(resource, release.cohort(now), now)
             && self.handover_head(resource).is_none())
         .then(|| resource.clone())
     }

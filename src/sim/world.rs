@@ -34,7 +34,7 @@ use crate::lock::Lock;
 use crate::quorum::quorum;
 use crate::resp::{Limits, Reply, decode};
 use crate::script::Scripts;
-use crate::sim::hash::FxSet;
+use crate::sim::hash::{FxMap, FxSet};
 use crate::sim::model::{ConnId, Master};
 use crate::sim::rng::Rng;
 use crate::token::TokenSource;
@@ -696,8 +696,19 @@ pub struct World {
     out: BytesMut,
     /// Frames a master pushes to other connections, reused.
     pushes: Vec<(ConnId, Reply)>,
-    /// Tokens of the locks granted to callers.
-    granted_tokens: FxSet<TokenKey>,
+    /// Tokens of the locks granted to callers, each with whether its
+    /// client took another client's lock to compete for it when it was
+    /// granted (`contended`, then).
+    granted_tokens: FxMap<TokenKey, bool>,
+    /// Per client and resource: whether the client's hub takes other
+    /// processes to compete for the lock, at most (its `Channel`'s
+    /// `contended`): set when a release notice of another client's token
+    /// reaches it, cleared when one of its announced releases of the lock
+    /// reaches a master (the hub clears it earlier, when it decides to
+    /// announce the release that ends a row, never later). A row of
+    /// hand-overs longer than the budget is wrong only if the lock handed
+    /// on was granted while this was set: the hub then counts the row.
+    contended: Vec<[bool; RESOURCES.len()]>,
     /// Per master and resource: the token the last hand-over seen there
     /// took, and how many hand-overs in a row led to it (each a granted
     /// lock's quiet release with the next holder's attempt right behind,
@@ -737,6 +748,10 @@ impl World {
         // for one to come: off, the default, and longer than it.
         config.local_handover_linger =
             Duration::from_micros(handovers.pick(&[0, 100, 1_000, 5_000]));
+        // How long a row may last: the default, and long enough that the
+        // count ends rows while other clients compete (and, when none is
+        // heard, rows past the count are seen).
+        config.local_handover_window = Duration::from_millis(handovers.pick(&[2, 100, 1_000]));
         let base = Instant::now();
         let scripts = scripts();
         let clients: Vec<Client> = (0..settings.clients)
@@ -838,7 +853,8 @@ impl World {
             pushes: Vec::new(),
             overdue,
             maybe_done: true,
-            granted_tokens: token_set(),
+            granted_tokens: FxMap::with_capacity_and_hasher(256, Default::default()),
+            contended: vec![[true; RESOURCES.len()]; clients_len],
             handover_rows: vec![vec![(TokenKey::new(b""), 0); RESOURCES.len()]; settings_masters],
         };
         for c in 0..world.clients.len() {
@@ -946,6 +962,11 @@ impl World {
                 if c.links[link].state == (LinkState::Up { id }) {
                     let now = c.clock.stamp(self.now).mono;
                     c.hub.io().0.handle_input(link, &bytes, now);
+                    if let Some(r) = notice {
+                        // Another client's release, as the hub has just
+                        // read it.
+                        self.contended[client][r] = true;
+                    }
                     self.step(client);
                     if let Some(r) = notice {
                         self.notice(client, r);
@@ -1265,7 +1286,15 @@ impl World {
                     let token = TokenKey::new(token);
                     // A granted lock released quietly: a hand-over, if the
                     // next command takes it again.
-                    if quiet && self.granted_tokens.contains(&token) {
+                    if !quiet {
+                        // Announced: the row (if any) ended; whether other
+                        // processes compete is told by their releases from
+                        // now on.
+                        for r in keys.iter().filter_map(|k| resource_index(k)) {
+                            self.contended[client][r] = false;
+                        }
+                    }
+                    if quiet && self.granted_tokens.contains_key(&token) {
                         quiet_release = keys
                             .iter()
                             .find_map(|k| resource_index(k))
@@ -1284,7 +1313,12 @@ impl World {
                         let row = &mut self.handover_rows[master][r];
                         row.1 = if row.0 == old { row.1 + 1 } else { 1 };
                         row.0 = token;
-                        if row.1 > self.config.local_handovers {
+                        // Hand-overs off, or the row counted (see
+                        // `contended`) and past its count.
+                        let budget = self.config.local_handovers;
+                        let counted =
+                            budget == 0 || self.granted_tokens.get(&old).copied().unwrap_or(true);
+                        if row.1 > budget && counted {
                             rows.push((r, row.1));
                         }
                     }
@@ -1826,7 +1860,13 @@ impl World {
         let stamp = c.clock.stamp(self.now);
         let until = c.clock.virtual_at(lock.deadline_at(stamp));
         let token = lock.token().as_str().to_owned();
-        self.granted_tokens.insert(TokenKey::new(token.as_bytes()));
+        let contended = lock
+            .resources()
+            .iter()
+            .filter_map(|r| resource_index(r))
+            .any(|r| self.contended[client][r]);
+        self.granted_tokens
+            .insert(TokenKey::new(token.as_bytes()), contended);
         let mut entries = Vec::new();
         for resource in lock.resources() {
             entries.push(self.checker.entries.len());
@@ -2081,6 +2121,7 @@ mod tests {
             Some(Bug::ResendDecided) => " --bug resend-decided",
             Some(Bug::ReleaseNoticeDropped) => " --bug release-notice-dropped",
             Some(Bug::HandoverBudgetIgnored) => " --bug handover-budget-ignored",
+            Some(Bug::ContentionUnheard) => " --bug contention-unheard",
         };
         format!(
             "cargo run --release --features test-knobs --example simulate -- --seed {seed} \
@@ -2203,6 +2244,12 @@ mod tests {
     #[test]
     fn hand_overs_past_the_budget_are_a_row_too_long() {
         let (seed, violations) = caught(Bug::HandoverBudgetIgnored);
+        assert!(said(&violations, "row"), "seed {seed}: {violations:?}");
+    }
+
+    #[test]
+    fn rows_past_the_count_while_others_compete_are_a_row_too_long() {
+        let (seed, violations) = caught(Bug::ContentionUnheard);
         assert!(said(&violations, "row"), "seed {seed}: {violations:?}");
     }
 
