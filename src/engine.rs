@@ -217,8 +217,13 @@ impl Engine {
 
     /// A waiter for `resource` took the lock, valid until `until` (see
     /// [`Channels::handle_granted`]).
-    pub(crate) fn handle_granted(&mut self, resource: &[u8], until: Instant) {
-        self.channels.handle_granted(resource, until);
+    pub(crate) fn handle_granted(
+        &mut self,
+        resource: &[u8],
+        until: Instant,
+        token: crate::token::Token,
+    ) {
+        self.channels.handle_granted(resource, until, token);
     }
 
     /// See [`Channels::handle_company`].

@@ -879,14 +879,16 @@ impl<P: Promise, L: Links> Hub<P, L> {
                     for key in running.listening.take().iter().flat_map(Keys::as_slice) {
                         engine.unlisten(key, index, now);
                     }
+                    // Held here, whether its acquire waited or found the
+                    // lock free: a new local acquire waits for its release
+                    // (handed over, or heard) rather than try into a
+                    // refusal (nothing, when nobody here listens for it).
+                    if let Some((resource, until, token)) = running.job.granted(*stamp) {
+                        engine.handle_granted(resource, until, token);
+                    }
                     let waited_for = running.waits_for.take();
                     let promoted = match &waited_for {
-                        Some(resource) => {
-                            if let Some(until) = running.job.granted_until(*stamp) {
-                                engine.handle_granted(resource, until);
-                            }
-                            engine.leave(resource, index, now)
-                        }
+                        Some(resource) => engine.leave(resource, index, now),
                         None => None,
                     };
                     let output = running.job.take_output(now);

@@ -28,7 +28,7 @@ use crate::lock::{Cohort, Lock};
 use crate::metrics;
 use crate::quorum::{Decision, FencePlan, Loss, Round, Vote, plan_fence};
 use crate::script::FENCE_STATE_KEY;
-use crate::token::TokenSource;
+use crate::token::{Token, TokenSource};
 
 /// What a job needs from the client it runs on, borrowed per call.
 #[derive(Debug)]
@@ -257,11 +257,14 @@ impl Job {
         }
     }
 
-    /// Until when the lock this job took is valid, at `now`, if it took one.
-    pub(crate) fn granted_until(&self, now: Stamp) -> Option<Instant> {
+    /// The resource of the single-resource lock this job took, until when
+    /// it is valid at `now`, and its token, if it took one.
+    pub(crate) fn granted(&self, now: Stamp) -> Option<(&Bytes, Instant, Token)> {
         match self {
-            Job::Acquire(job) => match &job.result {
-                Some(Ok(lock)) => Some(lock.expiry.deadline(now)),
+            Job::Acquire(job) => match (&job.result, &job.keys) {
+                (Some(Ok(lock)), Keys::One(resource)) => {
+                    Some((resource, lock.expiry.deadline(now), lock.token))
+                }
                 _ => None,
             },
             _ => None,

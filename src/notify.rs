@@ -74,6 +74,8 @@ struct Channel {
     /// waits for its release instead of trying (see
     /// [`Channels::held_here`]).
     held_until: Option<Instant>,
+    /// The token of the lock held here (see `held_until`).
+    held: Option<Token>,
     /// The lock passed between two of this client's callers (handed
     /// over) since a release last waited for a local caller in vain:
     /// several callers here take it in turn (see
@@ -221,6 +223,7 @@ impl Channels {
                 links: vec![Link::default(); subs.len()],
                 subscribed: false,
                 held_until: None,
+                held: None,
                 company: false,
                 contended: true,
             });
@@ -270,12 +273,13 @@ impl Channels {
         None
     }
 
-    /// A waiter for `resource` took the lock, valid until `until`: it is
-    /// held here until let go through this client
+    /// A waiter for `resource` took the lock (`token`), valid until
+    /// `until`: it is held here until let go through this client
     /// ([`Channels::let_go`]), heard released, or that instant.
-    pub(crate) fn handle_granted(&mut self, resource: &[u8], until: Instant) {
+    pub(crate) fn handle_granted(&mut self, resource: &[u8], until: Instant, token: Token) {
         if let Some(channel) = self.table.get_mut(resource) {
             channel.held_until = Some(until);
+            channel.held = Some(token);
         }
     }
 
@@ -611,9 +615,8 @@ impl Channels {
                 };
                 // Another client's release, or its cleanup after a race:
                 // another process competes for this lock.
-                if !token.is_some_and(|t| own.is_some_and(|p| t.has_prefix(&p)))
-                    && !crate::knobs::injected(crate::knobs::Bug::ContentionUnheard)
-                {
+                let ours = token.is_some_and(|t| own.is_some_and(|p| t.has_prefix(&p)));
+                if !ours && !crate::knobs::injected(crate::knobs::Bug::ContentionUnheard) {
                     channel.contended = true;
                 }
                 if crate::knobs::injected(crate::knobs::Bug::ReleaseNoticeDropped) {
@@ -628,8 +631,13 @@ impl Channels {
                 // waiter waited for the holder's expiry).
                 if token.is_none() || token != channel.cleanup {
                     // No longer held here, if it was: the lingering
-                    // subscription ends at the next sweep.
-                    channel.held_until = None;
+                    // subscription ends at the next sweep. Not for a late
+                    // message (a slower master's) of an earlier release of
+                    // this client's: the lock a waiter took since is
+                    // still held here, and its subscription stays.
+                    if !ours || token == channel.held {
+                        channel.held_until = None;
+                    }
                     release(&mut self.notified, resource, channel);
                 }
             }
@@ -860,6 +868,8 @@ mod tests {
         let valid = now + Duration::from_secs(2);
         let mut subs = subs(3, now);
         let mut channels = Channels::default();
+        let mut ours = TokenSource::from_seed([1; 16]);
+        channels.know_own_tokens(ours.prefix());
         let resource = Bytes::from_static(R);
         let subscribed = |subs: &mut Vec<Conn>| {
             for conn in subs.iter_mut() {
@@ -875,7 +885,7 @@ mod tests {
         channels.join(&mut subs, &resource, 7, now);
         subscribed(&mut subs);
         confirm(&mut channels, 3, "subscribe");
-        channels.handle_granted(R, valid);
+        channels.handle_granted(R, valid, ours.next_token());
         assert_eq!(channels.leave(&mut subs, &resource, 7, now), None);
         assert!(subs.iter_mut().all(|c| sent(c).is_empty()), "kept");
         assert_eq!(channels.held_here(R, now), Some(valid));
@@ -889,14 +899,25 @@ mod tests {
         channels.join(&mut subs, &resource, 8, now);
         subscribed(&mut subs);
         confirm(&mut channels, 3, "subscribe");
-        channels.handle_granted(R, valid);
+        let earlier = ours.next_token();
+        let held = ours.next_token();
+        channels.handle_granted(R, valid, held);
         assert_eq!(channels.leave(&mut subs, &resource, 8, now), None);
         assert_eq!(channels.next_sweep(), Some(valid));
-        let token = TokenSource::from_seed([3; 16]).next_token();
+        // A slower master's message of an earlier release of this client's
+        // says nothing of the lock held here.
         channels
-            .handle_push(0, message(R, &token))
+            .handle_push(2, message(R, &earlier))
             .expect("a message");
-        assert_eq!(channels.held_here(R, now), None);
+        assert_eq!(channels.held_here(R, now), Some(valid));
+        // Its own release heard, or another client's (it no longer holds).
+        for token in [held, TokenSource::from_seed([3; 16]).next_token()] {
+            channels.handle_granted(R, valid, held);
+            channels
+                .handle_push(0, message(R, &token))
+                .expect("a message");
+            assert_eq!(channels.held_here(R, now), None);
+        }
         channels.sweep(&mut subs, now);
         unsubscribed(&mut subs);
         confirm(&mut channels, 3, "unsubscribe");
@@ -905,7 +926,7 @@ mod tests {
         channels.join(&mut subs, &resource, 9, now);
         subscribed(&mut subs);
         confirm(&mut channels, 3, "subscribe");
-        channels.handle_granted(R, valid);
+        channels.handle_granted(R, valid, ours.next_token());
         assert_eq!(channels.leave(&mut subs, &resource, 9, now), None);
         channels.sweep(&mut subs, now);
         assert!(subs.iter_mut().all(|c| sent(c).is_empty()), "still valid");

@@ -1218,6 +1218,7 @@ fn a_release_with_a_waiter_in_the_same_client_hands_the_lock_over_unannounced() 
 /// takes others to compete until a row has ended so.
 #[test]
 fn with_no_other_process_heard_a_row_of_hand_overs_goes_on_past_its_count() {
+    const X: &str = "notify:x";
     let masters = cluster(3);
     let (servers, urls) = (masters.servers(), masters.urls());
     let mut config = config(&urls);
@@ -1225,11 +1226,23 @@ fn with_no_other_process_heard_a_row_of_hand_overs_goes_on_past_its_count() {
     config.local_handover_window = Duration::from_secs(3600);
     // A release whose next holder is not queued yet waits for it (rather
     // than announce the release, which the check below would misread).
-    config.local_handover_linger = SETTLE;
+    config.local_handover_linger = Duration::from_secs(2);
     let b = SharedRedlock::new(config).unwrap_or_else(|e| panic!("{e}"));
+    let c = shared(&urls);
     let first = b
         .try_acquire(R, HOLD_TTL)
         .unwrap_or_else(|e| panic!("the first holder takes {R}: {e}"));
+    // A caller of B waiting for R and X together, X held by C: it listens
+    // to R's releases throughout, so that B keeps what it learned of R
+    // even while none of its callers waits in R's queue.
+    let x = c
+        .try_acquire(X, HOLD_TTL)
+        .unwrap_or_else(|e| panic!("C takes {X}: {e}"));
+    let listener = {
+        let b = b.clone();
+        Waiter::spawn(move || b.acquire_many_with([R, X], HOLD_TTL, &waiting()))
+    };
+    wait_numsub_of(servers, &[X], 1, "while B's caller waits for R and X");
     // The first row: one hand-over, then announced (no row has ended yet,
     // so other processes are taken to compete).
     let waiter = refused_waiter(servers, &b);
@@ -1274,6 +1287,16 @@ fn with_no_other_process_heard_a_row_of_hand_overs_goes_on_past_its_count() {
         holding(servers, R, &lock) >= 2,
         "a quorum holds the last holder's token"
     );
+    // Then the listener gets both.
+    c.release(&x)
+        .unwrap_or_else(|e| panic!("C's release of {X}: {e}"));
+    b.release(&lock)
+        .unwrap_or_else(|e| panic!("the last holder's release: {e}"));
+    let both = listener
+        .outcome()
+        .unwrap_or_else(|e| panic!("the caller waiting for R and X: {e}"));
+    b.release(&both)
+        .unwrap_or_else(|e| panic!("the release of R and X: {e}"));
 }
 
 /// Issue 23: a lock passing between a client's callers, released while
