@@ -24,6 +24,7 @@ use crate::notify::Channels;
 use crate::quorum::{FencePlan, Round, Vote, plan_fence, same_server};
 use crate::resp::Limits;
 use crate::script::Scripts;
+use crate::token::Token;
 
 /// Names a round in an [`Engine`]: its slot in the engine's table and that
 /// slot's generation, so that a reply to a round that is over never lands
@@ -215,14 +216,9 @@ impl Engine {
             .is_listening(&self.subs, resource, crate::quorum::quorum(self.n), now)
     }
 
-    /// A waiter for `resource` took the lock, valid until `until` (see
-    /// [`Channels::handle_granted`]).
-    pub(crate) fn handle_granted(
-        &mut self,
-        resource: &[u8],
-        until: Instant,
-        token: crate::token::Token,
-    ) {
+    /// This client took the lock on `resource` (`token`), valid until
+    /// `until` (see [`Channels::handle_granted`]).
+    pub(crate) fn handle_granted(&mut self, resource: &[u8], until: Instant, token: Token) {
         self.channels.handle_granted(resource, until, token);
     }
 

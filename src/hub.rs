@@ -238,13 +238,12 @@ impl<P: Promise, L: Links> Hub<P, L> {
     pub(crate) fn new(
         config: Config,
         names: Vec<Arc<str>>,
-        engine: Engine,
+        mut engine: Engine,
         links: L,
         tokens: TokenSource,
         jitter: SplitMix64,
         now: Stamp,
     ) -> Hub<P, L> {
-        let mut engine = engine;
         engine.know_own_tokens(tokens.prefix());
         Hub {
             names,

@@ -67,15 +67,13 @@ struct Channel {
     /// Subscribed (or subscribing) on every subscriber connection: from
     /// the first waiter's join until the UNSUBSCRIBEs are sent.
     subscribed: bool,
-    /// A waiter of this channel took the lock, valid until then, and it
+    /// This client took the lock (this token, valid until then), and it
     /// has not been let go through this client (nor heard released): the
     /// lock is held here. The subscription stays with no waiter left
     /// until it is let go or that instant passes, and a new local waiter
     /// waits for its release instead of trying (see
     /// [`Channels::held_here`]).
-    held_until: Option<Instant>,
-    /// The token of the lock held here (see `held_until`).
-    held: Option<Token>,
+    held: Option<(Instant, Token)>,
     /// The lock passed between two of this client's callers (handed
     /// over) since a release last waited for a local caller in vain:
     /// several callers here take it in turn (see
@@ -187,7 +185,7 @@ impl Channels {
             return;
         };
         channel.listeners.retain(|&w| w != waiter);
-        if channel.is_lingering() && channel.held_until.is_none() {
+        if channel.is_lingering() && channel.held.is_none() {
             self.unsubscribe(subs, resource, now);
         }
     }
@@ -222,7 +220,6 @@ impl Channels {
                 queued: false,
                 links: vec![Link::default(); subs.len()],
                 subscribed: false,
-                held_until: None,
                 held: None,
                 company: false,
                 contended: true,
@@ -267,19 +264,19 @@ impl Channels {
         if !channel.waiters.is_empty() {
             return channel.waiters.front().copied().filter(|_| position == 0);
         }
-        if channel.listeners.is_empty() && channel.held_until.is_none() {
+        if channel.listeners.is_empty() && channel.held.is_none() {
             self.unsubscribe(subs, resource, now);
         }
         None
     }
 
-    /// A waiter for `resource` took the lock (`token`), valid until
-    /// `until`: it is held here until let go through this client
+    /// This client took the lock on `resource` (`token`), valid until
+    /// `until`, while its callers listen for it: it is held here until let
+    /// go through this client
     /// ([`Channels::let_go`]), heard released, or that instant.
     pub(crate) fn handle_granted(&mut self, resource: &[u8], until: Instant, token: Token) {
         if let Some(channel) = self.table.get_mut(resource) {
-            channel.held_until = Some(until);
-            channel.held = Some(token);
+            channel.held = Some((until, token));
         }
     }
 
@@ -328,7 +325,8 @@ impl Channels {
         }
         let channel = self.table.get(resource)?;
         channel
-            .held_until
+            .held
+            .map(|(until, _)| until)
             .filter(|&until| until > now && channel.subscribed)
     }
 
@@ -339,7 +337,7 @@ impl Channels {
         let Some(channel) = self.table.get_mut(resource) else {
             return;
         };
-        channel.held_until = None;
+        channel.held = None;
         if channel.is_lingering() {
             self.unsubscribe(subs, resource, now);
         }
@@ -355,7 +353,7 @@ impl Channels {
         done.extend(
             self.table
                 .iter()
-                .filter(|(_, c)| c.is_lingering() && c.held_until.is_none_or(|t| t <= now))
+                .filter(|(_, c)| c.is_lingering() && c.held.is_none_or(|(t, _)| t <= now))
                 .map(|(resource, _)| resource.clone()),
         );
         for resource in done.drain(..) {
@@ -373,7 +371,7 @@ impl Channels {
         self.table
             .values()
             .filter(|c| c.is_lingering())
-            .filter_map(|c| c.held_until)
+            .filter_map(|c| c.held.map(|(until, _)| until))
             .min()
     }
 
@@ -387,7 +385,7 @@ impl Channels {
         if std::mem::take(&mut channel.subscribed) {
             self.subscribed -= 1;
         }
-        channel.held_until = None;
+        channel.held = None;
         let mut dropped = false;
         for (i, (link, conn)) in channel.links.iter_mut().zip(subs.iter_mut()).enumerate() {
             if self.refused.get(i).copied().unwrap_or(false) {
@@ -467,7 +465,7 @@ impl Channels {
             return;
         }
         if let Some(channel) = self.table.get_mut(resource) {
-            channel.held_until = None;
+            channel.held = None;
             release(&mut self.notified, resource, channel);
         }
     }
@@ -635,8 +633,8 @@ impl Channels {
                     // message (a slower master's) of an earlier release of
                     // this client's: the lock a waiter took since is
                     // still held here, and its subscription stays.
-                    if !ours || token == channel.held {
-                        channel.held_until = None;
+                    if !ours || token == channel.held.map(|(_, held)| held) {
+                        channel.held = None;
                     }
                     release(&mut self.notified, resource, channel);
                 }
