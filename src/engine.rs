@@ -273,6 +273,11 @@ impl Engine {
 
     /// The lock on `resource` is let go through this client (see
     /// [`Channels::let_go`]).
+    /// See [`Channels::is_current`].
+    pub(crate) fn is_current(&self, resource: &[u8], token: Token) -> bool {
+        self.channels.is_current(resource, token)
+    }
+
     pub(crate) fn let_go(&mut self, resource: &Bytes, now: Instant) {
         self.channels.let_go(&mut self.subs, resource, now);
     }
@@ -306,6 +311,27 @@ impl Engine {
         timeout: Duration,
         wait: Wait,
     ) -> RoundId {
+        self.start_except(requests, now, timeout, wait, 0)
+    }
+
+    /// Sends `requests` without waiting for their replies (releases), to
+    /// every master but those whose bit is set in `skip` (bit `i` for
+    /// master `i`; masters from 64 on are never skipped).
+    pub(crate) fn send(&mut self, requests: &[Request], now: Instant, skip: u64) {
+        let id = self.start_except(requests, now, Duration::ZERO, Wait::Decision, skip);
+        self.finish(id);
+    }
+
+    /// [`Engine::start`], leaving out the masters whose bit is set in
+    /// `skip`: their votes are recorded as refused at once.
+    fn start_except(
+        &mut self,
+        requests: &[Request],
+        now: Instant,
+        timeout: Duration,
+        wait: Wait,
+        skip: u64,
+    ) -> RoundId {
         let index = match self.free.pop() {
             Some(index) => index,
             None => {
@@ -334,6 +360,10 @@ impl Engine {
                 slot: slot as u32,
             };
             for (i, conn) in self.conns.iter_mut().enumerate() {
+                if i < 64 && skip & (1 << i) != 0 {
+                    entry.round.record(slot, i, Vote::Refused, now);
+                    continue;
+                }
                 let was_up = !conn.is_down();
                 if let Err(cause) = conn.send(tag, request, &self.wire, now) {
                     if was_up {

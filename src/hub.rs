@@ -582,8 +582,14 @@ impl<P: Promise, L: Links> Hub<P, L> {
         let Some(resource) = release.resource() else {
             return (Job::Release(release), None);
         };
-        // No longer held here: a new local waiter tries again.
-        self.engine.let_go(resource, now);
+        // No longer held here: a new local waiter tries again. Unless
+        // another lock of this client's holds it now: the released one
+        // lapsed, its row long over, and whether others compete is the
+        // current row's to tell.
+        let current = self.engine.is_current(resource, release.token());
+        if current {
+            self.engine.let_go(resource, now);
+        }
         let cohort = release.cohort(now);
         let within = self.is_within_budget(resource, cohort, now);
         match self.handover_head(resource) {
@@ -601,7 +607,9 @@ impl<P: Promise, L: Links> Hub<P, L> {
             // from the masters, with the other processes' (and, younger,
             // tend to try after them).
             _ if cohort.row > 0 && !within => {
-                self.engine.handle_yield(resource);
+                if current {
+                    self.engine.handle_yield(resource);
+                }
                 (Job::Release(release.yielded()), None)
             }
             _ => (Job::Release(release), None),
@@ -790,7 +798,7 @@ impl<P: Promise, L: Links> Hub<P, L> {
                     running.in_round = true;
                     return;
                 }
-                Step::Send(requests) => {
+                Step::Send { requests, skip } => {
                     if let Some(resource) = &running.waits_for {
                         for request in requests {
                             engine.handle_cleanup(resource, request.token);
@@ -802,8 +810,7 @@ impl<P: Promise, L: Links> Hub<P, L> {
                         }
                     }
                     links.prepare(engine, now);
-                    let id = engine.start(requests, now, Duration::ZERO, Wait::Decision);
-                    engine.finish(id);
+                    engine.send(requests, now, skip);
                 }
                 Step::Await { .. } | Step::Sleep(_) if running.handed.is_some() => {
                     // Refused while this client released the lock to it.

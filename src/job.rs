@@ -50,9 +50,10 @@ pub(crate) enum Step<'a> {
         timeout: Duration,
         wait: Wait,
     },
-    /// Requests sent without waiting for their replies (releases); then
-    /// [`Job::poll`] again.
-    Send(&'a [Request]),
+    /// Requests sent without waiting for their replies (releases) to
+    /// every master but those whose bit is set in `skip` (bit `i` for
+    /// master `i`); then [`Job::poll`] again.
+    Send { requests: &'a [Request], skip: u64 },
     /// Nothing until this instant (a retry's wait); then [`Job::poll`].
     Sleep(Instant),
     /// Wait for `resource` to be released: join its queue of local
@@ -447,6 +448,11 @@ pub(crate) struct Acquire {
     stage: Stage,
     /// Where to go after the cleanup.
     after_cleanup: After,
+    /// The masters the cleanup leaves out (bit `i` for master `i`): those
+    /// that refused the failed attempt hold no key with its token, which
+    /// no other request carries (tokens change per attempt), so a release
+    /// there would do nothing.
+    clean_skip: u64,
     /// The error to return if no attempt is left.
     last_error: Option<Error>,
     result: Option<Result<Lock, Error>>,
@@ -570,6 +576,7 @@ impl Acquire {
             phase_one: None,
             stage: Stage::Round,
             after_cleanup: After::Finish,
+            clean_skip: 0,
             last_error: None,
             result: None,
             abandoned: false,
@@ -664,7 +671,10 @@ impl Acquire {
                     }
                 };
                 match &self.second {
-                    Some(cleanup) => Step::Send(std::slice::from_ref(cleanup)),
+                    Some(cleanup) => Step::Send {
+                        requests: std::slice::from_ref(cleanup),
+                        skip: std::mem::take(&mut self.clean_skip),
+                    },
                     None => Step::Done,
                 }
             }
@@ -694,7 +704,9 @@ impl Acquire {
                     } else {
                         release_op(&self.keys)
                     };
-                    return self.fail_then(ctx, error, ended.mono, next, cleanup);
+                    self.fail_then(ctx, error, ended.mono, next, cleanup);
+                    self.clean_skip = refused_masters(round.votes(0));
+                    return;
                 };
                 if self.op != Op::AcquireFenced {
                     return self.succeed(expiry, None);
@@ -822,6 +834,7 @@ impl Acquire {
             }
         };
         self.last_error = Some(error);
+        self.clean_skip = 0;
         self.stage = Stage::Cleanup;
     }
 
@@ -1140,6 +1153,11 @@ impl Release {
         self.cohort.unwrap_or(Cohort { row: 0, since: now })
     }
 
+    /// The token released.
+    pub(crate) fn token(&self) -> Token {
+        self.request.token
+    }
+
     /// The resource released, for a lock of one key.
     pub(crate) fn resource(&self) -> Option<&Bytes> {
         match &self.request.keys {
@@ -1264,7 +1282,10 @@ impl Batch {
                 if self.requests.is_empty() {
                     Step::Done
                 } else {
-                    Step::Send(&self.requests)
+                    Step::Send {
+                        requests: &self.requests,
+                        skip: 0,
+                    }
                 }
             }
             _ => {
@@ -1418,6 +1439,17 @@ pub(crate) fn release_op(keys: &Keys) -> Op {
         Keys::One(_) => Op::Release,
         Keys::Many(_) => Op::ReleaseMany,
     }
+}
+
+/// The masters that refused a request (bit `i` for master `i`, up to
+/// the 64th): a refusal is an answer that the request changed nothing.
+fn refused_masters(votes: &[Vote]) -> u64 {
+    votes
+        .iter()
+        .take(64)
+        .enumerate()
+        .filter(|(_, vote)| **vote == Vote::Refused)
+        .fold(0, |skip, (i, _)| skip | 1 << i)
 }
 
 /// The quiet cleanup (no publish) of an attempt at `keys` that found the

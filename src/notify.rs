@@ -330,6 +330,17 @@ impl Channels {
             .filter(|&until| until > now && channel.subscribed)
     }
 
+    /// Whether a release of `token` lets go of the lock on `resource`
+    /// held here, if one is marked: not when another of this client's
+    /// locks holds it now (the released one lapsed and was taken again,
+    /// its caller releasing it late).
+    pub(crate) fn is_current(&self, resource: &[u8], token: Token) -> bool {
+        self.table
+            .get(resource)
+            .and_then(|c| c.held)
+            .is_none_or(|(_, held)| held == token)
+    }
+
     /// The lock on `resource` is let go through this client (released,
     /// or handed over): it is no longer held here, and with nobody
     /// waiting the subscription ends.
@@ -931,6 +942,28 @@ mod tests {
         assert_eq!(channels.held_here(R, valid), None);
         channels.sweep(&mut subs, valid);
         unsubscribed(&mut subs);
+    }
+
+    #[test]
+    fn only_the_lock_held_here_lets_go_of_it_not_an_earlier_one_released_late() {
+        let now = Instant::now();
+        let valid = now + Duration::from_secs(2);
+        let mut subs = subs(3, now);
+        let mut channels = Channels::default();
+        let mut ours = TokenSource::from_seed([1; 16]);
+        channels.know_own_tokens(ours.prefix());
+        let resource = Bytes::from_static(R);
+        // Nothing marked: any release of this client's lets go.
+        let lapsed = ours.next_token();
+        assert!(channels.is_current(R, lapsed));
+        channels.join(&mut subs, &resource, 7, now);
+        confirm(&mut channels, 3, "subscribe");
+        let held = ours.next_token();
+        channels.handle_granted(R, valid, held);
+        // An earlier lock of this client's on the same resource, lapsed
+        // and released late by its caller, is not the one held here.
+        assert!(!channels.is_current(R, lapsed));
+        assert!(channels.is_current(R, held));
     }
 
     #[test]

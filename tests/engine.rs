@@ -427,6 +427,59 @@ fn a_failed_acquire_leaves_no_key_behind() {
     assert_eq!(get(&servers[2], "contested"), Reply::Nil);
 }
 
+/// A failed attempt's cleanup goes where the attempt may have set its key,
+/// not to the masters that refused it: a refusal says the SET changed
+/// nothing there, and the attempt's token is its own (a retry takes a new
+/// one), so a release there would only cost the master a script run.
+#[test]
+fn a_failed_acquire_cleans_up_only_where_its_attempt_was_not_refused() {
+    let masters = cluster(3);
+    let servers = masters.servers();
+    for server in &servers[..2] {
+        let reply = plain(server).cmd(&[
+            "SET".into(),
+            "contested".into(),
+            "other".into(),
+            "PX".into(),
+            Arg::Int(ms(LONG_TTL)),
+        ]);
+        assert!(reply.is_ok(), "{reply:?}");
+    }
+    let evalshas = || -> Vec<u64> {
+        servers
+            .iter()
+            .map(|s| common::command_calls(s, "evalsha"))
+            .collect()
+    };
+    let mut redlock = client(&masters.urls());
+    let before = evalshas();
+    let err = redlock
+        .try_acquire("contested", TTL)
+        .expect_err("two of three masters hold another token");
+    let fail = failure(&err);
+    assert_eq!(fail.votes[0].vote, Vote::Refused, "{fail}");
+    assert_eq!(fail.votes[1].vote, Vote::Refused, "{fail}");
+    // The master that granted is cleaned up.
+    wait_gone(&servers[2..], "contested");
+    // A SET behind the cleanup on each connection: once every master has
+    // it, a cleanup sent to any of them has run.
+    let probe = redlock
+        .try_acquire("probe", TTL)
+        .unwrap_or_else(|e| panic!("{e}"));
+    wait_held(servers, "probe", probe.token());
+    let after = evalshas();
+    assert_eq!(
+        after[..2],
+        before[..2],
+        "EVALSHA calls on the two refusing masters (before, after)"
+    );
+    assert!(
+        after[2] > before[2],
+        "the cleanup ran on the granting master"
+    );
+    redlock.release(&probe).unwrap_or_else(|e| panic!("{e}"));
+}
+
 #[test]
 fn with_one_of_three_masters_killed_acquire_and_release_still_succeed() {
     // And with two of five: a minority down never stops the quorum.

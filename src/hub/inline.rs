@@ -3,11 +3,11 @@
 //! call that finds the loop idle. Its rounds are driven there and then by
 //! a [`Drive`]; once it would wait, the hub takes it over.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use super::{Hub, Links, Promise, Split};
 use crate::clock::Stamp;
-use crate::engine::{Engine, RoundId, Wait};
+use crate::engine::{Engine, RoundId};
 use crate::error::Error;
 use crate::job::{Job, Output, Step};
 use crate::metrics::OpSpan;
@@ -97,11 +97,10 @@ impl<P: Promise, L: Drive> Hub<P, L> {
                     while engine.poll_completed().is_some() {}
                     self.check_distinct();
                 }
-                Step::Send(requests) => {
+                Step::Send { requests, skip } => {
                     links.prepare(engine, now);
-                    let id = engine.start(requests, now, Duration::ZERO, Wait::Decision);
+                    engine.send(requests, now, skip);
                     links.send(engine);
-                    engine.finish(id);
                     while engine.poll_completed().is_some() {}
                 }
                 Step::Sleep(_) | Step::Subscribe(_) | Step::Await { .. } => return None,

@@ -15,7 +15,7 @@
 
 use std::cell::RefCell;
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 use std::fmt;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -472,8 +472,9 @@ struct Node {
     stalled_until: Micros,
     /// Master-local milliseconds per virtual microsecond, and its offset.
     rate: f64,
-    /// Connections open at the master: id -> (client, link, bytes unread).
-    conns: BTreeMap<u64, (usize, usize, BytesMut)>,
+    /// Connections open at the master: id -> (client, link, bytes unread,
+    /// the lengths of the writes they came in, oldest first).
+    conns: BTreeMap<u64, (usize, usize, BytesMut, VecDeque<usize>)>,
     restarts: u64,
     /// Tokens whose release this master has received.
     released: FxSet<TokenKey>,
@@ -1179,7 +1180,7 @@ impl World {
         c.hub.io().0.handle_connected(link);
         self.nodes[master]
             .conns
-            .insert(id, (client, link, BytesMut::new()));
+            .insert(id, (client, link, BytesMut::new(), VecDeque::new()));
         self.step(client);
     }
 
@@ -1200,13 +1201,14 @@ impl World {
 
     fn handle_at_master(&mut self, master: usize, id: u64, bytes: Bytes) {
         let node = &mut self.nodes[master];
-        let Some((_, _, buf)) = node.conns.get_mut(&id) else {
+        let Some((_, _, buf, writes)) = node.conns.get_mut(&id) else {
             return;
         };
         if !node.up {
             return;
         }
         buf.extend_from_slice(&bytes);
+        writes.push_back(bytes.len());
         // A stalled master reads nothing until the stall ends; what came
         // waits in each connection's buffer, in order.
         if node.stalled_until > self.now {
@@ -1242,7 +1244,7 @@ impl World {
             ..
         } = &mut self.nodes[master];
         let now_ms = node_ms(*rate, now);
-        let Some(&mut (client, link, _)) = conns.get_mut(&id) else {
+        let Some(&mut (client, link, _, _)) = conns.get_mut(&id) else {
             return;
         };
         let out = &mut self.out;
@@ -1251,7 +1253,14 @@ impl World {
         let mut spins = Vec::new();
         let mut rows = Vec::new();
         let mut quiet_release: Option<(TokenKey, usize)> = None;
-        while let Some((_, _, buf)) = conns.get_mut(&id) {
+        // Unread bytes of the write being read: a hand-over is a release
+        // and an attempt in one write, not two writes a stall let pile up.
+        let mut write_left = 0;
+        while let Some((_, _, buf, writes)) = conns.get_mut(&id) {
+            if write_left == 0 {
+                write_left = writes.pop_front().unwrap_or(usize::MAX);
+                quiet_release = None;
+            }
             let mut slots = [&[][..]; MAX_ARGS];
             let owned: Vec<Bytes>;
             let listed: Vec<&[u8]>;
@@ -1369,6 +1378,12 @@ impl World {
             if len > 0 {
                 buf.advance(len);
             }
+            // The decoder's frames (never the client's) end the write.
+            write_left = if len > 0 {
+                write_left.saturating_sub(len)
+            } else {
+                0
+            };
         }
         for r in spins {
             let what = format!(
@@ -1399,7 +1414,7 @@ impl World {
             self.deliver(client, link, id, bytes, None);
         }
         for (ConnId(to), reply) in pushes.drain(..) {
-            let Some(&(c, l, _)) = self.nodes[master].conns.get(&to) else {
+            let Some(&(c, l, _, _)) = self.nodes[master].conns.get(&to) else {
                 continue;
             };
             // Another process's release: a reason for this one to try.
@@ -1940,7 +1955,7 @@ impl World {
                 let conns: Vec<(usize, usize)> = self.nodes[m]
                     .conns
                     .values()
-                    .map(|(c, l, _)| (*c, *l))
+                    .map(|(c, l, _, _)| (*c, *l))
                     .collect();
                 if !conns.is_empty() {
                     let (c, l) = conns[self.rng.below(conns.len())];
@@ -2020,7 +2035,7 @@ impl World {
                 let conns: Vec<(usize, usize)> = self.nodes[m]
                     .conns
                     .values()
-                    .map(|(c, l, _)| (*c, *l))
+                    .map(|(c, l, _, _)| (*c, *l))
                     .collect();
                 if !conns.is_empty() {
                     let (c, l) = conns[self.rng.below(conns.len())];

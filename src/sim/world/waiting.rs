@@ -25,10 +25,14 @@ struct Key {
 struct Resource {
     /// Per master.
     keys: Vec<Option<Key>>,
-    /// Held: a quorum of masters holds one token's live key. Then, when
-    /// that quorum lapses by expiry if nothing changes.
+    /// Held: a quorum of masters holds one token's live key; or blocked:
+    /// no token's key is live on a quorum, yet fewer than a quorum of
+    /// masters hold no live key (keys of several tokens, left by racers
+    /// or by releases that did not reach every master), so nobody can
+    /// take it. Then, when that ends by expiry if nothing changes.
     lapse: Option<Micros>,
-    /// Free (no token's live key on a quorum) since then.
+    /// Free (a quorum of masters with no live key: any caller can take
+    /// it) since then.
     free_since: Option<Micros>,
 }
 
@@ -54,6 +58,27 @@ impl Resource {
             }
         }
         None
+    }
+
+    /// When a quorum of masters will hold no live key if nothing changes
+    /// (`now` if one does now).
+    fn free_at(&self, quorum: usize, now: Micros) -> Micros {
+        let mut untils = [Micros::MAX; MAX_MASTERS];
+        let mut live = 0;
+        for key in self.keys.iter().flatten().filter(|k| k.until > now) {
+            if let Some(slot) = untils.get_mut(live) {
+                *slot = key.until;
+                live += 1;
+            }
+        }
+        let free = self.keys.len() - live;
+        if free >= quorum {
+            return now;
+        }
+        // `quorum - free` more keys must expire.
+        let untils = &mut untils[..live];
+        untils.sort_unstable();
+        untils[quorum - free - 1]
     }
 }
 
@@ -89,8 +114,10 @@ pub(super) struct Bounds {
 
 /// The waiting checker.
 ///
-/// A client *owes* the lock of resource `r` while `r` is free (no token's
-/// key live on a quorum of masters: released by its holder or expired),
+/// A client *owes* the lock of resource `r` while `r` is free (a quorum
+/// of masters holds no live key of it: released by its holder or
+/// expired; keys of several tokens on a majority, none on a quorum, block
+/// every caller until enough of them expire),
 /// one of its waiting acquires (Retry with [`Config::wake_on_release`],
 /// one resource, plain or fenced, more than one attempt) waits for it,
 /// and it can reach
@@ -172,10 +199,14 @@ impl Waiting {
         self.update(r, now);
     }
 
-    /// Resource `r`'s state at `now`: held, or free since when.
+    /// Resource `r`'s state at `now`: held or blocked until when, or free
+    /// since when.
     fn update(&mut self, r: usize, now: Micros) {
         let resource = &mut self.resources[r];
-        match resource.holder(self.quorum, now) {
+        let lapse = resource
+            .holder(self.quorum, now)
+            .or_else(|| Some(resource.free_at(self.quorum, now)).filter(|&at| at > now));
+        match lapse {
             Some(lapse) => {
                 resource.free_since = None;
                 resource.lapse = Some(lapse);
