@@ -830,6 +830,18 @@ impl<P: Promise, L: Links> Hub<P, L> {
                         running.listening = multi;
                         links.prepare(engine, now);
                     }
+                    if running
+                        .listening
+                        .iter()
+                        .flat_map(Keys::as_slice)
+                        .all(|k| engine.is_listening(k, now))
+                    {
+                        // Already told of every release (subscribed, or
+                        // no subscriber connection to wait for): no turn
+                        // of the loop, nor any reply, is needed to try.
+                        running.job.handle_subscribed();
+                        continue;
+                    }
                     let until = now.checked_add(config.connect_timeout).unwrap_or(now);
                     subscribing.push((index, until));
                     return;
@@ -845,6 +857,13 @@ impl<P: Promise, L: Links> Hub<P, L> {
                     }
                     if engine.head(&resource) == Some(index) {
                         if wait_held_here(engine, running, &resource, now) {
+                            continue;
+                        }
+                        if engine.is_listening(&resource, now) {
+                            // As above: nothing to wait for before trying
+                            // (waiting for the loop's next turn took up to
+                            // the connect timeout when no reply came).
+                            running.job.handle_subscribed();
                             continue;
                         }
                         let until = now.checked_add(config.connect_timeout).unwrap_or(now);

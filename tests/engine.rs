@@ -1238,6 +1238,39 @@ fn a_retrying_acquire_gives_up_as_its_policy_says() {
     holder.release(&lock).unwrap_or_else(|e| panic!("{e}"));
 }
 
+/// After an attempt every master refused, a waiting acquire tries again
+/// after its retry delay even though nothing comes back from any master:
+/// its cleanup goes nowhere (no master can hold the attempt's key), and
+/// the client has no subscriber connection whose confirmation could wake
+/// it. It once waited for some reply, or else for the connect timeout
+/// (set far beyond the retry policy here), before its second attempt.
+#[test]
+fn a_retry_after_an_attempt_every_master_refused_needs_no_reply_to_go_on() {
+    let server = master();
+    let urls = [server.url()];
+    let mut holder = client(&urls);
+    let lock = holder
+        .try_acquire("busy", LONG_TTL)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut config = config(&urls);
+    // Far beyond the retry policy, and short of the holder's TTL.
+    config.connect_timeout = LONG_TTL / 2;
+    let mut waiter = Redlock::new(config).unwrap_or_else(|e| panic!("{e}"));
+    let three = Retry {
+        attempts: 3,
+        delay: Duration::from_millis(50),
+        max_wait: None,
+    };
+    let err = waiter
+        .acquire_with("busy", TTL, &three)
+        .expect_err("held throughout");
+    assert!(matches!(err, Error::Held(_)), "{err:?}");
+    // Every attempt the policy allows was made before the lock was
+    // given up: none was lost to a wait for the connect timeout.
+    assert_eq!(failure(&err).attempts, 3, "{err}");
+    holder.release(&lock).unwrap_or_else(|e| panic!("{e}"));
+}
+
 #[test]
 fn resources_with_any_bytes_are_locked_as_given() {
     let masters = cluster(3);

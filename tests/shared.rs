@@ -630,7 +630,8 @@ fn a_blocking_acquire_that_must_wait_is_handed_to_the_loop() {
             redlock.acquire_with("handover", TTL, &retry)
         })
     };
-    // The waiter's first attempt was refused: its cleanup release ran.
+    // The waiter is waiting: its first attempt was refused, and its
+    // waiting attempt (a script, where the first is a plain SET) ran.
     assert!(eventually(Duration::from_secs(10), || evalsha_calls(
         &masters[0]
     ) > before));
