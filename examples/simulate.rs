@@ -46,6 +46,7 @@ fn main() -> ExitCode {
                 "release-notice-dropped" => Bug::ReleaseNoticeDropped,
                 "handover-budget-ignored" => Bug::HandoverBudgetIgnored,
                 "contention-unheard" => Bug::ContentionUnheard,
+                "cleanup-skips-granted" => Bug::CleanupSkipsGranted,
                 _ => {
                     eprintln!("simulate: unknown bug {value}");
                     return ExitCode::from(2);

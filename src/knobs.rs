@@ -35,6 +35,10 @@ pub enum Bug {
     /// a shared client takes nobody else to compete for it, and its rows
     /// of hand-overs run past their count while other processes wait.
     ContentionUnheard,
+    /// A failed attempt's cleanup leaves out the masters that granted it
+    /// as well as those that refused it: its keys stay there until their
+    /// TTL.
+    CleanupSkipsGranted,
 }
 
 #[cfg(any(test, feature = "test-knobs"))]

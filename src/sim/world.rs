@@ -478,6 +478,10 @@ struct Node {
     restarts: u64,
     /// Tokens whose release this master has received.
     released: FxSet<TokenKey>,
+    /// The attempts this master granted (set a key for): token,
+    /// connection, when. A failed one must be released (the cleanup
+    /// checker, at the end of the run).
+    grants: Vec<(TokenKey, u64, Micros)>,
     /// The last key expiry (master milliseconds) the waiting checker was
     /// given, and the virtual time it converted to: a key read again after
     /// a refused attempt has the expiry it had, and costs no division.
@@ -818,6 +822,7 @@ impl World {
                     conns: BTreeMap::new(),
                     restarts: 0,
                     released: token_set(),
+                    grants: Vec::new(),
                     expiry_seen: (u64::MAX, 0),
                 }
             })
@@ -895,6 +900,45 @@ impl World {
         self.finish()
     }
 
+    /// The cleanup checker: every attempt a master granted that no caller
+    /// was given as a lock (a failed attempt) had its release reach that
+    /// master, unless the connection it came on closed since (what was
+    /// sent on it may be lost), the master stalls or has unread bytes
+    /// from it, or it was granted too late in the run for the release
+    /// to have come.
+    fn check_cleanups(&mut self) {
+        let now = self.now;
+        let settle = micros(self.config.per_instance_timeout) * 4;
+        let mut found = Vec::new();
+        for (m, node) in self.nodes.iter().enumerate() {
+            if node.stalled_until > now.saturating_sub(settle) {
+                continue;
+            }
+            for (token, id, at) in &node.grants {
+                let Some((client, _, buf, _)) = node.conns.get(id) else {
+                    continue;
+                };
+                if *at + settle > now
+                    || !buf.is_empty()
+                    || self.clients[*client].paused_until + settle > now
+                    || node.released.contains(token)
+                    || self.granted_tokens.contains_key(token)
+                {
+                    continue;
+                }
+                found.push(format!(
+                    "cleanup: master {m} granted client {client}'s attempt {:?} at {:.3} ms, \
+                     which no caller was given, and no release of it came",
+                    String::from_utf8_lossy(token.as_bytes()),
+                    *at as f64 / 1e3
+                ));
+            }
+        }
+        for what in found {
+            self.checker.violation(now, what);
+        }
+    }
+
     fn is_done(&self) -> bool {
         self.clients
             .iter()
@@ -904,6 +948,7 @@ impl World {
     fn finish(mut self) -> Outcome {
         self.check_waiting();
         let now = self.now;
+        self.check_cleanups();
         for (c, client) in self.clients.iter().enumerate() {
             if client.closed && !client.hub.is_idle() {
                 let what = format!("shutdown: client {c}'s hub still has work after it closed");
@@ -1239,6 +1284,7 @@ impl World {
             model,
             conns,
             released,
+            grants,
             rate,
             expiry_seen,
             ..
@@ -1351,8 +1397,19 @@ impl World {
                 None => {}
             }
             let reply = model.handle_command(now_ms, ConnId(id), args);
+            let mut attempt = match effect {
+                Some((Effect::Acquire | Effect::WaitingAcquire, token)) => Some(token),
+                _ => None,
+            };
             for r in keys.iter().filter_map(|k| resource_index(k)) {
                 let key = model.entry(now_ms, 0, RESOURCES[r].as_bytes());
+                if let (Some(token), Some((held, _))) = (attempt, key)
+                    && held == token
+                {
+                    // Granted: the key is the attempt's now.
+                    grants.push((TokenKey::new(token), id, now));
+                    attempt = None;
+                }
                 let key = key.map(|(token, expiry)| {
                     let until = expiry.map_or(Micros::MAX, |ms| {
                         // A key read again after a refused attempt has the
@@ -2137,6 +2194,7 @@ mod tests {
             Some(Bug::ReleaseNoticeDropped) => " --bug release-notice-dropped",
             Some(Bug::HandoverBudgetIgnored) => " --bug handover-budget-ignored",
             Some(Bug::ContentionUnheard) => " --bug contention-unheard",
+            Some(Bug::CleanupSkipsGranted) => " --bug cleanup-skips-granted",
         };
         format!(
             "cargo run --release --features test-knobs --example simulate -- --seed {seed} \
@@ -2266,6 +2324,12 @@ mod tests {
     fn rows_past_the_count_while_others_compete_are_a_row_too_long() {
         let (seed, violations) = caught(Bug::ContentionUnheard);
         assert!(said(&violations, "row"), "seed {seed}: {violations:?}");
+    }
+
+    #[test]
+    fn a_cleanup_that_leaves_out_the_granting_masters_leaves_their_keys() {
+        let (seed, violations) = caught(Bug::CleanupSkipsGranted);
+        assert!(said(&violations, "cleanup"), "seed {seed}: {violations:?}");
     }
 
     #[test]
