@@ -830,12 +830,7 @@ impl<P: Promise, L: Links> Hub<P, L> {
                         running.listening = multi;
                         links.prepare(engine, now);
                     }
-                    if running
-                        .listening
-                        .iter()
-                        .flat_map(Keys::as_slice)
-                        .all(|k| engine.is_listening(k, now))
-                    {
+                    if is_listening(engine, running, now) {
                         // Already told of every release (subscribed, or
                         // no subscriber connection to wait for): no turn
                         // of the loop, nor any reply, is needed to try.
@@ -859,7 +854,7 @@ impl<P: Promise, L: Links> Hub<P, L> {
                         if wait_held_here(engine, running, &resource, now) {
                             continue;
                         }
-                        if engine.is_listening(&resource, now) {
+                        if is_listening(engine, running, now) {
                             // As above: nothing to wait for before trying
                             // (waiting for the loop's next turn took up to
                             // the connect timeout when no reply came).
@@ -1005,6 +1000,21 @@ fn epoch_of(engine: &Engine, waits_for: Option<&Bytes>, listening: Option<&Keys>
         return Some(keys.as_slice().iter().map(|k| engine.epoch(k)).sum());
     }
     waits_for.map(|r| engine.epoch(r))
+}
+
+/// Whether a waiting job is told of every release it waits for: the one
+/// resource it queues for and each one it listens to (see
+/// [`Engine::is_listening`]).
+fn is_listening<P>(engine: &Engine, running: &Running<P>, now: Instant) -> bool {
+    running
+        .waits_for
+        .as_ref()
+        .is_none_or(|r| engine.is_listening(r, now))
+        && running
+            .listening
+            .iter()
+            .flat_map(Keys::as_slice)
+            .all(|k| engine.is_listening(k, now))
 }
 
 fn wait_held_here<P>(

@@ -704,9 +704,8 @@ impl Acquire {
                     } else {
                         release_op(&self.keys)
                     };
-                    self.fail_then(ctx, error, ended.mono, next, cleanup);
-                    self.clean_skip = refused_masters(round.votes(0));
-                    return;
+                    let skip = refused_masters(round.votes(0));
+                    return self.fail_then(ctx, error, ended.mono, next, cleanup, skip);
                 };
                 if self.op != Op::AcquireFenced {
                     return self.succeed(expiry, None);
@@ -796,12 +795,13 @@ impl Acquire {
     /// a retry after a jittered wait, or the error.
     fn fail(&mut self, ctx: &mut Ctx<'_>, error: Error, now: Instant) {
         let cleanup = release_op(&self.keys);
-        self.fail_then(ctx, error, now, None, cleanup);
+        self.fail_then(ctx, error, now, None, cleanup, 0);
     }
 
-    /// [`Acquire::fail`] with `cleanup` as the release to send, going on as
-    /// `next` says when it is given (a notified wait for a held lock), else
-    /// after the retry delay.
+    /// [`Acquire::fail`] with `cleanup` as the release to send, to every
+    /// master but those in `skip` (see `clean_skip`), going on as `next`
+    /// says when it is given (a notified wait for a held lock), else after
+    /// the retry delay.
     fn fail_then(
         &mut self,
         ctx: &mut Ctx<'_>,
@@ -809,6 +809,7 @@ impl Acquire {
         now: Instant,
         next: Option<After>,
         cleanup: Op,
+        skip: u64,
     ) {
         self.second = Some(Request {
             op: cleanup,
@@ -834,7 +835,7 @@ impl Acquire {
             }
         };
         self.last_error = Some(error);
-        self.clean_skip = 0;
+        self.clean_skip = skip;
         self.stage = Stage::Cleanup;
     }
 

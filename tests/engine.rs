@@ -435,16 +435,7 @@ fn a_failed_acquire_leaves_no_key_behind() {
 fn a_failed_acquire_cleans_up_only_where_its_attempt_was_not_refused() {
     let masters = cluster(3);
     let servers = masters.servers();
-    for server in &servers[..2] {
-        let reply = plain(server).cmd(&[
-            "SET".into(),
-            "contested".into(),
-            "other".into(),
-            "PX".into(),
-            Arg::Int(ms(LONG_TTL)),
-        ]);
-        assert!(reply.is_ok(), "{reply:?}");
-    }
+    common::hold_elsewhere(&servers[..2], "contested", ms(LONG_TTL));
     let evalshas = || -> Vec<u64> {
         servers
             .iter()

@@ -7,7 +7,6 @@ use std::collections::BinaryHeap;
 use std::time::{Duration, Instant};
 
 use super::{Hub, Links, Promise, Running};
-use crate::conn::Keys;
 use crate::job::SplitMix64;
 
 /// When a waiter woken by a release at `now` tries: after a random delay
@@ -126,15 +125,7 @@ impl<P: Promise, L: Links> Hub<P, L> {
                     closing
                         || now >= until
                         || running.waiter.is_abandoned()
-                        || running
-                            .waits_for
-                            .as_ref()
-                            .is_none_or(|r| self.engine.is_listening(r, now))
-                            && running
-                                .listening
-                                .iter()
-                                .flat_map(Keys::as_slice)
-                                .all(|k| self.engine.is_listening(k, now))
+                        || super::is_listening(&self.engine, running, now)
                 }
                 _ => true,
             };

@@ -42,18 +42,9 @@ impl Resource {
     fn holder(&self, quorum: usize, now: Micros) -> Option<Micros> {
         let live = || self.keys.iter().flatten().filter(|k| k.until > now);
         for key in live() {
-            let mut untils = [Micros::MAX; MAX_MASTERS];
-            let mut count = 0;
-            for other in live().filter(|k| k.token == key.token) {
-                if let Some(slot) = untils.get_mut(count) {
-                    *slot = other.until;
-                    count += 1;
-                }
-            }
+            let (untils, count) = sorted_untils(live().filter(|k| k.token == key.token));
             if count >= quorum {
                 // Held until all but `quorum - 1` of them have expired.
-                let untils = &mut untils[..count];
-                untils.sort_unstable();
                 return Some(untils[count - quorum]);
             }
         }
@@ -63,23 +54,27 @@ impl Resource {
     /// When a quorum of masters will hold no live key if nothing changes
     /// (`now` if one does now).
     fn free_at(&self, quorum: usize, now: Micros) -> Micros {
-        let mut untils = [Micros::MAX; MAX_MASTERS];
-        let mut live = 0;
-        for key in self.keys.iter().flatten().filter(|k| k.until > now) {
-            if let Some(slot) = untils.get_mut(live) {
-                *slot = key.until;
-                live += 1;
-            }
-        }
+        let (untils, live) = sorted_untils(self.keys.iter().flatten().filter(|k| k.until > now));
         let free = self.keys.len() - live;
         if free >= quorum {
             return now;
         }
         // `quorum - free` more keys must expire.
-        let untils = &mut untils[..live];
-        untils.sort_unstable();
         untils[quorum - free - 1]
     }
+}
+
+/// The expiries of `keys` (the first [`MAX_MASTERS`]), soonest first, and
+/// how many there are; no allocation.
+fn sorted_untils<'a>(keys: impl Iterator<Item = &'a Key>) -> ([Micros; MAX_MASTERS], usize) {
+    let mut untils = [Micros::MAX; MAX_MASTERS];
+    let mut count = 0;
+    for (slot, key) in untils.iter_mut().zip(keys) {
+        *slot = key.until;
+        count += 1;
+    }
+    untils[..count].sort_unstable();
+    (untils, count)
 }
 
 /// One client's waiting for one resource.
