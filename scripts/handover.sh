@@ -8,7 +8,7 @@
 # processes of 2 threads each, hold 0 ms, notified waiting),
 # 1x8:0:notify:n=1 (one master only) or 4x2:1:notify:ho=2
 # (--local-handovers 2); hw=D gives --local-handover-window D, hl=D
-# --local-handover-linger D. Each run: masters flushed and their
+# --local-handover-linger D, ws=D --wake-spread D. Each run: masters flushed and their
 # stats reset (CONFIG RESETSTAT), the PROCS processes started at once, then
 # every master's INFO commandstats summed. Per critical section (summed
 # over the processes' sections):
@@ -122,6 +122,8 @@ def run(shape, binary):
             flags += ["--local-handover-window", extra[3:]]
         elif extra.startswith("hl="):
             flags += ["--local-handover-linger", extra[3:]]
+        elif extra.startswith("ws="):
+            flags += ["--wake-spread", extra[3:]]
     servers = urls[:n]
     for url in urls:
         cli(url, "flushall")
