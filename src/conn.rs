@@ -1074,6 +1074,13 @@ impl Conn {
         Ok(())
     }
 
+    /// How many bytes are queued and unwritten, connecting or not (the
+    /// simulator tells from it which requests were queued together).
+    #[cfg(any(test, feature = "test-knobs"))]
+    pub(crate) fn unwritten(&self) -> usize {
+        self.out.len().saturating_sub(self.written)
+    }
+
     /// Bytes waiting to be written; empty while connecting.
     pub(crate) fn poll_transmit(&self) -> &[u8] {
         match self.state {
