@@ -222,6 +222,11 @@ impl Engine {
         self.channels.handle_granted(resource, until, token);
     }
 
+    /// See [`Channels::handle_extended`].
+    pub(crate) fn handle_extended(&mut self, resource: &[u8], until: Instant, token: Token) {
+        self.channels.handle_extended(resource, until, token);
+    }
+
     /// See [`Channels::handle_company`].
     pub(crate) fn handle_company(&mut self, resource: &[u8], company: bool) {
         self.channels.handle_company(resource, company);

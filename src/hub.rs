@@ -906,6 +906,11 @@ impl<P: Promise, L: Links> Hub<P, L> {
                     if let Some((resource, until, token)) = running.job.granted(*stamp) {
                         engine.handle_granted(resource, until, token);
                     }
+                    // Extended (or shortened, the extend failing): held
+                    // here that long, no longer than the keys allow.
+                    if let Some((resource, until, token)) = running.job.extended(*stamp) {
+                        engine.handle_extended(resource, until, token);
+                    }
                     let waited_for = running.waits_for.take();
                     let promoted = match &waited_for {
                         Some(resource) => engine.leave(resource, index, now),

@@ -272,6 +272,21 @@ impl Job {
         }
     }
 
+    /// A finished extend of a lock of one key: the key, the lock's
+    /// deadline now (later when confirmed, shortened when not: see
+    /// [`Extend::shorten`]) and its token.
+    pub(crate) fn extended(&self, now: Stamp) -> Option<(&Bytes, Instant, Token)> {
+        match self {
+            Job::Extend(job) if job.result.is_some() => match &job.lock.keys {
+                Keys::One(resource) => {
+                    Some((resource, job.lock.expiry.deadline(now), job.lock.token))
+                }
+                Keys::Many(_) => None,
+            },
+            _ => None,
+        }
+    }
+
     /// A new acquire of a resource other local waiters already wait for
     /// queues behind them instead of racing them. Returns the resource
     /// when the job joined the wait.

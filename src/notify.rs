@@ -280,6 +280,18 @@ impl Channels {
         }
     }
 
+    /// A lock on `resource` held here, of `token`, was extended: it is held
+    /// until `until` now (later, or shortened by a failed extend), so
+    /// that a local waiter waits for the lock no longer than that. Nothing
+    /// changes when another lock holds it here (the extended one lapsed).
+    pub(crate) fn handle_extended(&mut self, resource: &[u8], until: Instant, token: Token) {
+        if let Some(channel) = self.table.get_mut(resource)
+            && channel.held.is_some_and(|(_, held)| held == token)
+        {
+            channel.held = Some((until, token));
+        }
+    }
+
     /// The lock on `resource` was handed over between two callers here
     /// (`true`), or a release waited for a caller here in vain (`false`).
     pub(crate) fn handle_company(&mut self, resource: &[u8], company: bool) {

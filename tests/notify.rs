@@ -521,6 +521,35 @@ fn the_client_keeps_its_subscription_while_its_last_waiter_holds_the_lock_and_en
     wait_numsub(masters.servers(), 0, "once B released the lock");
 }
 
+/// A lock held here that its holder shortened with an extend counts as
+/// held here no longer than its new validity: the subscription kept for
+/// it ends then, and a new local waiter takes the lock at once. Before,
+/// the client took it to be held for the TTL it was taken with (30 s): the
+/// subscription stayed, and a local waiter waited for that lock until its
+/// `max_wait` (20 s) before it tried.
+#[test]
+fn a_lock_shortened_by_an_extend_is_held_here_no_longer_than_its_new_validity() {
+    let masters = cluster(3);
+    let urls = masters.urls();
+    let b = shared(&urls);
+    let mut lock = waited_for(masters.servers(), &urls, &b, HOLD_TTL);
+    b.extend(&mut lock, Duration::from_millis(300))
+        .unwrap_or_else(|e| panic!("B shortens its lock: {e}"));
+    wait_numsub(
+        masters.servers(),
+        0,
+        "once B's lock, shortened to 300 ms, is no longer valid",
+    );
+    let waiter = {
+        let b = b.clone();
+        Waiter::spawn(move || b.acquire_with(R, HOLD_TTL, &waiting()))
+    };
+    let taken = waiter
+        .outcome()
+        .unwrap_or_else(|e| panic!("a new waiter in B, B's lock lapsed: {e}"));
+    b.release(&taken).unwrap_or_else(|e| panic!("{e}"));
+}
+
 /// A lock a waiter took and nobody releases (its owner gone, its key left
 /// to expire) ends the subscription kept for it at its validity's end.
 #[test]
