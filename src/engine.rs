@@ -216,6 +216,12 @@ impl Engine {
             .is_listening(&self.subs, resource, crate::quorum::quorum(self.n), now)
     }
 
+    /// See [`Channels::hears_releases`].
+    pub(crate) fn hears_releases(&self, resource: &[u8]) -> bool {
+        self.channels
+            .hears_releases(&self.subs, resource, crate::quorum::quorum(self.n))
+    }
+
     /// This client took the lock on `resource` (`token`), valid until
     /// `until` (see [`Channels::handle_granted`]).
     pub(crate) fn handle_granted(&mut self, resource: &[u8], until: Instant, token: Token) {

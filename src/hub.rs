@@ -610,7 +610,16 @@ impl<P: Promise, L: Links> Hub<P, L> {
                 if current {
                     self.engine.handle_yield(resource);
                 }
-                (Job::Release(release.yielded()), None)
+                // Unless too few of its subscriptions are in place (refused
+                // by an ACL, or their connections down) for the masters'
+                // messages to reach them: then at once, as after any
+                // release, rather than at the released key's expiry.
+                let release = if self.engine.hears_releases(resource) {
+                    release.yielded()
+                } else {
+                    release
+                };
+                (Job::Release(release), None)
             }
             _ => (Job::Release(release), None),
         }

@@ -480,6 +480,30 @@ impl Channels {
         settled || confirmed + quorum > subs.len()
     }
 
+    /// Whether a release of `resource` by a quorum of masters reaches this
+    /// client's waiters: its subscription is confirmed on at least
+    /// `quorum` masters (so on one, at least, of those that released).
+    /// Not when masters refused it (an ACL without pub/sub rights) or
+    /// their connections are down, however settled the rest.
+    pub(crate) fn hears_releases(&self, subs: &[Conn], resource: &[u8], quorum: usize) -> bool {
+        let Some(channel) = self.table.get(resource) else {
+            return false;
+        };
+        let confirmed = channel
+            .links
+            .iter()
+            .zip(subs)
+            .enumerate()
+            .filter(|(i, (link, conn))| {
+                !self.refused.get(*i).copied().unwrap_or(false)
+                    && !conn.is_down()
+                    && link.pending == 0
+                    && channel.subscribed
+            })
+            .count();
+        confirmed >= quorum
+    }
+
     /// A lock on `resource` was released through this client: its local
     /// waiters are woken without waiting for the masters' messages (each
     /// of which still counts: see [`Channels::handle_push`]).
