@@ -486,22 +486,25 @@ impl Channels {
     /// Not when masters refused it (an ACL without pub/sub rights) or
     /// their connections are down, however settled the rest.
     pub(crate) fn hears_releases(&self, subs: &[Conn], resource: &[u8], quorum: usize) -> bool {
-        let Some(channel) = self.table.get(resource) else {
-            return false;
-        };
-        let confirmed = channel
-            .links
-            .iter()
-            .zip(subs)
-            .enumerate()
+        self.table.get(resource).is_some_and(|channel| {
+            channel.subscribed && self.confirmed_links(channel, subs).count() >= quorum
+        })
+    }
+
+    /// The subscriber connections on which `channel`'s subscription is in
+    /// place: not refused, up, with nothing unconfirmed.
+    fn confirmed_links<'a>(
+        &'a self,
+        channel: &'a Channel,
+        subs: &'a [Conn],
+    ) -> impl Iterator<Item = usize> + 'a {
+        (channel.links.iter().zip(subs).enumerate())
             .filter(|(i, (link, conn))| {
                 !self.refused.get(*i).copied().unwrap_or(false)
                     && !conn.is_down()
                     && link.pending == 0
-                    && channel.subscribed
             })
-            .count();
-        confirmed >= quorum
+            .map(|(i, _)| i)
     }
 
     /// A lock on `resource` was released through this client: its local
@@ -704,17 +707,13 @@ impl Channels {
     }
 
     /// The subscriber connections on which `resource`'s subscription
-    /// counts toward [`Channels::is_listening`]: up, with nothing
-    /// unconfirmed.
+    /// counts toward [`Channels::is_listening`] (see
+    /// [`Channels::confirmed_links`]).
     #[cfg(test)]
     pub(crate) fn confirmed(&self, subs: &[Conn], resource: &[u8]) -> Vec<usize> {
-        let Some(channel) = self.table.get(resource) else {
-            return Vec::new();
-        };
-        (channel.links.iter().zip(subs).enumerate())
-            .filter(|(_, (link, conn))| !conn.is_down() && link.pending == 0)
-            .map(|(i, _)| i)
-            .collect()
+        self.table.get(resource).map_or_else(Vec::new, |channel| {
+            self.confirmed_links(channel, subs).collect()
+        })
     }
 
     /// How many resources are tracked (waited for, or with commands
