@@ -954,11 +954,14 @@ impl Acquire {
         let needed = q
             .saturating_sub(n - refused - failed)
             .clamp(1, refused.max(1));
-        // Only the waiting script reports the holder's remaining time (a
-        // fenced acquire's refusal is a bare -1, not a time).
-        let told = (self.request.op == Op::AcquireWait)
-            .then(|| holder_expiry(votes, round.values(0), needed))
-            .flatten();
+        // The waiting, fenced and multi-resource scripts report the
+        // holder's remaining time (the plain `SET` does not).
+        let told = matches!(
+            self.request.op,
+            Op::AcquireWait | Op::AcquireFenced | Op::AcquireMany
+        )
+        .then(|| holder_expiry(votes, round.values(0), needed))
+        .flatten();
         let expiry = match told {
             Some(expiry) => expiry,
             None => ctx.jitter.between(self.retry.delay / 2, self.retry.delay),

@@ -391,15 +391,19 @@ impl Round {
             return;
         }
         let op = self.ops.get(slot).copied().unwrap_or(Op::Acquire);
+        // A fenced acquire's bare -1 (a refusal that tells no time) is not
+        // kept: it would read as a holder with a millisecond left.
         if let (Reply::Integer(value), Some(cell)) =
             (&reply, self.values.get_mut(slot * self.n + i))
+            && !(op == Op::AcquireFenced && *value < 0)
         {
             *cell = Some(*value);
         }
         if let (Op::AcquireFenced, Some(cell)) = (op, self.reads.get_mut(slot * self.n + i)) {
             *cell = FenceRead::parse(&reply);
         }
-        if let (Op::AcquireWait, Reply::Array(items)) = (op, &reply)
+        if let (Op::AcquireWait | Op::AcquireFenced | Op::AcquireMany, Reply::Array(items)) =
+            (op, &reply)
             && let [Reply::Integer(value), Reply::Bulk(holder)] = items.as_slice()
         {
             if let Some(cell) = self.values.get_mut(slot * self.n + i) {
@@ -713,8 +717,9 @@ fn classify(op: Op, reply: Reply) -> Vote {
         // Minus the holder's remaining time, kept in the round's values,
         // and the holder's value (a master running the older script sends
         // the time alone).
+        // The fenced and multi-resource acquires refuse so too.
         (Op::AcquireWait, Reply::Integer(n)) if n < 0 => Vote::Refused,
-        (Op::AcquireWait, Reply::Array(ref items)) if matches!(items.as_slice(), [Reply::Integer(n), Reply::Bulk(_)] if *n <= 0) => {
+        (Op::AcquireWait | Op::AcquireFenced | Op::AcquireMany, Reply::Array(ref items)) if matches!(items.as_slice(), [Reply::Integer(n), Reply::Bulk(_)] if *n <= 0) => {
             Vote::Refused
         }
         // Every script but the fenced acquire answers 1 or 0.

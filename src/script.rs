@@ -98,9 +98,11 @@ pub const FENCE_STATE_KEY: &[u8] = b"redlock-mio:fence-state";
 
 /// Fenced acquire, phase one. `KEYS[1]` the lock, `KEYS[2]` the resource's
 /// fence, `KEYS[3]` [`FENCE_STATE_KEY`]; `ARGV[1]` the token, `ARGV[2]` the
-/// TTL in ms. Does `SET KEYS[1] ARGV[1] NX PX ARGV[2]` and returns -1 when
-/// the key was held. Otherwise, atomically with the SET, returns what the
-/// master knows of the fence: `{reading, standing, high, unmarked_ms}`.
+/// TTL in ms. Does `SET KEYS[1] ARGV[1] NX PX ARGV[2]`. When the key was
+/// held, returns what [`ACQUIRE_WAIT_SOURCE`] does: minus the key's `PTTL`
+/// and its value (a waiter sleeps until then). Otherwise, atomically with
+/// the SET, returns what the master knows of the fence:
+/// `{reading, standing, high, unmarked_ms}`.
 ///
 /// - Marked master (standing 2): reading = max(fence, floor), `high` its
 ///   largest fence for any resource, `unmarked_ms` -1.
@@ -111,7 +113,7 @@ pub const FENCE_STATE_KEY: &[u8] = b"redlock-mio:fence-state";
 ///
 /// An unmarked master's `since` is set the first time it is seen so, and
 /// `unmarked_ms` is its age by the master's clock.
-pub const ACQUIRE_FENCED_SOURCE: &str = r#"if not redis.call("set",KEYS[1],ARGV[1],"NX","PX",ARGV[2]) then return -1 end
+pub const ACQUIRE_FENCED_SOURCE: &str = r#"if not redis.call("set",KEYS[1],ARGV[1],"NX","PX",ARGV[2]) then local t = redis.call("pttl",KEYS[1]) if t < 0 then t = 0 end local v = redis.pcall("get",KEYS[1]) if type(v) ~= "string" then v = "" end return {-t, v} end
 local fence = tonumber(redis.call("get",KEYS[2]))
 local s = redis.call("hmget",KEYS[3],"marked","floor","high","since")
 if s[1] then return {math.max(fence or 0, tonumber(s[2]) or 0), 2, tonumber(s[3]) or 0, -1} end
@@ -156,8 +158,11 @@ if not tonumber(s[2]) or v > tonumber(s[2]) then redis.call("hset",KEYS[3],"high
 return 1"#;
 
 /// Multi-resource acquire: all of `KEYS` set to the token `ARGV[1]` with TTL
-/// `ARGV[2]` ms, or none of them when any exists. Returns 1 or 0.
-pub const ACQUIRE_MANY_SOURCE: &str = "for i = 1, #KEYS do if redis.call(\"exists\",KEYS[i]) == 1 then return 0 end end for i = 1, #KEYS do redis.call(\"set\",KEYS[i],ARGV[1],\"PX\",ARGV[2]) end return 1";
+/// `ARGV[2]` ms, or none of them when any exists. Returns 1 when set; else,
+/// as [`ACQUIRE_WAIT_SOURCE`] does, minus the longest `PTTL` among the keys
+/// that exist (0 for one with no expiry) and that key's value (the first
+/// such key's, on a tie): a waiter sleeps until the last of them expires.
+pub const ACQUIRE_MANY_SOURCE: &str = "local t = -1 local h for i = 1, #KEYS do local p = redis.call(\"pttl\",KEYS[i]) if p ~= -2 then if p < 0 then p = 0 end if p > t then t = p h = KEYS[i] end end end if t >= 0 then local v = redis.pcall(\"get\",h) if type(v) ~= \"string\" then v = \"\" end return {-t, v} end for i = 1, #KEYS do redis.call(\"set\",KEYS[i],ARGV[1],\"PX\",ARGV[2]) end return 1";
 
 /// Multi-resource release: deletes each of `KEYS` that holds the token
 /// `ARGV[1]`, publishing each deletion on that key's [`release_channel`];

@@ -112,8 +112,12 @@ enum Check {
     /// values (PTTL's -2 and -1, say), which must be equal.
     Close(&'static [i64]),
     /// A fenced acquire's `{reading, standing, high, unmarked_ms}`: the
-    /// last a time.
+    /// last a time; or its refusal, as [`Check::Close`] compares it.
     Fenced,
+    /// A multi-resource acquire's refusal, where two of its keys with
+    /// different values expire within [`CLOSE_MS`] of each other: the
+    /// sides may read either as the longest, so only the time is compared.
+    ManyTie,
     /// `HGETALL` of the fence state: its `since` a time.
     State,
     /// `PEXPIRE ... GT` or `LT` setting an expiry within [`CLOSE_MS`] of
@@ -181,6 +185,12 @@ impl Verdict {
             // and its value, exact.
             (Check::Close(_), Reply::Array(m), Reply::Array(r)) if m.len() == 2 && r.len() == 2 => {
                 self.same(check, &m[0], &r[0]) && m[1] == r[1]
+            }
+            (Check::Fenced, Reply::Array(m), Reply::Array(r)) if m.len() == 2 && r.len() == 2 => {
+                self.same(Check::Close(&[1]), model, real)
+            }
+            (Check::ManyTie, Reply::Array(m), Reply::Array(r)) if m.len() == 2 && r.len() == 2 => {
+                self.same(Check::Close(&[1]), &m[0], &r[0])
             }
             (Check::Fenced, Reply::Array(m), Reply::Array(r)) if m.len() == 4 && r.len() == 4 => {
                 m[..3] == r[..3] && self.same(Check::Close(&[-1]), &m[3], &r[3])
@@ -307,6 +317,8 @@ impl<'a> Pair<'a> {
         let now = now_ms();
         let check = if self.is_expiry_tie(now, args) {
             Check::Tie
+        } else if self.is_many_tie(now, args) {
+            Check::ManyTie
         } else {
             check
         };
@@ -345,6 +357,47 @@ impl<'a> Pair<'a> {
         };
         (0..16).any(|db| {
             matches!(self.model.entry(now, db, key), Some((_, Some(at))) if at.abs_diff(new) <= CLOSE_MS.unsigned_abs())
+        })
+    }
+
+    /// Whether `args` runs [`script::ACQUIRE_MANY_SOURCE`] on keys of
+    /// which two, with different values (or not strings), expire within
+    /// [`CLOSE_MS`] of each other in the model (in any database).
+    fn is_many_tie(&self, now: u64, args: &[Vec<u8>]) -> bool {
+        let script = Script::new(script::ACQUIRE_MANY_SOURCE);
+        let [command, body, numkeys, rest @ ..] = args else {
+            return false;
+        };
+        let runs = (command.eq_ignore_ascii_case(b"EVALSHA") && body.as_slice() == script.sha())
+            || (command.eq_ignore_ascii_case(b"EVAL")
+                && body.as_slice() == script.source().as_bytes());
+        let Some(keys) = std::str::from_utf8(numkeys)
+            .ok()
+            .and_then(|n| n.parse::<usize>().ok())
+            .and_then(|n| rest.get(..n))
+        else {
+            return false;
+        };
+        if !runs {
+            return false;
+        }
+        let close = CLOSE_MS.unsigned_abs();
+        (0..16).any(|db| {
+            let held: Vec<(u64, Option<&[u8]>)> = keys
+                .iter()
+                .filter_map(|k| {
+                    let expiry = self.model.expiry(now, db, k)?;
+                    Some((
+                        expiry.map_or(0, |at| at.saturating_sub(now)),
+                        self.model.peek(now, db, k),
+                    ))
+                })
+                .collect();
+            held.iter().enumerate().any(|(i, (left, value))| {
+                held[i + 1..].iter().any(|(other, other_value)| {
+                    left.abs_diff(*other) <= close && (value.is_none() || value != other_value)
+                })
+            })
         })
     }
 
@@ -478,7 +531,11 @@ impl Draw {
                     Check::Exact,
                 )
             }
-            "ACQUIRE_MANY" => (many(&mut self.rng), vec![token, self.ttl()], Check::Exact),
+            "ACQUIRE_MANY" => (
+                many(&mut self.rng),
+                vec![token, self.ttl()],
+                Check::Close(&[1]),
+            ),
             "RELEASE_MANY" => (many(&mut self.rng), vec![token], Check::Exact),
             _ => (many(&mut self.rng), vec![token, self.ttl()], Check::Exact),
         };

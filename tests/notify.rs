@@ -456,6 +456,54 @@ fn a_holder_that_dies_without_releasing_is_replaced_at_its_expiry_for_a_single_t
         .unwrap_or_else(|e| panic!("{e}"));
 }
 
+/// A waiting acquire of `kind` (fenced, or of `R` and another resource) in
+/// a client of its own, behind a holder of `R` that died: it sleeps until
+/// the holder's keys expire, as its refusals tell (minus the key's PTTL),
+/// and does not try every retry delay meanwhile. The retry delay is short
+/// (20 ms) and the dead holder's lock lasts 2 s: a waiter that polls runs
+/// its script on each master about a hundred times before it expires; one
+/// that sleeps until then, a handful (its first attempt, the one after it
+/// subscribed, the one at the expiry, and perhaps one more for a key that
+/// outlived its PTTL by a millisecond).
+fn a_waiter_behind_a_dead_holder_sleeps_until_its_expiry(kind: &str) {
+    let masters = cluster(3);
+    let urls = masters.urls();
+    die_holding(&urls);
+    let b = shared(&urls);
+    let before = calls_now(masters.servers());
+    let retry = Retry {
+        attempts: u32::MAX,
+        delay: Duration::from_millis(20),
+        max_wait: Some(MAX_WAIT),
+    };
+    let lock = match kind {
+        "fenced" => b.acquire_fenced_with(R, HOLD_TTL, &retry),
+        _ => b.acquire_many_with([R, "notify:r2"], HOLD_TTL, &retry),
+    }
+    .unwrap_or_else(|e| panic!("the {kind} waiter, at the dead holder's expiry: {e}"));
+    let scripts: Vec<u64> = masters
+        .iter()
+        .zip(&before)
+        .map(|(s, b)| calls(s).scripts - b.scripts)
+        .collect();
+    assert!(
+        scripts.iter().all(|&n| n <= 10),
+        "the {kind} waiter ran its script {scripts:?} times on the masters: it polled"
+    );
+    assert!(holding(masters.servers(), R, &lock) >= 2);
+    b.release(&lock).unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[test]
+fn a_fenced_waiter_behind_a_dead_holder_sleeps_until_its_expiry() {
+    a_waiter_behind_a_dead_holder_sleeps_until_its_expiry("fenced");
+}
+
+#[test]
+fn a_multi_resource_waiter_behind_a_dead_holder_sleeps_until_its_expiry() {
+    a_waiter_behind_a_dead_holder_sleeps_until_its_expiry("many");
+}
+
 #[test]
 fn a_release_while_a_master_is_down_still_wakes_the_waiter() {
     let mut masters = cluster(3);

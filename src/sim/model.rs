@@ -381,6 +381,15 @@ impl Master {
         }
     }
 
+    /// When the key at `key` in database `db`, of any type, expires
+    /// (`Some(None)`: never), or `None` when there is none at `now_ms`:
+    /// for checkers.
+    pub fn expiry(&self, now_ms: u64, db: usize, key: &[u8]) -> Option<Option<u64>> {
+        let entry = self.dbs.get(db)?.get(key)?;
+        (!entry.expired(clamp_ms(now_ms)))
+            .then(|| entry.expires_at.map(|at| u64::try_from(at).unwrap_or(0)))
+    }
+
     /// Runs one command sent on connection `conn` at `now_ms` by the
     /// master's clock, and returns its reply: the first frame the master
     /// writes to `conn` for it. A connection is known from its first
@@ -1315,16 +1324,19 @@ impl Master {
         if self.store(r.now, r.db, key, token, SET_NX, Some(at)) {
             return Ok(Reply::Integer(1));
         }
-        let left = -self.pttl(r.now, r.db, key).max(0);
-        // `redis.pcall("get")`: a key that is not a string reads as "".
+        let left = self.pttl(r.now, r.db, key).max(0);
+        Ok(self.refusal(r, left, key))
+    }
+
+    /// The waiting scripts' refusal: minus the holder's `left` ms and
+    /// `key`'s value (`redis.pcall("get")`: a key that is not a string
+    /// reads as "").
+    fn refusal<A: AsRef<[u8]>>(&mut self, r: &Run<'_, A>, left: i64, key: &[u8]) -> Reply {
         let holder = match self.get(r.now, r.db, key) {
             Ok(Some(value)) => value,
             Ok(None) | Err(_) => Bytes::new(),
         };
-        Ok(Reply::Array(vec![
-            Reply::Integer(left),
-            Reply::Bulk(holder),
-        ]))
+        Reply::Array(vec![Reply::Integer(-left), Reply::Bulk(holder)])
     }
 
     /// [`script::EXTEND_SOURCE`].
@@ -1346,7 +1358,8 @@ impl Master {
         let (key, token, ttl) = (need(r.key(1), 1)?, need(r.arg(1), 1)?, need(r.arg(2), 1)?);
         let at = expire_at(r.now, ttl, SET_PX).map_err(|e| raised(1, e))?;
         if !self.store(r.now, r.db, key, token, SET_NX, Some(at)) {
-            return Ok(Reply::Integer(-1));
+            let left = self.pttl(r.now, r.db, key).max(0);
+            return Ok(self.refusal(r, left, key));
         }
         let fence_key = need(r.key(2), 2)?;
         let fence = self.get(r.now, r.db, fence_key).map_err(|e| raised(2, e))?;
@@ -1442,8 +1455,16 @@ impl Master {
 
     /// [`script::ACQUIRE_MANY_SOURCE`].
     fn acquire_many<A: AsRef<[u8]>>(&mut self, r: &Run<'_, A>) -> Result<Reply, Fail> {
-        if r.keys.iter().any(|k| self.exists(r.now, r.db, k.as_ref())) {
-            return Ok(Reply::Integer(0));
+        // The longest PTTL among the keys that exist, the first on a tie.
+        let mut longest: Option<(i64, &[u8])> = None;
+        for key in r.keys {
+            let left = self.pttl(r.now, r.db, key.as_ref());
+            if left != -2 && longest.is_none_or(|(most, _)| left.max(0) > most) {
+                longest = Some((left.max(0), key.as_ref()));
+            }
+        }
+        if let Some((left, key)) = longest {
+            return Ok(self.refusal(r, left, key));
         }
         if r.keys.is_empty() {
             return Ok(Reply::Integer(1));
@@ -2620,7 +2641,7 @@ mod tests {
                             "t",
                             "100000",
                         ],
-                        int(-1),
+                        arr(vec![int(-100_000), b("t")]),
                     ),
                     s(
                         &[
@@ -2825,7 +2846,43 @@ mod tests {
                     ),
                     s(
                         &["EVAL", "$ACQUIRE_MANY", "2", "m2", "m1", "t", "100000"],
-                        int(0),
+                        arr(vec![int(-100_000), b("t")]),
+                    ),
+                    // The longest PTTL of those that exist, the first on a
+                    // tie; a key with no expiry counts as 0.
+                    s(&["SET", "m3", "u", "PX", "200000"], ok()),
+                    s(&["SET", "m4", "v"], ok()),
+                    s(
+                        &[
+                            "EVAL",
+                            "$ACQUIRE_MANY",
+                            "4",
+                            "m4",
+                            "m2",
+                            "m1",
+                            "m3",
+                            "t",
+                            "100000",
+                        ],
+                        arr(vec![int(-200_000), b("u")]),
+                    ),
+                    s(
+                        &["EVAL", "$ACQUIRE_MANY", "2", "m4", "m2", "t", "100000"],
+                        arr(vec![int(0), b("v")]),
+                    ),
+                    s(&["SET", "m5", "w", "PX", "200000"], ok()),
+                    s(
+                        &[
+                            "EVAL",
+                            "$ACQUIRE_MANY",
+                            "3",
+                            "m1",
+                            "m3",
+                            "m5",
+                            "t",
+                            "100000",
+                        ],
+                        arr(vec![int(-200_000), b("u")]),
                     ),
                     s(
                         &["EVAL", "$ACQUIRE_MANY", "1", "m2", "t", "-5"],
