@@ -532,6 +532,10 @@ pub(crate) struct Conn {
     /// a reply arriving in pieces is not re-scanned from its start.
     scan: FrameScan,
     in_flight: VecDeque<Expect>,
+    /// When the oldest request in `in_flight` that awaits an answer in
+    /// time (not a handshake step) was sent: kept as requests come and
+    /// go, as every turn reads it (see [`Conn::poll_timeout`]).
+    oldest: Option<Instant>,
     handshake_left: usize,
     /// A frame arrived since the connection was made: it reached a live
     /// master, and a failure now is no reason to back off.
@@ -603,6 +607,7 @@ impl Conn {
             inbuf: BytesMut::with_capacity(IN_CAPACITY),
             scan: FrameScan::new(),
             in_flight: VecDeque::with_capacity(queue),
+            oldest: None,
             handshake_left: 0,
             heard: false,
             backoff: timing.backoff_min,
@@ -685,6 +690,7 @@ impl Conn {
         self.inbuf.clear();
         self.scan.reset();
         self.in_flight.clear();
+        self.oldest = None;
         self.heard = false;
         self.refused = None;
         let deadline = now.checked_add(self.timing.connect).unwrap_or(now);
@@ -763,6 +769,7 @@ impl Conn {
         self.inbuf.clear();
         self.scan.reset();
         self.in_flight.clear();
+        self.oldest = None;
         self.handshake_left = 0;
     }
 
@@ -800,6 +807,23 @@ impl Conn {
     }
 
     fn oldest_sent_at(&self) -> Option<Instant> {
+        debug_assert_eq!(self.oldest, self.scan_oldest(), "the kept oldest request");
+        self.oldest
+    }
+
+    /// A request that awaits an answer in time was queued at `now`.
+    fn handle_timed(&mut self, now: Instant) {
+        if self.oldest.is_none() {
+            self.oldest = Some(now);
+        }
+    }
+
+    /// Finds the oldest timed request again, after one left `in_flight`.
+    fn refresh_oldest(&mut self) {
+        self.oldest = self.scan_oldest();
+    }
+
+    fn scan_oldest(&self) -> Option<Instant> {
         self.in_flight.iter().find_map(|e| match e {
             Expect::Reply { sent_at, .. }
             | Expect::Confirm { sent_at, .. }
@@ -838,6 +862,7 @@ impl Conn {
             wire_len: wire.len(),
             resent: Resent::No,
         });
+        self.handle_timed(now);
         Ok(())
     }
 
@@ -892,6 +917,7 @@ impl Conn {
                 self.out.copy_within(end..total, start);
                 self.out.truncate(total - (end - start));
                 self.in_flight.remove(index);
+                self.refresh_oldest();
             } else {
                 start = end;
                 index += 1;
@@ -1013,6 +1039,7 @@ impl Conn {
             sent_at: now,
             left: args.len().saturating_sub(1),
         });
+        self.handle_timed(now);
         Ok(())
     }
 
@@ -1038,7 +1065,9 @@ impl Conn {
                 self.handle_confirmation(&reply)?;
                 return Ok(Some(reply));
             }
-            if let Some(Expect::Handshake(step)) = self.in_flight.pop_front()
+            let step = self.in_flight.pop_front();
+            self.refresh_oldest();
+            if let Some(Expect::Handshake(step)) = step
                 && let Reply::Error(msg) = reply
             {
                 return Err(Cause::Handshake(step, msg));
@@ -1070,6 +1099,7 @@ impl Conn {
         *left = if error { 0 } else { left.saturating_sub(1) };
         if *left == 0 {
             self.in_flight.pop_front();
+            self.refresh_oldest();
         }
         Ok(())
     }
@@ -1125,6 +1155,7 @@ impl Conn {
             ],
         );
         self.in_flight.push_back(Expect::Load { sent_at: now });
+        self.handle_timed(now);
     }
 
     /// The driver read `bytes` from the socket.
@@ -1162,7 +1193,9 @@ impl Conn {
                 return Ok(None);
             };
             self.heard = true;
-            match self.in_flight.pop_front() {
+            let expect = self.in_flight.pop_front();
+            self.refresh_oldest();
+            match expect {
                 // A command connection queues no subscriber command.
                 None | Some(Expect::Confirm { .. }) => return Err(Cause::Unsolicited),
                 Some(Expect::Handshake(step)) => {
@@ -1254,6 +1287,7 @@ impl Conn {
                         wire_len,
                         resent: next,
                     });
+                    self.handle_timed(now);
                 }
             }
         }

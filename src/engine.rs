@@ -253,6 +253,12 @@ impl Engine {
         self.channels.is_contended(resource)
     }
 
+    /// See `Channels::contention_epoch`.
+    #[cfg(any(test, feature = "test-knobs"))]
+    pub(crate) fn contention_epoch(&self) -> u64 {
+        self.channels.contention_epoch()
+    }
+
     /// See [`Channels::has_company`].
     pub(crate) fn has_company(&self, resource: &[u8]) -> bool {
         self.channels.has_company(resource)

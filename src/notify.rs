@@ -132,6 +132,10 @@ pub(crate) struct Channels {
     /// another token is another client's release (see `Channel`'s
     /// `contended`). `None` until told: every message is then another's.
     own: Option<[u8; 32]>,
+    /// Bumped wherever [`Channels::is_contended`] may change its answer
+    /// (a flag set or cleared, a channel dropped): a simulation reads the
+    /// flags again only when it moved.
+    contention_epoch: u64,
 }
 
 impl Channels {
@@ -312,14 +316,21 @@ impl Channels {
     pub(crate) fn handle_yield(&mut self, resource: &[u8]) {
         if let Some(channel) = self.table.get_mut(resource) {
             channel.contended = false;
+            self.contention_epoch += 1;
         }
+    }
+
+    /// See `contention_epoch`.
+    #[cfg(any(test, feature = "test-knobs"))]
+    pub(crate) fn contention_epoch(&self) -> u64 {
+        self.contention_epoch
     }
 
     /// Whether other processes compete for the lock on `resource`: one of
     /// their releases (or cleanups) was heard since this client last
     /// ended a row of hand-overs, or no row has ended yet.
     pub(crate) fn is_contended(&self, resource: &[u8]) -> bool {
-        self.table.get(resource).is_none_or(|c| c.contended)
+        self.table.is_empty() || self.table.get(resource).is_none_or(|c| c.contended)
     }
 
     /// Whether the lock on `resource` passes between several callers here
@@ -428,6 +439,7 @@ impl Channels {
             .is_some_and(|c| !c.subscribed && c.is_settled())
         {
             self.table.remove(resource);
+            self.contention_epoch += 1;
         }
     }
 
@@ -601,6 +613,7 @@ impl Channels {
             }
         }
         self.table.retain(|_, c| c.subscribed || !c.is_settled());
+        self.contention_epoch += 1;
     }
 
     /// Subscriber connection `link` dropped: its subscriptions are gone
@@ -612,6 +625,7 @@ impl Channels {
             }
         }
         self.table.retain(|_, c| c.subscribed || !c.is_settled());
+        self.contention_epoch += 1;
     }
 
     /// Every subscriber connection that is down dropped (a send found it
@@ -666,6 +680,7 @@ impl Channels {
                 let ours = token.is_some_and(|t| own.is_some_and(|p| t.has_prefix(&p)));
                 if !ours && !crate::knobs::injected(crate::knobs::Bug::ContentionUnheard) {
                     channel.contended = true;
+                    self.contention_epoch += 1;
                 }
                 if crate::knobs::injected(crate::knobs::Bug::ReleaseNoticeDropped) {
                     return Ok(());
@@ -699,6 +714,7 @@ impl Channels {
                 }
                 if !channel.subscribed && channel.is_settled() {
                     self.table.remove(resource);
+                    self.contention_epoch += 1;
                 }
             }
             _ => {}

@@ -794,6 +794,9 @@ pub struct World {
     /// `contended` from it, only clears it, so that a hub that does not
     /// hear another client's release is still caught.
     hub_contended: Vec<[bool; RESOURCES.len()]>,
+    /// Per client: the hub's contention epoch when `hub_contended` was
+    /// last read (`None`: never).
+    hub_epochs: Vec<Option<u64>>,
     /// Per master and resource: the token the last hand-over seen there
     /// took, and how many hand-overs in a row led to it (each a granted
     /// lock's quiet release with the next holder's attempt right behind,
@@ -945,6 +948,7 @@ impl World {
             latest_grants: vec![[None; RESOURCES.len()]; clients_len],
             contended: vec![[true; RESOURCES.len()]; clients_len],
             hub_contended: vec![[true; RESOURCES.len()]; clients_len],
+            hub_epochs: vec![None; clients_len],
             handover_rows: vec![vec![(TokenKey::new(b""), 0); RESOURCES.len()]; settings_masters],
         };
         for c in 0..world.clients.len() {
@@ -1240,12 +1244,17 @@ impl World {
         }
         // A yield (the hub's flag cleared): whether other processes
         // compete is told by their releases from now on.
-        for (r, resource) in RESOURCES.iter().enumerate() {
-            let now_contended = c.hub.engine().is_contended(resource.as_bytes());
-            if self.hub_contended[client][r] && !now_contended {
-                self.contended[client][r] = false;
+        // (Read again only when the hub's flags may have moved.)
+        let epoch = c.hub.engine().contention_epoch();
+        if self.hub_epochs[client] != Some(epoch) {
+            self.hub_epochs[client] = Some(epoch);
+            for (r, resource) in RESOURCES.iter().enumerate() {
+                let now_contended = c.hub.engine().is_contended(resource.as_bytes());
+                if self.hub_contended[client][r] && !now_contended {
+                    self.contended[client][r] = false;
+                }
+                self.hub_contended[client][r] = now_contended;
             }
-            self.hub_contended[client][r] = now_contended;
         }
         if let Some(at) = c.hub.poll_timeout() {
             let at = c.clock.virtual_at(at).max(self.now + 1);
