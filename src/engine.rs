@@ -216,10 +216,9 @@ impl Engine {
             .is_listening(&self.subs, resource, crate::quorum::quorum(self.n), now)
     }
 
-    /// See [`Channels::hears_releases`].
-    pub(crate) fn hears_releases(&self, resource: &[u8]) -> bool {
-        self.channels
-            .hears_releases(&self.subs, resource, crate::quorum::quorum(self.n))
+    /// See [`Channels::heard_release`].
+    pub(crate) fn heard_release(&self, resource: &[u8], token: crate::token::Token) -> bool {
+        self.channels.heard_release(resource, token)
     }
 
     /// This client took the lock on `resource` (`token`), valid until

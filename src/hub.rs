@@ -610,16 +610,12 @@ impl<P: Promise, L: Links> Hub<P, L> {
                 if current {
                     self.engine.handle_yield(resource);
                 }
-                // Unless too few of its subscriptions are in place (refused
-                // by an ACL, or their connections down) for the masters'
-                // messages to reach them: then at once, as after any
-                // release, rather than at the released key's expiry.
-                let release = if self.engine.hears_releases(resource) {
-                    release.yielded()
-                } else {
-                    release
-                };
-                (Job::Release(release), None)
+                // Unless no master's message of it has reached them when
+                // it is done (subscriptions refused by an ACL or their
+                // connections down, PUBLISH refused, messages late): then
+                // they are told, as after any release, rather than left
+                // to the released key's expiry.
+                (Job::Release(release.yielded()), None)
             }
             _ => (Job::Release(release), None),
         }
@@ -905,6 +901,11 @@ impl<P: Promise, L: Links> Hub<P, L> {
                     running
                         .job
                         .for_each_released(|key| engine.handle_released(key));
+                    if let Some((resource, token)) = running.job.yielded_release()
+                        && !engine.heard_release(resource, token)
+                    {
+                        engine.handle_released(resource);
+                    }
                     for key in running.listening.take().iter().flat_map(Keys::as_slice) {
                         engine.unlisten(key, index, now);
                     }

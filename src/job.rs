@@ -328,6 +328,21 @@ impl Job {
         }
     }
 
+    /// A finished release that ended a row of hand-overs (see
+    /// [`Release::yielded`]), done: the key it freed and its token. Its
+    /// client's waiters are told of it unless a master's message of it
+    /// has reached them first: masters that refuse this client PUBLISH
+    /// (an ACL), or whose messages come late, leave them nothing else to
+    /// go by but the lock's expiry, while it is free.
+    pub(crate) fn yielded_release(&self) -> Option<(&Bytes, Token)> {
+        match self {
+            Job::Release(job) if job.yielded && matches!(job.result, Some(Ok(()))) => {
+                job.resource().map(|resource| (resource, job.request.token))
+            }
+            _ => None,
+        }
+    }
+
     /// When a waiting acquire gives up waiting.
     pub(crate) fn give_up_at(&self) -> Option<Instant> {
         match self {
@@ -1123,6 +1138,10 @@ pub(crate) struct Release {
     /// This client's waiters are told of the release once it is done
     /// (see [`Job::for_each_released`]).
     tells_locally: bool,
+    /// Ends a row of hand-overs: this client's waiters hear of it from the
+    /// masters, and are told when it is done only if no master's message
+    /// of it has reached them by then (see [`Job::yielded_release`]).
+    yielded: bool,
     timeout: Duration,
     first: Instant,
     stage: Stage,
@@ -1141,6 +1160,7 @@ impl Release {
             },
             cohort: lock.cohort,
             tells_locally: true,
+            yielded: false,
             timeout: ctx.config.per_instance_timeout,
             first: now,
             stage: Stage::Round,
@@ -1163,6 +1183,7 @@ impl Release {
     /// processes' do, not at once.
     pub(crate) fn yielded(mut self) -> Release {
         self.tells_locally = false;
+        self.yielded = true;
         self
     }
 

@@ -1376,6 +1376,61 @@ fn with_no_other_process_heard_a_row_of_hand_overs_goes_on_past_its_count() {
         .unwrap_or_else(|e| panic!("the release of R and X: {e}"));
 }
 
+/// A row of hand-overs ends with an announced release, whose messages
+/// tell this client's own waiter as they tell other processes'. Where the
+/// user may SUBSCRIBE but not PUBLISH (the release script's publish is
+/// refused, the release itself done), no message comes: the waiter is
+/// told when the release is done, rather than left to the lock's expiry
+/// (and to the mark of a lock held here, which a message would have
+/// cleared). The simulator found it (seed 687,841: 663 ms past its
+/// bound); before, this waiter waited for the held lock's validity to end
+/// (about 30 s), far past [`SETTLE`].
+#[test]
+fn a_row_ended_where_publish_is_refused_still_tells_the_clients_own_waiter() {
+    let masters = cluster(3);
+    let servers = masters.servers();
+    common::set_user(masters.iter(), "locker", "on >pw ~* &* +@all -publish");
+    let urls = common::urls_as(masters.iter(), "locker", "pw");
+    let mut config = config(&urls);
+    config.local_handovers = 1;
+    config.local_handover_window = Duration::from_secs(3600);
+    // A release whose next holder is not queued yet waits for it.
+    config.local_handover_linger = Duration::from_secs(2);
+    let b = SharedRedlock::new(config).unwrap_or_else(|e| panic!("{e}"));
+    let first = b
+        .try_acquire(R, HOLD_TTL)
+        .unwrap_or_else(|e| panic!("the first holder takes {R}: {e}"));
+    // One hand-over, then the row's end.
+    let waiter = refused_waiter(servers, &b);
+    b.release(&first)
+        .unwrap_or_else(|e| panic!("the first holder's release: {e}"));
+    let lock = waiter
+        .outcome()
+        .unwrap_or_else(|e| panic!("the first waiter: {e}"));
+    let waiter = Waiter::shared(&b);
+    let before = calls_now(servers);
+    b.release(&lock)
+        .unwrap_or_else(|e| panic!("the row's last release: {e}"));
+    assert!(
+        eventually(SETTLE, || !waiter.is_waiting()),
+        "the waiter still waits {SETTLE:?} after a release no master published"
+    );
+    let next = waiter
+        .outcome()
+        .unwrap_or_else(|e| panic!("the waiter, after a release no master published: {e}"));
+    assert_eq!(
+        published_since(servers, &before),
+        [0, 0, 0],
+        "PUBLISH refused to the user"
+    );
+    assert!(
+        holding(servers, R, &next) >= 2,
+        "a quorum holds the waiter's token"
+    );
+    b.release(&next)
+        .unwrap_or_else(|e| panic!("the waiter's release: {e}"));
+}
+
 /// Issue 23: a lock passing between a client's callers, released while
 /// none of them waits, is held a moment for one coming back
 /// (`Config::local_handover_linger`), and handed to it unannounced; with
