@@ -187,11 +187,22 @@ impl Waiting {
         now: Micros,
     ) {
         let slot = &mut self.resources[r].keys[master];
-        *slot = key.map(|(token, until)| Key {
+        let key = key.map(|(token, until)| Key {
             token: TokenKey::new(token),
             until,
         });
-        self.update(r, now);
+        // Unchanged (a read, a refused attempt): the state it makes moves
+        // only with time, which every reader brings up to date first
+        // (`refresh`).
+        let same = match (&*slot, &key) {
+            (Some(old), Some(new)) => old.token == new.token && old.until == new.until,
+            (None, None) => true,
+            _ => false,
+        };
+        *slot = key;
+        if !same {
+            self.update(r, now);
+        }
     }
 
     /// Resource `r`'s state at `now`: held or blocked until when, or free
