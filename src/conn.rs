@@ -82,6 +82,13 @@ impl Op {
         )
     }
 
+    /// Whether a refusal reports the holder: minus its key's remaining
+    /// time and its value (the waiting, fenced and multi-resource acquire
+    /// scripts; the plain `SET` answers nil).
+    pub(crate) fn tells_holder(self) -> bool {
+        matches!(self, Op::AcquireWait | Op::AcquireFenced | Op::AcquireMany)
+    }
+
     /// Whether a grant leaves keys of ours alive on the master for a TTL:
     /// taking a lock, extending one, or raising a held lock's fence. A
     /// restart of the master within that TTL may lose them (see

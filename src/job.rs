@@ -971,12 +971,9 @@ impl Acquire {
             .clamp(1, refused.max(1));
         // The waiting, fenced and multi-resource scripts report the
         // holder's remaining time (the plain `SET` does not).
-        let told = matches!(
-            self.request.op,
-            Op::AcquireWait | Op::AcquireFenced | Op::AcquireMany
-        )
-        .then(|| holder_expiry(votes, round.values(0), needed))
-        .flatten();
+        let told = (self.request.op.tells_holder())
+            .then(|| holder_expiry(votes, round.values(0), needed))
+            .flatten();
         let expiry = match told {
             Some(expiry) => expiry,
             None => ctx.jitter.between(self.retry.delay / 2, self.retry.delay),

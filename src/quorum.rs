@@ -402,8 +402,7 @@ impl Round {
         if let (Op::AcquireFenced, Some(cell)) = (op, self.reads.get_mut(slot * self.n + i)) {
             *cell = FenceRead::parse(&reply);
         }
-        if let (Op::AcquireWait | Op::AcquireFenced | Op::AcquireMany, Reply::Array(items)) =
-            (op, &reply)
+        if let (true, Reply::Array(items)) = (op.tells_holder(), &reply)
             && let [Reply::Integer(value), Reply::Bulk(holder)] = items.as_slice()
         {
             if let Some(cell) = self.values.get_mut(slot * self.n + i) {
@@ -719,7 +718,10 @@ fn classify(op: Op, reply: Reply) -> Vote {
         // the time alone).
         // The fenced and multi-resource acquires refuse so too.
         (Op::AcquireWait, Reply::Integer(n)) if n < 0 => Vote::Refused,
-        (Op::AcquireWait | Op::AcquireFenced | Op::AcquireMany, Reply::Array(ref items)) if matches!(items.as_slice(), [Reply::Integer(n), Reply::Bulk(_)] if *n <= 0) => {
+        (op, Reply::Array(ref items))
+            if op.tells_holder()
+                && matches!(items.as_slice(), [Reply::Integer(n), Reply::Bulk(_)] if *n <= 0) =>
+        {
             Vote::Refused
         }
         // Every script but the fenced acquire answers 1 or 0.

@@ -294,6 +294,20 @@ fn waited_for(servers: &[Server], urls: &[String], b: &SharedRedlock, ttl: Durat
     waiter.outcome().unwrap_or_else(|e| panic!("B: {e}"))
 }
 
+/// `R` passed between two callers of `b`: the first takes it, a second
+/// waits (refused), the first releases. The second's lock, handed over.
+fn handed_over(servers: &[Server], b: &SharedRedlock) -> Lock {
+    let first = b
+        .try_acquire(R, HOLD_TTL)
+        .unwrap_or_else(|e| panic!("the first holder takes {R}: {e}"));
+    let waiter = refused_waiter(servers, b);
+    b.release(&first)
+        .unwrap_or_else(|e| panic!("the first holder's release: {e}"));
+    waiter
+        .outcome()
+        .unwrap_or_else(|e| panic!("the waiter, after the release: {e}"))
+}
+
 fn get(server: &Server, key: &str) -> Reply {
     connect(server).cmd(&["GET".into(), key.into()])
 }
@@ -1397,16 +1411,8 @@ fn a_row_ended_where_publish_is_refused_still_tells_the_clients_own_waiter() {
     // A release whose next holder is not queued yet waits for it.
     config.local_handover_linger = Duration::from_secs(2);
     let b = SharedRedlock::new(config).unwrap_or_else(|e| panic!("{e}"));
-    let first = b
-        .try_acquire(R, HOLD_TTL)
-        .unwrap_or_else(|e| panic!("the first holder takes {R}: {e}"));
     // One hand-over, then the row's end.
-    let waiter = refused_waiter(servers, &b);
-    b.release(&first)
-        .unwrap_or_else(|e| panic!("the first holder's release: {e}"));
-    let lock = waiter
-        .outcome()
-        .unwrap_or_else(|e| panic!("the first waiter: {e}"));
+    let lock = handed_over(servers, &b);
     let waiter = Waiter::shared(&b);
     let before = calls_now(servers);
     b.release(&lock)
@@ -1447,15 +1453,7 @@ fn a_lock_passing_between_callers_waits_a_moment_for_the_next_one() {
         config.local_handover_linger = linger;
         let b = SharedRedlock::new(config).unwrap_or_else(|e| panic!("{e}"));
         // Two callers of B take the lock in turn: a hand-over.
-        let first = b
-            .try_acquire(R, HOLD_TTL)
-            .unwrap_or_else(|e| panic!("the first holder takes {R}: {e}"));
-        let waiter = refused_waiter(servers, &b);
-        b.release(&first)
-            .unwrap_or_else(|e| panic!("the first holder's release: {e}"));
-        let second = waiter
-            .outcome()
-            .unwrap_or_else(|e| panic!("the waiter, after the release: {e}"));
+        let second = handed_over(servers, &b);
         // The second releases with nobody waiting in B.
         let before = calls_now(servers);
         let releaser = {
