@@ -20,7 +20,7 @@ use crate::addr::ServerAddr;
 
 use crate::conn::{Cause, Conn, Op, Request, Role, Tag, Timing};
 use crate::metrics::Masters;
-use crate::notify::Channels;
+use crate::notify::{Channels, Cohort};
 use crate::quorum::{FencePlan, Round, Vote, plan_fence, same_server};
 use crate::resp::Limits;
 use crate::script::Scripts;
@@ -222,9 +222,20 @@ impl Engine {
     }
 
     /// This client took the lock on `resource` (`token`), valid until
-    /// `until` (see [`Channels::handle_granted`]).
-    pub(crate) fn handle_granted(&mut self, resource: &[u8], until: Instant, token: Token) {
-        self.channels.handle_granted(resource, until, token);
+    /// `until`; the row of hand-overs it goes on with, if any (see
+    /// [`Channels::handle_granted`]).
+    pub(crate) fn handle_granted(
+        &mut self,
+        resource: &[u8],
+        until: Instant,
+        token: Token,
+    ) -> Option<Cohort> {
+        self.channels.handle_granted(resource, until, token)
+    }
+
+    /// See [`Channels::handle_handed_over`].
+    pub(crate) fn handle_handed_over(&mut self, resource: &[u8], next: Cohort) {
+        self.channels.handle_handed_over(resource, next);
     }
 
     /// See [`Channels::handle_extended`].

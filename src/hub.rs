@@ -31,8 +31,9 @@ use crate::engine::{Engine, Wait};
 use crate::error::Error;
 use crate::job::{Acquire, Batch, Ctx, Extend, Job, Output, Release, SplitMix64, Step, release_op};
 use crate::keep::{Keeper, Shared as KeepShared};
-use crate::lock::{Cohort, Lock};
+use crate::lock::Lock;
 use crate::metrics::{self, OpSpan};
+use crate::notify::Cohort;
 use crate::token::TokenSource;
 
 mod inline;
@@ -596,11 +597,12 @@ impl<P: Promise, L: Links> Hub<P, L> {
             Some(head) if within && self.closing_since.is_none() => {
                 // Several callers here take this lock in turn.
                 self.engine.handle_company(resource, true);
-                let release = release.unannounced();
                 let next = Cohort {
                     row: cohort.row + 1,
                     since: cohort.since,
                 };
+                self.engine.handle_handed_over(resource, next);
+                let release = release.unannounced();
                 (Job::Release(release), Some((head, next)))
             }
             // This client's turn is over: its waiters hear of the release
@@ -913,8 +915,14 @@ impl<P: Promise, L: Links> Hub<P, L> {
                     // lock free: a new local acquire waits for its release
                     // (handed over, or heard) rather than try into a
                     // refusal (nothing, when nobody here listens for it).
-                    if let Some((resource, until, token)) = running.job.granted(*stamp) {
-                        engine.handle_granted(resource, until, token);
+                    let row = running
+                        .job
+                        .granted(*stamp)
+                        .and_then(|(resource, until, token)| {
+                            engine.handle_granted(resource, until, token)
+                        });
+                    if let Some(row) = row {
+                        running.job.go_on_with(row);
                     }
                     // Extended (or shortened, the extend failing): held
                     // here that long, no longer than the keys allow.

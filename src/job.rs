@@ -24,8 +24,9 @@ use crate::config::{Config, Retry};
 use crate::conn::{Keys, Op, Request};
 use crate::engine::Wait;
 use crate::error::{Error, Failure, MasterVote};
-use crate::lock::{Cohort, Lock};
+use crate::lock::Lock;
 use crate::metrics;
+use crate::notify::Cohort;
 use crate::quorum::{Decision, FencePlan, Loss, Round, Vote, plan_fence};
 use crate::script::FENCE_STATE_KEY;
 use crate::token::{Token, TokenSource};
@@ -269,6 +270,18 @@ impl Job {
                 _ => None,
             },
             _ => None,
+        }
+    }
+
+    /// A finished acquire's lock goes on with `row`, a row of hand-overs
+    /// this client's release began right before it was taken (see
+    /// [`Channels::handle_granted`](crate::notify::Channels::handle_granted)),
+    /// unless it carries the row its waiter was handed already.
+    pub(crate) fn go_on_with(&mut self, row: Cohort) {
+        if let Job::Acquire(job) = self
+            && let Some(Ok(lock)) = &mut job.result
+        {
+            lock.cohort.get_or_insert(row);
         }
     }
 

@@ -9,6 +9,7 @@ use bytes::Bytes;
 
 use crate::clock::{Expiry, Stamp};
 use crate::conn::Keys;
+use crate::notify::Cohort;
 use crate::token::Token;
 
 /// A held lock: its resource, token and validity.
@@ -29,16 +30,6 @@ pub struct Lock {
     /// it was taken otherwise): see
     /// [`Config::local_handovers`](crate::Config::local_handovers).
     pub(crate) cohort: Option<Cohort>,
-}
-
-/// A row of in-process hand-overs of one lock (lock cohorting): how many
-/// so far, and since when.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Cohort {
-    /// Hand-overs in the row, this lock's included.
-    pub(crate) row: u32,
-    /// When the first of them was sent.
-    pub(crate) since: std::time::Instant,
 }
 
 impl Lock {
