@@ -12,8 +12,8 @@ use std::io::Write as _;
 
 use bytes::{Bytes, BytesMut};
 use redlock_mio::resp::{
-    Arg, DEPTH_CAP, FrameScan, Limit, Limits, ProtocolError, Reply, Status, decode, encode_command,
-    frame_len, parse,
+    Arg, DEPTH_CAP, FrameScan, Limit, Limits, ProtocolError, Reply, Status, decode, decode_resumed,
+    encode_command, frame_len, parse,
 };
 
 /// Arbitrary bytes, as a server might send them, into the parser.
@@ -23,7 +23,8 @@ use redlock_mio::resp::{
 /// the limits; every cut of the input gives `Partial` or the very same
 /// answer; `decode` takes exactly the bytes `parse` used; replies taken one
 /// after another off the input are the same whether the bytes arrive at
-/// once or in chunks; and every parsed reply re-encodes to bytes that parse
+/// once or in chunks, by `decode` or by `decode_resumed` with its scan
+/// kept between chunks; and every parsed reply re-encodes to bytes that parse
 /// back to it.
 pub fn check_parse(data: &[u8]) {
     let seed = fnv1a(data);
@@ -397,29 +398,46 @@ fn check_streamed(data: &[u8], limits: &Limits, whole: &Pipeline, seed: u64) {
         ends
     };
     ends.dedup();
-    let mut buf = BytesMut::new();
-    let mut replies = Vec::new();
-    let mut error = None;
-    let mut start = 0;
-    'chunks: for end in ends {
-        buf.extend_from_slice(&data[start..end]);
-        start = end;
-        loop {
-            match decode(&mut buf, limits) {
-                Ok(Some(reply)) => replies.push(reply),
-                Ok(None) => break,
-                // A connection closes on a protocol error.
-                Err(e) => {
-                    error = Some(e);
-                    break 'chunks;
+    // `decode`, and `decode_resumed` as a connection reads (a scan kept
+    // beside its buffer), each on its own copy of the stream.
+    for resumed in [false, true] {
+        let mut buf = BytesMut::new();
+        let mut scan = FrameScan::new();
+        let mut replies = Vec::new();
+        let mut error = None;
+        let mut start = 0;
+        'chunks: for &end in &ends {
+            buf.extend_from_slice(&data[start..end]);
+            start = end;
+            loop {
+                let next = if resumed {
+                    decode_resumed(&mut buf, &mut scan, limits)
+                } else {
+                    decode(&mut buf, limits)
+                };
+                match next {
+                    Ok(Some(reply)) => replies.push(reply),
+                    Ok(None) => break,
+                    // A connection closes on a protocol error.
+                    Err(e) => {
+                        error = Some(e);
+                        break 'chunks;
+                    }
                 }
             }
         }
-    }
-    assert_eq!(replies, whole.replies, "streamed {data:?}");
-    assert_eq!(error, whole.error, "streamed {data:?}");
-    if error.is_none() {
-        assert_eq!(&buf[..], &data[whole.consumed..], "streamed {data:?}");
+        assert_eq!(
+            replies, whole.replies,
+            "streamed {data:?} (resumed: {resumed})"
+        );
+        assert_eq!(error, whole.error, "streamed {data:?} (resumed: {resumed})");
+        if error.is_none() {
+            assert_eq!(
+                &buf[..],
+                &data[whole.consumed..],
+                "streamed {data:?} (resumed: {resumed})"
+            );
+        }
     }
 }
 

@@ -20,11 +20,12 @@
 //! The modules are listed in data-flow order, each importing only modules
 //! before it: one acquire goes from the bytes on the wire up to the API:
 //!
-//! `resp -> script -> token -> clock -> addr -> conn -> quorum -> resolve ->
-//! config -> error -> metrics -> notify -> engine -> tls -> driver -> lock ->
-//! job -> keep -> hub -> client -> shared -> watchdog`
+//! `hash -> resp -> script -> token -> clock -> addr -> conn -> quorum ->
+//! resolve -> config -> error -> metrics -> notify -> engine -> tls -> driver
+//! -> lock -> job -> keep -> hub -> client -> shared -> watchdog`
 //!
-//! `resp` encodes commands and parses replies; `conn` is one master's
+//! `hash` is a fixed, fast hasher for tables keyed by the application's own
+//! names; `resp` encodes commands and parses replies; `conn` is one master's
 //! connection state; `quorum` one round's votes and validity arithmetic;
 //! `metrics` records what the modules after it decide, from plain data
 //! (features `metrics` and `tracing`); `notify` is the waiters' release
@@ -67,6 +68,8 @@
 #![warn(unreachable_pub)]
 
 // Blank lines keep rustfmt from sorting these: the order is the data flow.
+mod hash;
+
 // Only the codec and the scripts are public modules: the codec is a
 // documented RESP2 parser and encoder (fuzzed, benchmarked and used by the
 // tools beside the crate), and the scripts are the Lua each master runs.

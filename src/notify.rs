@@ -26,13 +26,13 @@
 //! most that many such resources behind, and for no longer. Nothing here
 //! touches a socket or reads a clock.
 
-use std::collections::{HashMap, VecDeque};
-use std::hash::{BuildHasherDefault, DefaultHasher};
+use std::collections::VecDeque;
 use std::time::Instant;
 
 use bytes::Bytes;
 
 use crate::conn::{Cause, Conn, Role};
+use crate::hash::FxMap;
 use crate::resp::{Arg, Reply};
 use crate::script::RELEASE_CHANNEL_PREFIX;
 use crate::token::Token;
@@ -137,7 +137,7 @@ pub(crate) struct Channels {
     /// run: the client's decisions follow from its inputs alone, and a
     /// simulated run replays. The keys are the application's own resource
     /// names, not a remote party's.
-    table: HashMap<Bytes, Channel, BuildHasherDefault<DefaultHasher>>,
+    table: FxMap<Bytes, Channel>,
     /// Resources released since the last [`Channels::poll_notified`],
     /// each at most once.
     notified: VecDeque<Bytes>,

@@ -413,6 +413,11 @@ pub fn decode_resumed(
     scan: &mut FrameScan,
     limits: &Limits,
 ) -> Result<Option<Reply>, ProtocolError> {
+    // Most replies are one value, not an array (+OK, :1, a nil, an error, a
+    // token): found and built in one pass over its header, not two.
+    if scan.pos == 0 && scan.depth == 0 && matches!(buf.first(), Some(b'+' | b'-' | b':' | b'$')) {
+        return decode_leaf(buf, scan, limits);
+    }
     let used = match scan.scan(buf, limits) {
         Ok(Status::Complete { used, .. }) => used,
         Ok(Status::Partial) => return Ok(None),
@@ -427,6 +432,78 @@ pub fn decode_resumed(
         // The scan accepted these bytes; reaching here would be a bug,
         // reported rather than panicked on.
         _ => Err(ProtocolError::BadLineEnding),
+    }
+}
+
+/// [`decode_resumed`] for a reply that is not an array: the same answers
+/// as [`FrameScan::scan`] then [`walk`], in one walk that locates the value
+/// ([`Locate`]) before the frame is split off and the value sliced from it.
+fn decode_leaf(
+    buf: &mut BytesMut,
+    scan: &mut FrameScan,
+    limits: &Limits,
+) -> Result<Option<Reply>, ProtocolError> {
+    // As the scan: a reply longer than allowed is an error once that much
+    // has come without its end.
+    let view = &buf[..buf.len().min(limits.max_reply_len)];
+    let Some((leaf, used)) = walk(view, 0, 1, limits, &mut Locate)? else {
+        scan.examined += view.len() as u64;
+        if buf.len() > view.len() {
+            return Err(ProtocolError::LimitExceeded(Limit::ReplyLength));
+        }
+        return Ok(None);
+    };
+    let frame = buf.split_to(used).freeze();
+    Ok(Some(match leaf {
+        Leaf::Line(kind, range) => {
+            scan.examined += used as u64;
+            Build { src: &frame }.line(kind, range)
+        }
+        Leaf::Integer(n) => {
+            scan.examined += used as u64;
+            Reply::Integer(n)
+        }
+        Leaf::Bulk(range) => {
+            scan.examined += range.start as u64;
+            Reply::Bulk(frame.slice(range))
+        }
+        Leaf::Nil => {
+            scan.examined += used as u64;
+            Reply::Nil
+        }
+        // Not reached: the first byte is not an array's.
+        Leaf::Array => return Err(ProtocolError::UnknownType(b'*')),
+    }))
+}
+
+/// Where a value that is not an array lies in its frame.
+enum Leaf {
+    Line(u8, Range<usize>),
+    Integer(i64),
+    Bulk(Range<usize>),
+    Nil,
+    Array,
+}
+
+/// A [`Sink`] that locates a value, slicing nothing.
+struct Locate;
+
+impl Sink for Locate {
+    type Out = Leaf;
+    fn line(&mut self, kind: u8, range: Range<usize>) -> Leaf {
+        Leaf::Line(kind, range)
+    }
+    fn integer(&mut self, n: i64) -> Leaf {
+        Leaf::Integer(n)
+    }
+    fn bulk(&mut self, range: Range<usize>) -> Leaf {
+        Leaf::Bulk(range)
+    }
+    fn nil(&mut self, _: bool) -> Leaf {
+        Leaf::Nil
+    }
+    fn array(&mut self, _: Vec<Leaf>) -> Leaf {
+        Leaf::Array
     }
 }
 

@@ -2,8 +2,6 @@
 //! client talks to, driven by seeded tests. Compiled for the crate's own
 //! tests only (`cfg(test)` or the `test-knobs` feature): not API.
 
-pub mod hash;
-
 pub mod rng;
 
 pub mod model;

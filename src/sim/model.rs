@@ -24,7 +24,7 @@ use crate::script::{self, RELEASE_CHANNEL_PREFIX, Script, ScriptId};
 /// Maps with a fixed hasher: the same run gives the same memory layout,
 /// with nothing read from the OS; a fast one, as every command looks keys
 /// up.
-type Map<K, V> = crate::sim::hash::FxMap<K, V>;
+type Map<K, V> = crate::hash::FxMap<K, V>;
 
 /// How many databases a master has (`databases 16`, the default).
 pub const DATABASES: usize = 16;

@@ -27,6 +27,7 @@ use crate::clock::{BootInstant, Stamp};
 use crate::config::{Config, Retry};
 use crate::conn::{Cause, Conn, Keys, Op};
 use crate::engine::Engine;
+use crate::hash::{FxMap, FxSet};
 use crate::hub::{Hub, Links, Order, Promise, Submission};
 use crate::job::{Extend, Output, SplitMix64};
 use crate::keep::{KeepOptions, Keeper, Shared as KeepShared};
@@ -34,7 +35,6 @@ use crate::lock::Lock;
 use crate::quorum::quorum;
 use crate::resp::{Limits, Reply, decode};
 use crate::script::Scripts;
-use crate::sim::hash::{FxMap, FxSet};
 use crate::sim::model::{ConnId, Master};
 use crate::sim::rng::Rng;
 use crate::token::TokenSource;
@@ -519,6 +519,7 @@ impl std::hash::Hash for TokenKey {
 
 /// An empty set of tokens with room for a run's usual count (a few
 /// hundred), so that it seldom grows: growing rehashes every token.
+/// (Each made anew: a clone would copy every empty bucket.)
 fn token_set() -> FxSet<TokenKey> {
     FxSet::with_capacity_and_hasher(TOKEN_SET_CAPACITY, Default::default())
 }
@@ -941,7 +942,7 @@ impl World {
             config,
             partitions: Vec::new(),
             acquires: vec![0; clients_len],
-            attempts: vec![token_set(); clients_len],
+            attempts: (0..clients_len).map(|_| token_set()).collect(),
             streaks: vec![[(0, 0); RESOURCES.len()]; clients_len],
             data_losses: Vec::new(),
             waiting,
@@ -950,7 +951,7 @@ impl World {
             overdue,
             maybe_done: true,
             granted_tokens: FxMap::with_capacity_and_hasher(256, Default::default()),
-            resent_releases: vec![token_set(); settings_masters],
+            resent_releases: (0..settings_masters).map(|_| token_set()).collect(),
             latest_grants: vec![[None; RESOURCES.len()]; clients_len],
             contended: vec![[true; RESOURCES.len()]; clients_len],
             hub_contended: vec![[true; RESOURCES.len()]; clients_len],

@@ -1,24 +1,26 @@
-//! A fast, fixed hasher for the simulation's own tables (the model's
-//! keyspace and scripts, the world's token sets): the Fx hash rustc uses.
-//! Fixed, so that a run is the same whatever the process (no random
-//! seed), and cheap, since every simulated command looks keys up. Not for
-//! keys a remote party chooses: nothing here resists collisions made on
-//! purpose.
+//! A fast, fixed hasher: the Fx hash rustc uses. For the waiters' channel
+//! table (keyed by the application's own resource names, looked up several
+//! times per turn of the loop), and the simulation's tables (the model's
+//! keyspace and scripts, the world's token sets). Fixed, so that a run is
+//! the same whatever the process (no random seed: a simulated run replays),
+//! and cheap. Not for keys a remote party chooses: nothing here resists
+//! collisions made on purpose (nor did SipHash with the fixed keys the
+//! channel table had before, whose collisions anyone can compute).
 
 use std::hash::{BuildHasherDefault, Hasher};
 
 /// Builds [`FxHasher`]s.
-pub type FxBuild = BuildHasherDefault<FxHasher>;
+pub(crate) type FxBuild = BuildHasherDefault<FxHasher>;
 
 /// A hash map with [`FxHasher`].
-pub type FxMap<K, V> = std::collections::HashMap<K, V, FxBuild>;
+pub(crate) type FxMap<K, V> = std::collections::HashMap<K, V, FxBuild>;
 
 /// A hash set with [`FxHasher`].
-pub type FxSet<T> = std::collections::HashSet<T, FxBuild>;
+pub(crate) type FxSet<T> = std::collections::HashSet<T, FxBuild>;
 
 /// The Fx hash: a rotate, a xor and a multiply per word.
 #[derive(Debug, Default, Clone, Copy)]
-pub struct FxHasher(u64);
+pub(crate) struct FxHasher(u64);
 
 const SEED: u64 = 0x517c_c1b7_2722_0a95;
 
