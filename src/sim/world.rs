@@ -411,8 +411,8 @@ struct Held {
 /// queued, not in two turns' requests that a connect let pile up.
 #[derive(Debug, Clone, Default)]
 struct Backlog {
-    /// Bytes queued by each turn so far.
-    pieces: Vec<usize>,
+    /// Bytes queued by each turn so far, and when.
+    pieces: Vec<(usize, Micros)>,
     /// Their sum: the connection's unwritten bytes after the last turn.
     total: usize,
     /// The connection dropped queued bytes unsent (a round ended): the
@@ -421,23 +421,24 @@ struct Backlog {
 }
 
 impl Backlog {
-    /// After a turn, the connection holds `queued` unwritten bytes.
-    fn note(&mut self, queued: usize) {
+    /// After a turn at `now`, the connection holds `queued` unwritten
+    /// bytes.
+    fn note(&mut self, queued: usize, now: Micros) {
         if queued > self.total {
-            self.pieces.push(queued - self.total);
+            self.pieces.push((queued - self.total, now));
         } else if queued < self.total {
             self.opaque = true;
         }
         self.total = queued;
     }
 
-    /// The pieces of a write of `len` bytes, made now, of the backlog and
-    /// what this turn added; the backlog is then empty.
-    fn take(&mut self, len: usize) -> Option<Box<Pieces>> {
+    /// The pieces of a write of `len` bytes, made at `now`, of the backlog
+    /// and what this turn added; the backlog is then empty.
+    fn take(&mut self, len: usize, now: Micros) -> Option<Box<Pieces>> {
         if self.pieces.is_empty() && !self.opaque {
             return None;
         }
-        self.note(len);
+        self.note(len, now);
         let pieces = Pieces {
             lens: std::mem::take(&mut self.pieces),
             opaque: std::mem::take(&mut self.opaque),
@@ -448,15 +449,17 @@ impl Backlog {
 }
 
 /// The writes a master's connection received, oldest first: each one's
-/// length, and whether where the client's turns begin in it is unknown
-/// (see [`Backlog`]).
-type Writes = VecDeque<(usize, bool)>;
+/// length, whether where the client's turns begin in it is unknown (see
+/// [`Backlog`]), and when the client's turn queued it. (Not when it
+/// arrives: a backlog, a stall or a slow link bring requests queued
+/// apart all at once.)
+type Writes = VecDeque<(usize, bool, Micros)>;
 
 /// A write that carried a connection's backlog: where each turn's bytes
-/// are in it (see [`Backlog`]).
+/// are in it, and when that turn queued them (see [`Backlog`]).
 #[derive(Debug)]
 struct Pieces {
-    lens: Vec<usize>,
+    lens: Vec<(usize, Micros)>,
     opaque: bool,
 }
 
@@ -583,6 +586,8 @@ enum Event {
         bytes: Bytes,
         /// For a write that carried a backlog: its pieces.
         pieces: Option<Box<Pieces>>,
+        /// When the client wrote it.
+        sent: Micros,
     },
     /// Bytes from a master reach a client's link; with the last of them,
     /// a release message for this resource (for the waiting checker).
@@ -1126,7 +1131,8 @@ impl World {
                 id,
                 bytes,
                 pieces,
-            } => self.handle_at_master(master, id, bytes, pieces),
+                sent,
+            } => self.handle_at_master(master, id, bytes, pieces, sent),
             Event::ToClient {
                 client,
                 link,
@@ -1317,7 +1323,7 @@ impl World {
             let LinkState::Up { id } = state else {
                 if let LinkState::Connecting { .. } = state {
                     let queued = c.hub.engine().link(link).map_or(0, Conn::unwritten);
-                    c.backlogs[link].note(queued);
+                    c.backlogs[link].note(queued, self.now);
                 }
                 continue;
             };
@@ -1326,7 +1332,7 @@ impl World {
             if pending.is_empty() {
                 continue;
             }
-            let pieces = c.backlogs[link].take(pending.len());
+            let pieces = c.backlogs[link].take(pending.len(), self.now);
             // Through the world's buffer: a slice of a shared chunk, not
             // an allocation per write.
             let out = &mut self.out;
@@ -1351,6 +1357,7 @@ impl World {
                     id,
                     bytes,
                     pieces,
+                    sent: now,
                 },
             );
         }
@@ -1409,6 +1416,7 @@ impl World {
         id: u64,
         bytes: Bytes,
         pieces: Option<Box<Pieces>>,
+        sent: Micros,
     ) {
         let node = &mut self.nodes[master];
         let Some((_, _, buf, writes)) = node.conns.get_mut(&id) else {
@@ -1420,8 +1428,13 @@ impl World {
         buf.extend_from_slice(&bytes);
         match pieces {
             // A backlog: each turn's requests count as a write of their own.
-            Some(pieces) => writes.extend(pieces.lens.iter().map(|&len| (len, pieces.opaque))),
-            None => writes.push_back((bytes.len(), false)),
+            Some(pieces) => writes.extend(
+                pieces
+                    .lens
+                    .iter()
+                    .map(|&(len, queued)| (len, pieces.opaque, queued)),
+            ),
+            None => writes.push_back((bytes.len(), false, sent)),
         }
         // A stalled master reads nothing until the stall ends; what came
         // waits in each connection's buffer, in order.
@@ -1474,9 +1487,11 @@ impl World {
         // Within a write where the client's turns cannot be told apart,
         // no hand-over is recognised.
         let mut opaque = false;
+        // When the client queued the write being read.
+        let mut sent = now;
         while let Some((_, _, buf, writes)) = conns.get_mut(&id) {
             if write_left == 0 {
-                (write_left, opaque) = writes.pop_front().unwrap_or((usize::MAX, false));
+                (write_left, opaque, sent) = writes.pop_front().unwrap_or((usize::MAX, false, now));
                 quiet_release = None;
             }
             let mut slots = [&[][..]; MAX_ARGS];
@@ -1554,13 +1569,15 @@ impl World {
                         && effect == Effect::WaitingAcquire
                         && let Some(r) = args.get(3).and_then(|k| resource_index(k))
                     {
+                        // Timed as the client made them: requests queued
+                        // apart may arrive at once (see `Writes`).
                         let streak = &mut self.streaks[client][r];
-                        streak.1 = if now.saturating_sub(streak.0) <= SPIN_GAP {
+                        streak.1 = if sent.saturating_sub(streak.0) <= SPIN_GAP {
                             streak.1 + 1
                         } else {
                             1
                         };
-                        streak.0 = now;
+                        streak.0 = sent;
                         if streak.1 == SPIN_STREAK {
                             spins.push(r);
                         }
@@ -2409,6 +2426,12 @@ mod tests {
     /// on, so these stay, beside the budget, as seeds known to have been
     /// hard (five clients and five masters where said, and 120 operations
     /// per client where said):
+    /// - 344,158 (120 operations per client): a false spin, the spin checker
+    ///   timing attempts by their arrival: a waiter retried every 3 to 5 ms
+    ///   (its retry delay) while every master failed, its requests queued
+    ///   on a connection still connecting, which delivered 25 of them at
+    ///   once. Attempts are now timed by when the client queued them
+    ///   (fails with the arrival time back);
     /// - 110,847 (120 operations per client): a row of hand-overs past its
     ///   count, a client bug: the release handing the lock over to the head
     ///   waiter (its attempt under way) left with another caller's attempt
@@ -2490,6 +2513,7 @@ mod tests {
             ..Settings::default()
         };
         keeps_every_property(&longer, 110_847..110_848);
+        keeps_every_property(&longer, 344_158..344_159);
     }
 
     /// Five clients and five masters, the rest as by default.
@@ -2506,17 +2530,20 @@ mod tests {
     #[test]
     fn a_backlog_keeps_each_turns_requests_apart() {
         let mut backlog = Backlog::default();
-        assert!(backlog.take(40).is_none(), "no backlog: one plain write");
-        backlog.note(30);
-        backlog.note(30);
-        backlog.note(50);
-        let pieces = backlog.take(65).expect("a backlog");
-        assert_eq!(pieces.lens, [30, 20, 15]);
+        assert!(backlog.take(40, 0).is_none(), "no backlog: one plain write");
+        backlog.note(30, 1);
+        backlog.note(30, 2);
+        backlog.note(50, 3);
+        let pieces = backlog.take(65, 4).expect("a backlog");
+        assert_eq!(pieces.lens, [(30, 1), (20, 3), (15, 4)]);
         assert!(!pieces.opaque);
-        assert!(backlog.take(10).is_none(), "taken: the next write is plain");
-        backlog.note(40);
-        backlog.note(25);
-        let pieces = backlog.take(25).expect("a backlog");
+        assert!(
+            backlog.take(10, 5).is_none(),
+            "taken: the next write is plain"
+        );
+        backlog.note(40, 6);
+        backlog.note(25, 7);
+        let pieces = backlog.take(25, 8).expect("a backlog");
         assert!(pieces.opaque, "bytes dropped unsent");
     }
 
