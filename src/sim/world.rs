@@ -2428,10 +2428,10 @@ mod tests {
     /// per client where said):
     /// - 344,158 (120 operations per client): a false spin, the spin checker
     ///   timing attempts by their arrival: a waiter retried every 3 to 5 ms
-    ///   (its retry delay) while every master failed, its requests queued
-    ///   on a connection still connecting, which delivered 25 of them at
-    ///   once. Attempts are now timed by when the client queued them
-    ///   (fails with the arrival time back);
+    ///   (its retry delay) while the other masters were down, and master 2,
+    ///   stalled, read 25 of them at once when its stall ended. Attempts
+    ///   are now timed by when the client queued them (fails with the
+    ///   arrival time back);
     /// - 110,847 (120 operations per client): a row of hand-overs past its
     ///   count, a client bug: the release handing the lock over to the head
     ///   waiter (its attempt under way) left with another caller's attempt
