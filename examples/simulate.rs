@@ -10,11 +10,12 @@
 //! ```
 //!
 //! Options: `--for <secs>s` (default 10s), `--seeds <n>` (that many seeds,
-//! however long they take), `--seed <n>` (that seed alone), `--from <n>`
+//! however long they take, unless `--for` is given too: then whichever
+//! ends first), `--seed <n>` (that seed alone), `--from <n>`
 //! (the first seed), `--clients`, `--masters`, `--ops`, and
 //! `--bug quorum-off-by-one|drift-dropped|extend-not-shortened|
 //! failure-counted-as-split|resend-decided|release-notice-dropped|
-//! handover-budget-ignored|contention-unheard` to put
+//! handover-budget-ignored|contention-unheard|cleanup-skips-granted` to put
 //! a bug in on purpose (the run should then stop at a seed that shows it).
 
 use std::process::ExitCode;
@@ -28,6 +29,7 @@ const LIMIT: Duration = Duration::from_secs(600);
 fn main() -> ExitCode {
     let mut settings = Settings::default();
     let mut budget = Duration::from_secs(10);
+    let mut timed = false;
     let mut only: Option<u64> = None;
     let mut count: Option<u64> = None;
     let mut from = 0u64;
@@ -55,7 +57,10 @@ fn main() -> ExitCode {
             continue;
         }
         match (flag.as_str(), number()) {
-            ("--for", Some(secs)) => budget = Duration::from_secs(secs),
+            ("--for", Some(secs)) => {
+                budget = Duration::from_secs(secs);
+                timed = true;
+            }
             ("--seed", Some(seed)) => only = Some(seed),
             ("--seeds", Some(n)) if n > 0 => count = Some(n),
             ("--from", Some(seed)) => from = seed,
@@ -99,7 +104,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
         let enough = match count {
-            Some(n) => seeds >= n,
+            Some(n) => seeds >= n || (timed && started.elapsed() >= budget),
             None => started.elapsed() >= budget,
         };
         if only.is_some() || enough {
