@@ -273,8 +273,9 @@ impl Job {
         }
     }
 
-    /// A finished acquire's lock goes on with `row`, a row of hand-overs
-    /// this client's release began right before it was taken (see
+    /// A finished acquire's lock goes on with `row`: the row of hand-overs
+    /// this client's last unannounced release handed on, no lock taken
+    /// here since (see
     /// [`Channels::handle_granted`](crate::notify::Channels::handle_granted)),
     /// unless it carries the row its waiter was handed already.
     pub(crate) fn go_on_with(&mut self, row: Cohort) {
