@@ -113,7 +113,9 @@ struct Channel {
     /// as it gives up, a caller's first). Taken as a row of its own, the
     /// lock would pass quietly past the row's count (the simulator's row
     /// checker, seed 110,847 with 120 operations per client). Cleared
-    /// when a row ends with an announced release.
+    /// when a row ends with an announced release. After a hand-over that
+    /// failed (the lock went elsewhere), the next lock taken here goes on
+    /// with the old row too: that row ends sooner, never later.
     handing: Option<Cohort>,
 }
 
