@@ -23,13 +23,16 @@ use std::time::{Duration, Instant};
 
 use redlock_mio::sim::world::{Bug, Settings, simulate};
 
+/// How long a run with neither `--for` nor `--seeds` goes on.
+const DEFAULT_BUDGET: Duration = Duration::from_secs(10);
+
 /// Virtual time one seed may run for.
 const LIMIT: Duration = Duration::from_secs(600);
 
 fn main() -> ExitCode {
     let mut settings = Settings::default();
-    let mut budget = Duration::from_secs(10);
-    let mut timed = false;
+    // `--for`, if given.
+    let mut budget: Option<Duration> = None;
     let mut only: Option<u64> = None;
     let mut count: Option<u64> = None;
     let mut from = 0u64;
@@ -57,10 +60,7 @@ fn main() -> ExitCode {
             continue;
         }
         match (flag.as_str(), number()) {
-            ("--for", Some(secs)) => {
-                budget = Duration::from_secs(secs);
-                timed = true;
-            }
+            ("--for", Some(secs)) => budget = Some(Duration::from_secs(secs)),
             ("--seed", Some(seed)) => only = Some(seed),
             ("--seeds", Some(n)) if n > 0 => count = Some(n),
             ("--from", Some(seed)) => from = seed,
@@ -103,9 +103,10 @@ fn main() -> ExitCode {
             );
             return ExitCode::FAILURE;
         }
+        let out_of_time = |budget: Duration| started.elapsed() >= budget;
         let enough = match count {
-            Some(n) => seeds >= n || (timed && started.elapsed() >= budget),
-            None => started.elapsed() >= budget,
+            Some(n) => seeds >= n || budget.is_some_and(out_of_time),
+            None => out_of_time(budget.unwrap_or(DEFAULT_BUDGET)),
         };
         if only.is_some() || enough {
             break;

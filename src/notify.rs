@@ -900,6 +900,16 @@ mod tests {
         )
     }
 
+    /// A client's channels over three subscriber connections, knowing its
+    /// own tokens (the source it mints them from).
+    fn own_client(now: Instant) -> (Vec<Conn>, Channels, TokenSource) {
+        let subs = subs(3, now);
+        let mut channels = Channels::default();
+        let ours = TokenSource::from_seed([1; 16]);
+        channels.know_own_tokens(ours.prefix());
+        (subs, channels, ours)
+    }
+
     fn confirm(channels: &mut Channels, n: usize, kind: &str) {
         for link in 0..n {
             channels
@@ -980,10 +990,7 @@ mod tests {
     {
         let now = Instant::now();
         let valid = now + Duration::from_secs(2);
-        let mut subs = subs(3, now);
-        let mut channels = Channels::default();
-        let mut ours = TokenSource::from_seed([1; 16]);
-        channels.know_own_tokens(ours.prefix());
+        let (mut subs, mut channels, mut ours) = own_client(now);
         let resource = Bytes::from_static(R);
         let subscribed = |subs: &mut Vec<Conn>| {
             for conn in subs.iter_mut() {
@@ -1053,10 +1060,7 @@ mod tests {
     fn only_the_lock_held_here_lets_go_of_it_not_an_earlier_one_released_late() {
         let now = Instant::now();
         let valid = now + Duration::from_secs(2);
-        let mut subs = subs(3, now);
-        let mut channels = Channels::default();
-        let mut ours = TokenSource::from_seed([1; 16]);
-        channels.know_own_tokens(ours.prefix());
+        let (mut subs, mut channels, mut ours) = own_client(now);
         let resource = Bytes::from_static(R);
         // Nothing marked: any release of this client's lets go.
         let lapsed = ours.next_token();
@@ -1085,10 +1089,7 @@ mod tests {
     fn the_lock_taken_here_after_a_hand_over_goes_on_with_its_row_whoever_took_it() {
         let now = Instant::now();
         let valid = now + Duration::from_secs(2);
-        let mut subs = subs(3, now);
-        let mut channels = Channels::default();
-        let mut ours = TokenSource::from_seed([1; 16]);
-        channels.know_own_tokens(ours.prefix());
+        let (mut subs, mut channels, mut ours) = own_client(now);
         channels.join(&mut subs, &Bytes::from_static(R), 7, now);
         confirm(&mut channels, 3, "subscribe");
         // Taken with no hand-over before it: a row of its own.
@@ -1184,11 +1185,8 @@ mod tests {
     #[test]
     fn another_clients_release_heard_since_the_last_row_ended_makes_the_lock_contended() {
         let now = Instant::now();
-        let mut subs = subs(3, now);
-        let mut channels = Channels::default();
-        let mut ours = TokenSource::from_seed([1; 16]);
+        let (mut subs, mut channels, mut ours) = own_client(now);
         let mut theirs = TokenSource::from_seed([2; 16]);
-        channels.know_own_tokens(ours.prefix());
         // No channel, or a new one: taken to be contended.
         assert!(channels.is_contended(R));
         channels.join(&mut subs, &Bytes::from_static(R), 1, now);

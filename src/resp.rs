@@ -453,24 +453,18 @@ fn decode_leaf(
         }
         return Ok(None);
     };
+    // The header line: the whole value but a bulk string's payload.
+    let header = match &leaf {
+        Leaf::Bulk(range) => range.start,
+        _ => used,
+    };
+    scan.examined += header as u64;
     let frame = buf.split_to(used).freeze();
     Ok(Some(match leaf {
-        Leaf::Line(kind, range) => {
-            scan.examined += used as u64;
-            Build { src: &frame }.line(kind, range)
-        }
-        Leaf::Integer(n) => {
-            scan.examined += used as u64;
-            Reply::Integer(n)
-        }
-        Leaf::Bulk(range) => {
-            scan.examined += range.start as u64;
-            Reply::Bulk(frame.slice(range))
-        }
-        Leaf::Nil => {
-            scan.examined += used as u64;
-            Reply::Nil
-        }
+        Leaf::Line(kind, range) => Build { src: &frame }.line(kind, range),
+        Leaf::Integer(n) => Reply::Integer(n),
+        Leaf::Bulk(range) => Reply::Bulk(frame.slice(range)),
+        Leaf::Nil => Reply::Nil,
         // Not reached: the first byte is not an array's.
         Leaf::Array => return Err(ProtocolError::UnknownType(b'*')),
     }))

@@ -440,7 +440,7 @@ impl Backlog {
         }
         self.note(len, now);
         let pieces = Pieces {
-            lens: std::mem::take(&mut self.pieces),
+            turns: std::mem::take(&mut self.pieces),
             opaque: std::mem::take(&mut self.opaque),
         };
         self.total = 0;
@@ -459,7 +459,8 @@ type Writes = VecDeque<(usize, bool, Micros)>;
 /// are in it, and when that turn queued them (see [`Backlog`]).
 #[derive(Debug)]
 struct Pieces {
-    lens: Vec<(usize, Micros)>,
+    /// Each turn's bytes and when it queued them, oldest first.
+    turns: Vec<(usize, Micros)>,
     opaque: bool,
 }
 
@@ -1430,7 +1431,7 @@ impl World {
             // A backlog: each turn's requests count as a write of their own.
             Some(pieces) => writes.extend(
                 pieces
-                    .lens
+                    .turns
                     .iter()
                     .map(|&(len, queued)| (len, pieces.opaque, queued)),
             ),
@@ -2535,7 +2536,7 @@ mod tests {
         backlog.note(30, 2);
         backlog.note(50, 3);
         let pieces = backlog.take(65, 4).expect("a backlog");
-        assert_eq!(pieces.lens, [(30, 1), (20, 3), (15, 4)]);
+        assert_eq!(pieces.turns, [(30, 1), (20, 3), (15, 4)]);
         assert!(!pieces.opaque);
         assert!(
             backlog.take(10, 5).is_none(),
