@@ -180,6 +180,15 @@ pub struct Config {
     /// has waited, the smaller its share of the spread (none past 20 ms),
     /// so that the longest waiter tends to try first. Default 300 µs (see
     /// README, *Waiting for a held lock*, for the measurements).
+    ///
+    /// A release that names the process whose turn it is (a shared
+    /// client's announced release names the waiting process that has gone
+    /// longest without the lock, known from the notices refused attempts
+    /// publish) replaces the spread: that process's head waiter tries at
+    /// once, and the others wait 4 spreads and up to one more, so that
+    /// the named one's attempt reaches the masters first, and try then
+    /// only if it did not take the lock (a later release naming them
+    /// wakes them at once).
     pub wake_spread: Duration,
     /// With [`Config::wake_on_release`], in a shared client: how many
     /// times in a row a lock released while a waiter of this client waits

@@ -186,7 +186,10 @@ impl Request {
                 };
                 let count = Arg::Int(i64::try_from(declared).unwrap_or(i64::MAX));
                 let tail = [token, arg];
-                let tail = &tail[..if self.op.takes_arg() { 2 } else { 1 }];
+                // A release's argument, when it has one, names the process
+                // to try next (see `Release::naming`).
+                let with_arg = self.op.takes_arg() || (self.op == Op::Release && self.arg != 0);
+                let tail = &tail[..if with_arg { 2 } else { 1 }];
                 let args = [verb, body, count]
                     .into_iter()
                     .chain(keys.iter().map(|k| Arg::Bytes(k)))
@@ -1447,6 +1450,34 @@ mod tests {
 
     /// Issue 21: which refusals are for good (fail fast) and which are a
     /// master that is busy for now (retried).
+    #[test]
+    fn a_release_names_the_process_to_try_next_only_when_it_has_one() {
+        let scripts = Scripts::new();
+        let mut release = Request {
+            op: Op::Release,
+            keys: Keys::One(Bytes::from_static(b"k")),
+            token: Token::parse("t").unwrap(),
+            arg: 0,
+        };
+        let sha = std::str::from_utf8(scripts.get(ScriptId::Release).sha()).unwrap();
+        let encoded = |request: &Request| {
+            let mut dst = BytesMut::new();
+            request.encode(&scripts, &mut dst);
+            String::from_utf8(dst.to_vec()).unwrap()
+        };
+        assert_eq!(
+            encoded(&release),
+            format!("*5\r\n$7\r\nEVALSHA\r\n$40\r\n{sha}\r\n$1\r\n1\r\n$1\r\nk\r\n$1\r\nt\r\n")
+        );
+        release.arg = -42;
+        assert_eq!(
+            encoded(&release),
+            format!(
+                "*6\r\n$7\r\nEVALSHA\r\n$40\r\n{sha}\r\n$1\r\n1\r\n$1\r\nk\r\n$1\r\nt\r\n$3\r\n-42\r\n"
+            )
+        );
+    }
+
     #[test]
     fn permanent_refusals_are_told_from_transient_ones() {
         let b = |s: &'static str| Bytes::from_static(s.as_bytes());

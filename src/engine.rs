@@ -314,6 +314,16 @@ impl Engine {
         self.channels.handle_released(resource);
     }
 
+    /// See [`Channels::name_next`].
+    pub(crate) fn name_next(&mut self, resource: &[u8], token: Token, waiting_here: bool) -> i64 {
+        self.channels.name_next(resource, token, waiting_here)
+    }
+
+    /// See [`Channels::turn`].
+    pub(crate) fn turn(&self, resource: &[u8]) -> crate::notify::Turn {
+        self.channels.turn(resource)
+    }
+
     /// A waiter's failed attempt on `resource` is being undone (the
     /// cleanup release of `token`): the masters' messages for it say
     /// nothing of the holder's lock, and wake nobody.

@@ -33,7 +33,7 @@ use crate::job::{Acquire, Batch, Ctx, Extend, Job, Output, Release, SplitMix64, 
 use crate::keep::{Keeper, Shared as KeepShared};
 use crate::lock::Lock;
 use crate::metrics::{self, OpSpan};
-use crate::notify::Cohort;
+use crate::notify::{Cohort, Turn};
 use crate::token::TokenSource;
 
 mod inline;
@@ -44,7 +44,9 @@ mod waiters;
 pub(crate) use inline::{Drive, Ran};
 use kept::Kept;
 use linger::Parked;
-use waiters::{Timers, wake_at};
+#[cfg(any(test, feature = "test-knobs"))]
+pub(crate) use waiters::patience;
+use waiters::{Timers, turn_at};
 
 /// Where a caller waits for its operation's output: the thread's
 /// hand-off in the real client, a plain cell in a simulation.
@@ -137,6 +139,10 @@ struct Running<P> {
     awaiting: bool,
     /// Its timer in [`Hub::timers`]: older entries are stale.
     timer: u64,
+    /// Its timer waits for another process to take its turn (see
+    /// [`Turn::Theirs`](crate::notify::Turn::Theirs)): a release that
+    /// makes it this client's turn wakes it at once.
+    deferred: bool,
     /// Waiting for a round's outcome: nothing else may move it on.
     in_round: bool,
     /// For a waiting acquire whose attempt was under way when this client
@@ -159,6 +165,7 @@ impl<P: Promise> Running<P> {
             tried_at: 0,
             awaiting: false,
             timer: 0,
+            deferred: false,
             in_round: false,
             handed: None,
         })
@@ -617,10 +624,24 @@ impl<P: Promise, L: Links> Hub<P, L> {
                 // connections down, PUBLISH refused, messages late): then
                 // they are told, as after any release, rather than left
                 // to the released key's expiry.
+                let release = self.name_next(release);
                 (Job::Release(release.yielded()), None)
             }
-            _ => (Job::Release(release), None),
+            _ => (Job::Release(self.name_next(release)), None),
         }
+    }
+
+    /// `release`, announced, names the process whose turn it is next
+    /// (see [`Engine::name_next`]).
+    fn name_next(&mut self, release: Release) -> Release {
+        let Some(resource) = release.resource() else {
+            return release;
+        };
+        let waiting_here = self.engine.head(resource).is_some();
+        let next = self
+            .engine
+            .name_next(resource, release.token(), waiting_here);
+        release.naming(next)
     }
 
     /// Whether a row of hand-overs of the lock on `resource` at `cohort`
@@ -893,8 +914,12 @@ impl<P: Promise, L: Links> Hub<P, L> {
                         until
                     } else {
                         // Released while the attempt was under way.
+                        let turn = engine.turn(resource);
                         let since = running.job.waiting_since();
-                        wake_at(jitter, config.wake_spread, since, now)
+                        let at = turn_at(jitter, config, turn, since, now);
+                        timers.set(running, index, at);
+                        running.deferred = turn == Turn::Theirs;
+                        return;
                     };
                     timers.set(running, index, at);
                     return;

@@ -1198,6 +1198,16 @@ impl Release {
         self
     }
 
+    /// The release names process `next` (see
+    /// [`notify::process_id`](crate::notify::process_id)) to try for the
+    /// lock next, in its message to every process; 0 names none.
+    pub(crate) fn naming(mut self, next: i64) -> Release {
+        if self.request.op == Op::Release {
+            self.request.arg = next;
+        }
+        self
+    }
+
     /// The released lock's row of in-process hand-overs: a lock not
     /// handed over starts one at `now`.
     pub(crate) fn cohort(&self, now: Instant) -> Cohort {

@@ -25,6 +25,16 @@
 //! dropped with its subscriptions: a master that stops answering leaves at
 //! most that many such resources behind, and for no longer. Nothing here
 //! touches a socket or reads a clock.
+//!
+//! Across processes, turns ([`Turn`]): a refused waiting attempt publishes
+//! a notice with its token ([`WAITING_MARK`]), which seats its process
+//! (by [`process_id`]) in every listening client's turns for the lock,
+//! and an announced release through this client names the seated process
+//! that has gone longest without the lock ([`Channels::name_next`]). The
+//! named process tries at once, the others a little later: one releaser
+//! decides, so every process reads the same turn from its message. A
+//! process named that does not take the lock loses its seat where the
+//! lock was taken, until its next refusal.
 
 use std::collections::VecDeque;
 use std::time::Instant;
@@ -34,7 +44,7 @@ use bytes::Bytes;
 use crate::conn::{Cause, Conn, Role};
 use crate::hash::FxMap;
 use crate::resp::{Arg, Reply};
-use crate::script::RELEASE_CHANNEL_PREFIX;
+use crate::script::{RELEASE_CHANNEL_PREFIX, WAITING_MARK};
 use crate::token::Token;
 
 /// A row of in-process hand-overs of one lock (lock cohorting): how many
@@ -45,6 +55,46 @@ pub(crate) struct Cohort {
     pub(crate) row: u32,
     /// When the first of them was sent.
     pub(crate) since: Instant,
+}
+
+/// Whose turn it is to try for a lock after the last release heard of it
+/// (a turn across processes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Turn {
+    /// Nobody's in particular: every head waiter tries after its share of
+    /// the wake spread.
+    Open,
+    /// This client's: its head waiter tries at once.
+    Mine,
+    /// Another process's: this client's head waiter tries only if that
+    /// one has not taken the lock by then.
+    Theirs,
+}
+
+/// A process heard waiting for a lock: its id (see [`process_id`]), and
+/// when it last released the lock (the channel's count of releases
+/// then; 0 for never).
+#[derive(Debug, Clone, Copy)]
+struct Seat {
+    id: i64,
+    served: u64,
+}
+
+/// The most processes a channel keeps turns for.
+const MAX_SEATS: usize = 16;
+
+/// The id of the process (the client) that minted `token`, if this crate
+/// minted it: its first 16 hex digits (a client's tokens share their
+/// first 32, see [`TokenSource`](crate::token::TokenSource)), as an
+/// integer. Not 0, which names nobody.
+pub(crate) fn process_id(token: &Token) -> Option<i64> {
+    let bytes = token.as_bytes();
+    if bytes.len() != 48 {
+        return None;
+    }
+    let hex = std::str::from_utf8(bytes.get(..16)?).ok()?;
+    let id = u64::from_str_radix(hex, 16).ok()?.cast_signed();
+    (id != 0).then_some(id)
 }
 
 /// One subscriber connection's view of one resource's channel.
@@ -117,9 +167,66 @@ struct Channel {
     /// failed (the lock went elsewhere), the next lock taken here goes on
     /// with the old row too: that row ends sooner, never later.
     handing: Option<Cohort>,
+    /// The processes heard waiting for this lock, for turns.
+    seats: Vec<Seat>,
+    /// Releases counted.
+    count: u64,
+    /// The last two releases counted.
+    counted: [Option<Token>; 2],
+    /// The process the last release heard (or made here) named to try
+    /// next, if it named one.
+    named: Option<i64>,
 }
 
 impl Channel {
+    /// `id`'s process waits for the lock: seated, if it was not, as served
+    /// before every other (its turn comes next).
+    fn seat(&mut self, id: i64) {
+        if self.seats.iter().any(|s| s.id == id) {
+            return;
+        }
+        self.make_room();
+        self.seats.push(Seat { id, served: 0 });
+    }
+
+    /// Room for one more seat, if there are [`MAX_SEATS`]: the one
+    /// served last goes (it is seated again by its next refusal).
+    fn make_room(&mut self) {
+        if self.seats.len() >= MAX_SEATS
+            && let Some(i) = (self.seats.iter().enumerate())
+                .max_by_key(|(_, s)| s.served)
+                .map(|(i, _)| i)
+        {
+            self.seats.swap_remove(i);
+        }
+    }
+
+    /// A release of `token`'s naming `named` to try next: counted once
+    /// however many masters tell of it (and told here first, for one of
+    /// this client's).
+    fn count_release(&mut self, token: Token, named: Option<i64>) {
+        if self.counted.contains(&Some(token)) {
+            return;
+        }
+        self.counted = [Some(token), self.counted[0]];
+        self.named = named;
+        let Some(by) = process_id(&token) else {
+            return;
+        };
+        self.count += 1;
+        let count = self.count;
+        match self.seats.iter_mut().find(|s| s.id == by) {
+            Some(seat) => seat.served = count,
+            None => {
+                self.make_room();
+                self.seats.push(Seat {
+                    id: by,
+                    served: count,
+                });
+            }
+        }
+    }
+
     fn is_settled(&self) -> bool {
         self.links.iter().all(|l| l.pending == 0)
     }
@@ -260,6 +367,10 @@ impl Channels {
                 company: false,
                 contended: true,
                 handing: None,
+                seats: Vec::new(),
+                count: 0,
+                counted: [None; 2],
+                named: None,
             });
         add(channel);
         if std::mem::replace(&mut channel.subscribed, true) {
@@ -320,9 +431,18 @@ impl Channels {
         until: Instant,
         token: Token,
     ) -> Option<Cohort> {
+        let own = self.own_id();
         let channel = self.table.get_mut(resource)?;
         channel.held = Some((until, token));
         channel.latest = Some(token);
+        // Taken here though the last release named another process: that
+        // one did not come for its turn (it is seated again if it still
+        // waits, by its next refusal).
+        if let Some(named) = channel.named.take()
+            && Some(named) != own
+        {
+            channel.seats.retain(|s| s.id != named);
+        }
         channel.handing.take()
     }
 
@@ -585,6 +705,44 @@ impl Channels {
         }
     }
 
+    /// Whose turn it is to try for the lock on `resource`: the process
+    /// the last release named, if it named one.
+    pub(crate) fn turn(&self, resource: &[u8]) -> Turn {
+        let named = self.table.get(resource).and_then(|c| c.named);
+        match (named, self.own_id()) {
+            (Some(named), Some(own)) if named == own => Turn::Mine,
+            (Some(_), _) => Turn::Theirs,
+            (None, _) => Turn::Open,
+        }
+    }
+
+    /// This client's process id (see [`process_id`]).
+    fn own_id(&self) -> Option<i64> {
+        let own = self.own?;
+        let hex = std::str::from_utf8(own.get(..16)?).ok()?;
+        let id = u64::from_str_radix(hex, 16).ok()?.cast_signed();
+        (id != 0).then_some(id)
+    }
+
+    /// This client releases the lock on `resource` (`token`), announced:
+    /// the process to try next, which the release names to every
+    /// process. The seat served longest ago, this client's aside; this
+    /// client itself when no other waits and `waiting_here`; else none
+    /// (0).
+    pub(crate) fn name_next(&mut self, resource: &[u8], token: Token, waiting_here: bool) -> i64 {
+        let own = self.own_id();
+        let Some(channel) = self.table.get_mut(resource) else {
+            return 0;
+        };
+        let next = (channel.seats.iter())
+            .filter(|s| Some(s.id) != own)
+            .min_by_key(|s| (s.served, s.id))
+            .map(|s| s.id)
+            .or(own.filter(|_| waiting_here));
+        channel.count_release(token, next);
+        next.unwrap_or(0)
+    }
+
     /// A local waiter's failed attempt on `resource` is undone by a
     /// release of `token`: the masters will publish it, but it frees only
     /// keys that attempt took, never the holder's, so its messages move
@@ -722,15 +880,51 @@ impl Channels {
         };
         match &kind[..] {
             b"message" => {
-                let token = match items.get(2) {
-                    Some(Reply::Bulk(payload)) => std::str::from_utf8(payload)
-                        .ok()
-                        .and_then(|text| Token::parse(text).ok()),
-                    _ => None,
+                let payload = match items.get(2) {
+                    Some(Reply::Bulk(payload)) => &payload[..],
+                    _ => &[][..],
                 };
+                let waiting = payload.first() == Some(&WAITING_MARK);
+                let payload = payload.get(usize::from(waiting)..).unwrap_or(&[]);
+                // A release's message: its token, then the process it
+                // names to try next, if any.
+                let (payload, named) = match memchr::memchr(b':', payload) {
+                    Some(at) => (
+                        payload.get(..at).unwrap_or(&[]),
+                        (payload.get(at + 1..))
+                            .and_then(|n| std::str::from_utf8(n).ok())
+                            .and_then(|n| n.parse::<i64>().ok())
+                            .filter(|&n| n != 0),
+                    ),
+                    None => (payload, None),
+                };
+                let token = std::str::from_utf8(payload)
+                    .ok()
+                    .and_then(|text| Token::parse(text).ok());
+                if waiting {
+                    // A process was refused: it waits for this lock too,
+                    // and gets a seat in the turns. Nothing was freed.
+                    if let Some(t) = token {
+                        if let Some(id) = process_id(&t) {
+                            channel.seat(id);
+                        }
+                        if !own.is_some_and(|p| t.has_prefix(&p))
+                            && !crate::knobs::injected(crate::knobs::Bug::ContentionUnheard)
+                        {
+                            channel.contended = true;
+                            self.contention_epoch += 1;
+                        }
+                    }
+                    return Ok(());
+                }
                 // Another client's release, or its cleanup after a race:
                 // another process competes for this lock.
                 let ours = token.is_some_and(|t| own.is_some_and(|p| t.has_prefix(&p)));
+                if let Some(t) = token
+                    && token != channel.cleanup
+                {
+                    channel.count_release(t, named);
+                }
                 channel.heard = token;
                 if !ours && !crate::knobs::injected(crate::knobs::Bug::ContentionUnheard) {
                     channel.contended = true;
@@ -1214,6 +1408,110 @@ mod tests {
             .handle_push(0, push("message", R, Reply::Bulk(Bytes::from_static(b""))))
             .unwrap();
         assert!(channels.is_contended(R));
+    }
+
+    /// A message with `payload` on `R`'s channel.
+    fn text(payload: &str) -> Reply {
+        push("message", R, Reply::Bulk(Bytes::from(payload.to_owned())))
+    }
+
+    /// [`own_client`] with a caller waiting for `R`, subscribed on every
+    /// master.
+    fn waiting_client(now: Instant) -> (Channels, TokenSource) {
+        let (mut subs, mut channels, ours) = own_client(now);
+        channels.join(&mut subs, &Bytes::from_static(R), 1, now);
+        confirm(&mut channels, 3, "subscribe");
+        (channels, ours)
+    }
+
+    #[test]
+    fn a_release_names_the_process_that_waited_longest_and_every_process_reads_its_turn() {
+        let now = Instant::now();
+        let (mut channels, mut ours) = waiting_client(now);
+        let (mut a, mut b) = (
+            TokenSource::from_seed([2; 16]),
+            TokenSource::from_seed([3; 16]),
+        );
+        let (a_id, b_id) = (
+            process_id(&a.next_token()).unwrap(),
+            process_id(&b.next_token()).unwrap(),
+        );
+        let own_id = process_id(&ours.next_token()).unwrap();
+        assert_eq!(channels.turn(R), Turn::Open, "no release named anyone");
+        // B released (its message names nobody), then A was refused: A
+        // waits, and has not had the lock since B had it.
+        channels
+            .handle_push(0, message(R, &b.next_token()))
+            .unwrap();
+        assert_eq!(channels.turn(R), Turn::Open);
+        let epoch = channels.epoch(R);
+        while channels.poll_notified().is_some() {}
+        let refused = format!("?{}", a.next_token().as_str());
+        for link in 0..3 {
+            channels.handle_push(link, text(&refused)).unwrap();
+        }
+        // A refusal frees nothing: no epoch moves, nobody is woken.
+        assert_eq!(channels.epoch(R), epoch);
+        assert_eq!(channels.poll_notified(), None);
+        // This client's release names A, whose turn it is: this client's
+        // own waiter waits for A.
+        assert_eq!(channels.name_next(R, ours.next_token(), true), a_id);
+        assert_eq!(channels.turn(R), Turn::Theirs);
+        // A's release names B (served before this client): not ours.
+        let named = |token: Token, id: i64| text(&format!("{}:{id}", token.as_str()));
+        channels
+            .handle_push(1, named(a.next_token(), b_id))
+            .unwrap();
+        assert_eq!(channels.turn(R), Turn::Theirs);
+        // B's names this client: its head waiter tries at once. Every
+        // master's message of it says the same.
+        let token = b.next_token();
+        for link in 0..3 {
+            channels.handle_push(link, named(token, own_id)).unwrap();
+            assert_eq!(channels.turn(R), Turn::Mine);
+        }
+        // Another client's release naming nobody: everybody's turn.
+        channels
+            .handle_push(0, message(R, &a.next_token()))
+            .unwrap();
+        assert_eq!(channels.turn(R), Turn::Open);
+    }
+
+    #[test]
+    fn a_process_named_that_does_not_come_loses_its_seat_and_a_lone_waiter_is_named() {
+        let now = Instant::now();
+        let (mut channels, mut ours) = waiting_client(now);
+        let mut a = TokenSource::from_seed([2; 16]);
+        let a_id = process_id(&a.next_token()).unwrap();
+        let own_id = process_id(&ours.next_token()).unwrap();
+        // Nobody else waits: a release names this client when a caller
+        // here waits, and nobody when none does.
+        assert_eq!(channels.name_next(R, ours.next_token(), true), own_id);
+        assert_eq!(channels.turn(R), Turn::Mine);
+        assert_eq!(channels.name_next(R, ours.next_token(), false), 0);
+        assert_eq!(channels.turn(R), Turn::Open);
+        // A waits, and is named.
+        let refused = format!("?{}", a.next_token().as_str());
+        channels.handle_push(0, text(&refused)).unwrap();
+        assert_eq!(channels.name_next(R, ours.next_token(), true), a_id);
+        // A never came: this client took the lock again after its wait.
+        channels.handle_granted(R, now + Duration::from_secs(1), ours.next_token());
+        assert_eq!(
+            channels.name_next(R, ours.next_token(), true),
+            own_id,
+            "A unseated"
+        );
+        // Until it is refused again.
+        let refused = format!("?{}", a.next_token().as_str());
+        channels.handle_push(2, text(&refused)).unwrap();
+        assert_eq!(channels.name_next(R, ours.next_token(), true), a_id);
+        // Tokens this crate did not mint name no process.
+        assert_eq!(
+            process_id(&Token::parse("0000000000000000ffffffffffffffffffffffffffffffff").unwrap()),
+            None
+        );
+        assert_eq!(process_id(&Token::parse("short").unwrap()), None);
+        assert_eq!(process_id(&Token::parse(&"g".repeat(48)).unwrap()), None);
     }
 
     #[test]

@@ -46,7 +46,10 @@ impl Script {
 /// Returns 1 when this token held the key and it was deleted, else 0.
 /// A deletion is also published, the token as the message, on the
 /// resource's [`release_channel`], so that waiters subscribed there try
-/// again at once. The compare-and-delete is the spec's: other Redlock
+/// again at once. An optional `ARGV[2]` names the process whose turn it
+/// is to try next (a shared client's announced release: the id of a
+/// waiting process, 16 hex digits of its tokens as a decimal integer): the
+/// message is then the token, `:`, and that id. The compare-and-delete is the spec's: other Redlock
 /// clients' releases (which do not publish) and ours exclude each other as
 /// before. The publish is only a hint, made with `redis.pcall`: a user
 /// without rights on the channel (Redis 7's ACL default for a new user)
@@ -55,7 +58,7 @@ impl Script {
 /// One script for every master and user, rather than a non-publishing
 /// variant chosen per master: nothing to learn or remember, and the
 /// compare-and-delete is the same everywhere.
-pub const RELEASE_SOURCE: &str = "if redis.call(\"get\",KEYS[1]) == ARGV[1] then redis.call(\"del\",KEYS[1]) redis.pcall(\"publish\",\"redlock:released:\"..KEYS[1],ARGV[1]) return 1 else return 0 end";
+pub const RELEASE_SOURCE: &str = "if redis.call(\"get\",KEYS[1]) == ARGV[1] then redis.call(\"del\",KEYS[1]) local m = ARGV[1] if ARGV[2] then m = m..\":\"..ARGV[2] end redis.pcall(\"publish\",\"redlock:released:\"..KEYS[1],m) return 1 else return 0 end";
 
 /// The prefix of a resource's release channel: see [`release_channel`].
 pub const RELEASE_CHANNEL_PREFIX: &[u8] = b"redlock:released:";
@@ -79,8 +82,17 @@ pub fn release_channel(resource: &[u8]) -> Vec<u8> {
 /// within the millisecond) and the key's value (empty when it is not a
 /// string). The value tells one holder refusing on a quorum, who will
 /// release, from racers that each took a master (a split), who will each
-/// clean up.
-pub const ACQUIRE_WAIT_SOURCE: &str = "if redis.call(\"set\",KEYS[1],ARGV[1],\"NX\",\"PX\",ARGV[2]) then return 1 end local t = redis.call(\"pttl\",KEYS[1]) if t < 0 then t = 0 end local v = redis.pcall(\"get\",KEYS[1]) if type(v) ~= \"string\" then v = \"\" end return {-t, v}";
+/// clean up. A refusal is also published on the resource's
+/// [`release_channel`], as [`WAITING_MARK`] followed by the token (with
+/// `redis.pcall`, a hint as a release's is): every process waiting there
+/// learns that the token's process waits too, and gives it its turn (see
+/// [`Config::wake_on_release`](crate::Config::wake_on_release)).
+pub const ACQUIRE_WAIT_SOURCE: &str = "if redis.call(\"set\",KEYS[1],ARGV[1],\"NX\",\"PX\",ARGV[2]) then return 1 end local t = redis.call(\"pttl\",KEYS[1]) if t < 0 then t = 0 end local v = redis.pcall(\"get\",KEYS[1]) if type(v) ~= \"string\" then v = \"\" end redis.pcall(\"publish\",\"redlock:released:\"..KEYS[1],\"?\"..ARGV[1]) return {-t, v}";
+
+/// The first byte of a message [`ACQUIRE_WAIT_SOURCE`] publishes when
+/// refused: the rest is the refused token. No token this crate mints starts with it, so
+/// its releases' messages (the bare token) are never taken for one.
+pub const WAITING_MARK: u8 = b'?';
 
 /// Compare-and-pexpire, from the spec: `KEYS[1]` resource, `ARGV[1]` token,
 /// `ARGV[2]` the new TTL in milliseconds. Returns 1 when extended, else 0.
@@ -272,10 +284,11 @@ mod tests {
     fn scripts_are_the_spec_text() {
         let scripts = Scripts::new();
         // The spec's compare-and-delete, and the publish on the channel
-        // `release_channel` names.
+        // `release_channel` names: the token, and the process named to
+        // try next when there is one.
         assert_eq!(
             scripts.get(ScriptId::Release).source(),
-            r#"if redis.call("get",KEYS[1]) == ARGV[1] then redis.call("del",KEYS[1]) redis.pcall("publish","redlock:released:"..KEYS[1],ARGV[1]) return 1 else return 0 end"#
+            r#"if redis.call("get",KEYS[1]) == ARGV[1] then redis.call("del",KEYS[1]) local m = ARGV[1] if ARGV[2] then m = m..":"..ARGV[2] end redis.pcall("publish","redlock:released:"..KEYS[1],m) return 1 else return 0 end"#
         );
         assert_eq!(release_channel(b"orders:42"), b"redlock:released:orders:42");
         assert!(

@@ -80,6 +80,8 @@ const SCRIPTS: [(&str, &str); 10] = [
 const LOCKS: [&str; 3] = ["k1", "k2", "k3"];
 const FENCES: [&str; 2] = ["f1", "f2"];
 const TOKENS: [&str; 3] = ["t1", "t2", "t3"];
+/// Processes a release names to try next (see `notify::process_id`).
+const NEXT: [&str; 2] = ["7290398201745346811", "-42"];
 const TTLS: [&str; 3] = ["600000", "1200000", "3600000"];
 const BAD_TTLS: [&str; 4] = ["0", "-5", "x", "9223372036854775807"];
 const FENCE_VALUES: [&str; 7] = ["1", "2", "3", "5", "8", "1.5", "abc"];
@@ -510,7 +512,12 @@ impl Draw {
             (0..1 + rng.below(3)).map(|_| rng.pick(&LOCKS)).collect()
         };
         let (keys, argv, check): (Vec<&str>, Vec<&str>, Check) = match name {
-            "RELEASE" => (vec![lock], vec![token], Check::Exact),
+            // Now and then naming the process to try next, as an
+            // announced release does.
+            "RELEASE" => match self.rng.below(2) {
+                0 => (vec![lock], vec![token], Check::Exact),
+                _ => (vec![lock], vec![token, self.rng.pick(&NEXT)], Check::Exact),
+            },
             "ACQUIRE_WAIT" => (vec![lock], vec![token, self.ttl()], Check::Close(&[1])),
             "EXTEND" => (vec![lock], vec![token, self.ttl()], Check::Exact),
             "ACQUIRE_FENCED" => {

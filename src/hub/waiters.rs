@@ -7,7 +7,9 @@ use std::collections::BinaryHeap;
 use std::time::{Duration, Instant};
 
 use super::{Hub, Links, Promise, Running};
+use crate::config::Config;
 use crate::job::SplitMix64;
+use crate::notify::Turn;
 
 /// When a waiter woken by a release at `now` tries: after a random delay
 /// within [`Config::wake_spread`], so that the waiters of several
@@ -35,6 +37,43 @@ pub(super) fn wake_at(
     now + jitter.between(Duration::ZERO, spread.mul_f64(share))
 }
 
+/// When a waiter woken by a release at `now` tries, its process's
+/// [`Turn`] being `turn`: at once on its turn; on another's, after the
+/// [`patience`] it gives that one and up to one spread more, should that
+/// one not have taken the lock by then (gone, or its attempt lost); else
+/// as [`wake_at`].
+pub(super) fn turn_at(
+    jitter: &mut SplitMix64,
+    config: &Config,
+    turn: Turn,
+    waiting_since: Option<Instant>,
+    now: Instant,
+) -> Instant {
+    let spread = config.wake_spread;
+    match turn {
+        Turn::Mine => now,
+        Turn::Theirs => now + patience(config) + jitter.between(Duration::ZERO, spread),
+        Turn::Open => wake_at(jitter, spread, waiting_since, now),
+    }
+}
+
+/// How long a waiter gives the process whose turn it is before it tries
+/// itself: [`PATIENCE`] wake spreads, for that one to hear of the release
+/// and its attempt to reach the masters first, and that one's row of
+/// hand-overs ([`Config::local_handover_window`], at most
+/// [`MAX_ROW_PATIENCE`]), for an attempt within it would only be refused.
+/// A process named that is gone costs its lock this long once.
+pub(crate) fn patience(config: &Config) -> Duration {
+    config.wake_spread * PATIENCE + config.local_handover_window.min(MAX_ROW_PATIENCE)
+}
+
+/// How many wake spreads of [`patience`] a waiter gives the process whose
+/// turn it is.
+const PATIENCE: u32 = 4;
+
+/// The most of a row of hand-overs [`patience`] waits out.
+const MAX_ROW_PATIENCE: Duration = Duration::from_millis(10);
+
 /// The jobs' timers: when each waiting job goes on (to retry, to stop
 /// waiting for a release or its turn, or after its wake delay). A job has
 /// one live timer; setting or cancelling it makes its earlier entries
@@ -52,6 +91,7 @@ impl Timers {
     /// Sets job `index`'s (`running`'s) timer to `at`, replacing any other.
     pub(super) fn set<P>(&mut self, running: &mut Running<P>, index: usize, at: Instant) {
         self.cancel(running);
+        running.deferred = false;
         self.heap.push(Reverse((at, index, running.timer)));
     }
 
@@ -147,12 +187,13 @@ impl<P: Promise, L: Links> Hub<P, L> {
     pub(super) fn wake_waiters(&mut self, now: Instant) {
         while let Some(resource) = self.engine.poll_notified() {
             if let Some(head) = self.engine.head(&resource) {
-                self.wake(head, now);
+                let turn = self.engine.turn(&resource);
+                self.wake(head, turn, now);
             }
             // Every multi-resource waiter listening to it: none is a head.
             let mut i = 0;
             while let Some(&listener) = self.engine.listeners(&resource).get(i) {
-                self.wake(listener, now);
+                self.wake(listener, Turn::Open, now);
                 i += 1;
             }
         }
@@ -160,14 +201,15 @@ impl<P: Promise, L: Links> Hub<P, L> {
 
     /// Waiter `index`, woken by a release, tries after its share of the
     /// wake spread, if it waits for one.
-    fn wake(&mut self, index: usize, now: Instant) {
+    fn wake(&mut self, index: usize, turn: Turn, now: Instant) {
         if let Some(Some(running)) = self.jobs.get_mut(index)
-            && running.awaiting
+            && (running.awaiting || (running.deferred && turn == Turn::Mine))
         {
             running.awaiting = false;
             let since = running.job.waiting_since();
-            let at = wake_at(&mut self.jitter, self.config.wake_spread, since, now);
+            let at = turn_at(&mut self.jitter, &self.config, turn, since, now);
             self.timers.set(running, index, at);
+            running.deferred = turn == Turn::Theirs;
         }
     }
 }

@@ -1309,7 +1309,18 @@ impl Master {
                 self.del(r.now, r.db, key);
                 if publish {
                     // The script ignores what pcall returns.
-                    let _ = self.pcall_publish(key, token);
+                    match r.arg(2) {
+                        Some(next) => {
+                            let mut message = Vec::with_capacity(token.len() + 1 + next.len());
+                            message.extend_from_slice(token);
+                            message.push(b':');
+                            message.extend_from_slice(next);
+                            let _ = self.pcall_publish(key, &message);
+                        }
+                        None => {
+                            let _ = self.pcall_publish(key, token);
+                        }
+                    }
                 }
                 Ok(Reply::Integer(1))
             }
@@ -1325,7 +1336,12 @@ impl Master {
             return Ok(Reply::Integer(1));
         }
         let left = self.pttl(r.now, r.db, key).max(0);
-        Ok(self.refusal(r, left, key))
+        let refusal = self.refusal(r, left, key);
+        let mut waiting = Vec::with_capacity(1 + token.len());
+        waiting.push(script::WAITING_MARK);
+        waiting.extend_from_slice(token);
+        let _ = self.pcall_publish(key, &waiting);
+        Ok(refusal)
     }
 
     /// The waiting scripts' refusal: minus the holder's `left` ms and

@@ -169,14 +169,18 @@ fn micros(d: Duration) -> Micros {
 /// attempt's retry waits at most the retry delay. From a reason to try,
 /// the head waiter first ends what it does (a round, a back-off, or its
 /// wait for its subscriptions, at most `connect_timeout`), tries within
-/// `wake_spread`, and then meets racers splitting the votes at most
+/// `wake_spread` (or, on another process's turn, after waiting for it a
+/// few spreads more), and then meets racers splitting the votes at most
 /// [`SPLIT_ROUNDS`] times, each followed by a back-off.
 fn waiting_bounds(config: &Config) -> Bounds {
     let drift = 1.0 + config.drift_factor;
     let spread = micros(config.wake_spread);
     let delay = micros(RETRY_DELAY_MAX);
+    // Another process's turn: its attempt, or this waiter's after the
+    // patience it gives it and up to a spread more (`hub::waiters::turn_at`).
+    let turn = micros(crate::hub::patience(config)) + spread;
     let chain = |first: Micros, round: Micros, backoff: Micros| {
-        first + spread + (SPLIT_ROUNDS + 1) * round + SPLIT_ROUNDS * backoff
+        first + turn + (SPLIT_ROUNDS + 1) * round + SPLIT_ROUNDS * backoff
     };
     // The network's usual delays both ways (and a few µs for pieces).
     let quick_round = (2.0 * DELAY.1 as f64 * drift) as Micros + 10;

@@ -11,6 +11,7 @@ use crate::resp::{Limits, Reply, format_i64};
 use crate::script::{
     ACQUIRE_FENCED_SOURCE, ACQUIRE_MANY_SOURCE, ACQUIRE_WAIT_SOURCE, CLEANUP_MANY_SOURCE,
     CLEANUP_SOURCE, RELEASE_CHANNEL_PREFIX, RELEASE_MANY_SOURCE, RELEASE_SOURCE, Script,
+    WAITING_MARK,
 };
 
 /// The most arguments [`read_command`] reads a command with; a longer
@@ -256,7 +257,20 @@ pub(super) fn release_message(frame: &Reply) -> Option<(&[u8], &[u8])> {
         return None;
     };
     match items.as_slice() {
-        [Reply::Bulk(kind), Reply::Bulk(channel), Reply::Bulk(token)] if kind == "message" => {
+        [
+            Reply::Bulk(kind),
+            Reply::Bulk(channel),
+            Reply::Bulk(payload),
+        ] if kind == "message" => {
+            // A refused attempt's notice frees nothing; a release's names
+            // its token, then perhaps the process to try next.
+            if payload.first() == Some(&WAITING_MARK) {
+                return None;
+            }
+            let token = match memchr::memchr(b':', payload) {
+                Some(at) => payload.get(..at)?,
+                None => &payload[..],
+            };
             Some((channel.strip_prefix(RELEASE_CHANNEL_PREFIX)?, token))
         }
         _ => None,
