@@ -185,10 +185,12 @@ pub struct Config {
     /// client's announced release names the waiting process that has gone
     /// longest without the lock, known from the notices refused attempts
     /// publish) replaces the spread: that process's head waiter tries at
-    /// once, and the others wait 4 spreads and up to one more, so that
-    /// the named one's attempt reaches the masters first, and try then
-    /// only if it did not take the lock (a later release naming them
-    /// wakes them at once).
+    /// once, and the others wait 4 spreads and the row window
+    /// ([`Config::local_handover_window`], at most 10 ms), and up to one
+    /// spread more, so that the named one's attempt reaches the masters
+    /// first and its row of hand-overs runs, and try then only if it did
+    /// not take the lock (a later release naming them wakes them at
+    /// once).
     pub wake_spread: Duration,
     /// With [`Config::wake_on_release`], in a shared client: how many
     /// times in a row a lock released while a waiter of this client waits

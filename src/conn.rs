@@ -145,6 +145,10 @@ pub(crate) struct Request {
     /// The TTL in milliseconds (acquire and extend kinds), or the fence
     /// value ([`Op::Fence`]); unused by releases.
     pub(crate) arg: i64,
+    /// A waiting attempt ([`Op::AcquireWait`]) that, refused, publishes
+    /// the notice that its process waits
+    /// ([`WAITING_MARK`](crate::script::WAITING_MARK)).
+    pub(crate) notice: bool,
 }
 
 impl Request {
@@ -185,11 +189,17 @@ impl Request {
                     _ => keys.len(),
                 };
                 let count = Arg::Int(i64::try_from(declared).unwrap_or(i64::MAX));
-                let tail = [token, arg];
+                let tail = [token, arg, Arg::Bytes(b"1")];
                 // A release's argument, when it has one, names the process
-                // to try next (see `Release::naming`).
-                let with_arg = self.op.takes_arg() || (self.op == Op::Release && self.arg != 0);
-                let tail = &tail[..if with_arg { 2 } else { 1 }];
+                // to try next (see `Release::naming`); a waiting attempt's
+                // third asks for the notice.
+                let len = match self.op {
+                    Op::Release if self.arg != 0 => 2,
+                    Op::AcquireWait if self.notice => 3,
+                    op if op.takes_arg() => 2,
+                    _ => 1,
+                };
+                let tail = &tail[..len];
                 let args = [verb, body, count]
                     .into_iter()
                     .chain(keys.iter().map(|k| Arg::Bytes(k)))
@@ -1430,6 +1440,7 @@ mod tests {
                         keys: Keys::One(Bytes::from(format!("t{trial}:s{step}"))),
                         token: tokens.next_token(),
                         arg: 1000,
+                        notice: false,
                     };
                     let mut wire = BytesMut::new();
                     request.encode(&scripts, &mut wire);
@@ -1448,36 +1459,47 @@ mod tests {
         }
     }
 
-    /// Issue 21: which refusals are for good (fail fast) and which are a
-    /// master that is busy for now (retried).
+    /// A release names the process to try next only when it has one, and
+    /// a waiting attempt asks for its refusal's notice only when told.
     #[test]
-    fn a_release_names_the_process_to_try_next_only_when_it_has_one() {
+    fn optional_script_arguments_are_sent_only_when_set() {
         let scripts = Scripts::new();
-        let mut release = Request {
-            op: Op::Release,
-            keys: Keys::One(Bytes::from_static(b"k")),
-            token: Token::parse("t").unwrap(),
-            arg: 0,
-        };
-        let sha = std::str::from_utf8(scripts.get(ScriptId::Release).sha()).unwrap();
-        let encoded = |request: &Request| {
+        let encoded = |op: Op, arg: i64, notice: bool| {
+            let request = Request {
+                op,
+                keys: Keys::One(Bytes::from_static(b"k")),
+                token: Token::parse("t").unwrap(),
+                arg,
+                notice,
+            };
             let mut dst = BytesMut::new();
             request.encode(&scripts, &mut dst);
             String::from_utf8(dst.to_vec()).unwrap()
         };
+        let head = |n: usize, id: ScriptId| {
+            let sha = std::str::from_utf8(scripts.get(id).sha()).unwrap();
+            format!("*{n}\r\n$7\r\nEVALSHA\r\n$40\r\n{sha}\r\n$1\r\n1\r\n$1\r\nk\r\n$1\r\nt\r\n")
+        };
+        let release = head(5, ScriptId::Release);
+        assert_eq!(encoded(Op::Release, 0, false), release);
+        assert_eq!(encoded(Op::Release, 0, true), release);
         assert_eq!(
-            encoded(&release),
-            format!("*5\r\n$7\r\nEVALSHA\r\n$40\r\n{sha}\r\n$1\r\n1\r\n$1\r\nk\r\n$1\r\nt\r\n")
+            encoded(Op::Release, -42, false),
+            format!("{}$3\r\n-42\r\n", head(6, ScriptId::Release))
         );
-        release.arg = -42;
+        let attempt = head(6, ScriptId::AcquireWait);
         assert_eq!(
-            encoded(&release),
-            format!(
-                "*6\r\n$7\r\nEVALSHA\r\n$40\r\n{sha}\r\n$1\r\n1\r\n$1\r\nk\r\n$1\r\nt\r\n$3\r\n-42\r\n"
-            )
+            encoded(Op::AcquireWait, 500, false),
+            format!("{attempt}$3\r\n500\r\n")
+        );
+        assert_eq!(
+            encoded(Op::AcquireWait, 500, true),
+            format!("{}$3\r\n500\r\n$1\r\n1\r\n", head(7, ScriptId::AcquireWait))
         );
     }
 
+    /// Issue 21: which refusals are for good (fail fast) and which are a
+    /// master that is busy for now (retried).
     #[test]
     fn permanent_refusals_are_told_from_transient_ones() {
         let b = |s: &'static str| Bytes::from_static(s.as_bytes());

@@ -314,6 +314,11 @@ impl Engine {
         self.channels.handle_released(resource);
     }
 
+    /// See [`Channels::needs_notice`].
+    pub(crate) fn needs_notice(&self, resource: &[u8]) -> bool {
+        self.channels.needs_notice(resource)
+    }
+
     /// See [`Channels::name_next`].
     pub(crate) fn name_next(&mut self, resource: &[u8], token: Token, waiting_here: bool) -> i64 {
         self.channels.name_next(resource, token, waiting_here)

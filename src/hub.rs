@@ -803,6 +803,11 @@ impl<P: Promise, L: Links> Hub<P, L> {
             // A multi-resource waiter's resources, to listen to (an Arc
             // shared, nothing copied).
             let multi = running.job.listens_to().cloned();
+            // A waiter's attempt, refused, tells every process it waits,
+            // unless this client knows itself seated in their turns.
+            if let Some(resource) = &running.waits_for {
+                running.job.ask_notice(engine.needs_notice(resource));
+            }
             match running.job.poll(&mut ctx, now) {
                 Step::Round {
                     requests,
@@ -994,6 +999,7 @@ impl<P: Promise, L: Links> Hub<P, L> {
             keys: lock.keys.clone(),
             token: lock.token,
             arg: 0,
+            notice: false,
         };
         let requests: Vec<Request> = match &output {
             Output::Lock(Ok(lock)) => vec![release(lock)],

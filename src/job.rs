@@ -357,6 +357,14 @@ impl Job {
         }
     }
 
+    /// Whether a waiting acquire's attempts, refused, publish the notice
+    /// that its process waits (see [`Request::notice`]).
+    pub(crate) fn ask_notice(&mut self, notice: bool) {
+        if let Job::Acquire(job) = self {
+            job.request.notice = notice;
+        }
+    }
+
     /// When a waiting acquire gives up waiting.
     pub(crate) fn give_up_at(&self) -> Option<Instant> {
         match self {
@@ -595,6 +603,7 @@ impl Acquire {
                 keys: wire_keys,
                 token: ctx.tokens.next_token(),
                 arg: millis(ttl),
+                notice: false,
             },
             notify,
             subscribed: false,
@@ -817,6 +826,7 @@ impl Acquire {
             keys: Keys::Many(Arc::from(keys)),
             token: self.request.token,
             arg: fence,
+            notice: false,
         });
         self.stage = Stage::FenceRound;
     }
@@ -860,6 +870,7 @@ impl Acquire {
             keys: self.keys.clone(),
             token: self.request.token,
             arg: 0,
+            notice: false,
         });
         self.after_cleanup = match next {
             _ if self.abandoned || matches!(error, Error::Denied(_)) => After::Finish,
@@ -1060,6 +1071,7 @@ impl Extend {
                 keys: lock.keys.clone(),
                 token: lock.token,
                 arg: millis(ttl),
+                notice: false,
             },
             lock,
             ttl,
@@ -1168,6 +1180,7 @@ impl Release {
                 keys: lock.keys.clone(),
                 token: lock.token,
                 arg: 0,
+                notice: false,
             },
             cohort: lock.cohort,
             tells_locally: true,
@@ -1275,6 +1288,7 @@ impl Batch {
                 keys: Keys::One(resource.into()),
                 token: ctx.tokens.next_token(),
                 arg: millis(ttl),
+                notice: false,
             });
         }
         ctx.config.checked_batch(requests.len())?;
@@ -1301,6 +1315,7 @@ impl Batch {
             keys: lock.keys.clone(),
             token: lock.token,
             arg: 0,
+            notice: false,
         }));
         let mut batch = Batch::new(ctx, requests, Duration::ZERO, now);
         batch.timeout = ctx.config.per_instance_timeout;

@@ -176,6 +176,10 @@ struct Channel {
     /// The process the last release heard (or made here) named to try
     /// next, if it named one.
     named: Option<i64>,
+    /// The count of releases when this client's own notice was last
+    /// heard, or a release last named it: it is seated in the turns of
+    /// the processes listening, as far as it knows.
+    seated: Option<u64>,
 }
 
 impl Channel {
@@ -204,12 +208,15 @@ impl Channel {
     /// A release of `token`'s naming `named` to try next: counted once
     /// however many masters tell of it (and told here first, for one of
     /// this client's).
-    fn count_release(&mut self, token: Token, named: Option<i64>) {
+    fn count_release(&mut self, token: Token, named: Option<i64>, own: Option<i64>) {
         if self.counted.contains(&Some(token)) {
             return;
         }
         self.counted = [Some(token), self.counted[0]];
         self.named = named;
+        if named.is_some() && named == own {
+            self.seated = Some(self.count + 1);
+        }
         let Some(by) = process_id(&token) else {
             return;
         };
@@ -371,6 +378,7 @@ impl Channels {
                 count: 0,
                 counted: [None; 2],
                 named: None,
+                seated: None,
             });
         add(channel);
         if std::mem::replace(&mut channel.subscribed, true) {
@@ -716,6 +724,22 @@ impl Channels {
         }
     }
 
+    /// Whether this client's waiting attempts on `resource`, refused,
+    /// should publish the notice that it waits: unless its own notice was
+    /// heard, or a release named it, within the last round of turns (as
+    /// many releases as seats, and one more). Not told otherwise when
+    /// another client unseats it (it did not come when named), it then
+    /// sends the notice again once a round of turns has passed it by.
+    pub(crate) fn needs_notice(&self, resource: &[u8]) -> bool {
+        let Some(channel) = self.table.get(resource) else {
+            return true;
+        };
+        let round = u64::try_from(channel.seats.len()).unwrap_or(u64::MAX) + 1;
+        channel
+            .seated
+            .is_none_or(|at| channel.count.saturating_sub(at) > round)
+    }
+
     /// This client's process id (see [`process_id`]).
     fn own_id(&self) -> Option<i64> {
         let own = self.own?;
@@ -739,7 +763,7 @@ impl Channels {
             .min_by_key(|s| (s.served, s.id))
             .map(|s| s.id)
             .or(own.filter(|_| waiting_here));
-        channel.count_release(token, next);
+        channel.count_release(token, next, own);
         next.unwrap_or(0)
     }
 
@@ -875,6 +899,7 @@ impl Channels {
             return Ok(());
         };
         let own = self.own;
+        let own_id = self.own_id();
         let Some(channel) = self.table.get_mut(resource) else {
             return Ok(());
         };
@@ -907,6 +932,9 @@ impl Channels {
                     if let Some(t) = token {
                         if let Some(id) = process_id(&t) {
                             channel.seat(id);
+                            if Some(id) == own_id {
+                                channel.seated = Some(channel.count);
+                            }
                         }
                         if !own.is_some_and(|p| t.has_prefix(&p))
                             && !crate::knobs::injected(crate::knobs::Bug::ContentionUnheard)
@@ -923,7 +951,7 @@ impl Channels {
                 if let Some(t) = token
                     && token != channel.cleanup
                 {
-                    channel.count_release(t, named);
+                    channel.count_release(t, named, own_id);
                 }
                 channel.heard = token;
                 if !ours && !crate::knobs::injected(crate::knobs::Bug::ContentionUnheard) {
@@ -1484,6 +1512,11 @@ mod tests {
         let mut a = TokenSource::from_seed([2; 16]);
         let a_id = process_id(&a.next_token()).unwrap();
         let own_id = process_id(&ours.next_token()).unwrap();
+        // Not seated yet: its refusals tell the others it waits.
+        assert!(channels.needs_notice(R));
+        let notice = format!("?{}", ours.next_token().as_str());
+        channels.handle_push(1, text(&notice)).unwrap();
+        assert!(!channels.needs_notice(R), "its own notice heard");
         // Nobody else waits: a release names this client when a caller
         // here waits, and nobody when none does.
         assert_eq!(channels.name_next(R, ours.next_token(), true), own_id);
@@ -1493,6 +1526,19 @@ mod tests {
         // A waits, and is named.
         let refused = format!("?{}", a.next_token().as_str());
         channels.handle_push(0, text(&refused)).unwrap();
+        assert_eq!(channels.name_next(R, ours.next_token(), true), a_id);
+        // Releases that pass this client by (a round of turns and more)
+        // make it tell the others again.
+        for _ in 0..3 {
+            channels
+                .handle_push(0, message(R, &a.next_token()))
+                .unwrap();
+        }
+        assert!(channels.needs_notice(R));
+        // A release naming it seats it again, as far as it knows.
+        let named = format!("{}:{own_id}", a.next_token().as_str());
+        channels.handle_push(0, text(&named)).unwrap();
+        assert!(!channels.needs_notice(R));
         assert_eq!(channels.name_next(R, ours.next_token(), true), a_id);
         // A never came: this client took the lock again after its wait.
         channels.handle_granted(R, now + Duration::from_secs(1), ours.next_token());

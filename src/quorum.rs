@@ -810,6 +810,7 @@ mod tests {
             keys: crate::conn::Keys::One(Bytes::from_static(b"r")),
             token: crate::token::TokenSource::from_seed([7; 16]).next_token(),
             arg: 10_000,
+            notice: false,
         };
         let refusal = |holder: &'static [u8]| refusal_of(holder);
         // (replies of five masters, refusals that may be one holder's)

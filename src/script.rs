@@ -82,12 +82,13 @@ pub fn release_channel(resource: &[u8]) -> Vec<u8> {
 /// within the millisecond) and the key's value (empty when it is not a
 /// string). The value tells one holder refusing on a quorum, who will
 /// release, from racers that each took a master (a split), who will each
-/// clean up. A refusal is also published on the resource's
-/// [`release_channel`], as [`WAITING_MARK`] followed by the token (with
-/// `redis.pcall`, a hint as a release's is): every process waiting there
-/// learns that the token's process waits too, and gives it its turn (see
-/// [`Config::wake_on_release`](crate::Config::wake_on_release)).
-pub const ACQUIRE_WAIT_SOURCE: &str = "if redis.call(\"set\",KEYS[1],ARGV[1],\"NX\",\"PX\",ARGV[2]) then return 1 end local t = redis.call(\"pttl\",KEYS[1]) if t < 0 then t = 0 end local v = redis.pcall(\"get\",KEYS[1]) if type(v) ~= \"string\" then v = \"\" end redis.pcall(\"publish\",\"redlock:released:\"..KEYS[1],\"?\"..ARGV[1]) return {-t, v}";
+/// clean up. With a third argument (any), a refusal is also published on
+/// the resource's [`release_channel`], as [`WAITING_MARK`] followed by
+/// the token (with `redis.pcall`, a hint as a release's is): every process
+/// waiting there learns that the token's process waits too, and gives it
+/// its turn (see [`Config::wake_spread`](crate::Config::wake_spread)). A
+/// client asks for it while it does not know itself seated.
+pub const ACQUIRE_WAIT_SOURCE: &str = "if redis.call(\"set\",KEYS[1],ARGV[1],\"NX\",\"PX\",ARGV[2]) then return 1 end local t = redis.call(\"pttl\",KEYS[1]) if t < 0 then t = 0 end local v = redis.pcall(\"get\",KEYS[1]) if type(v) ~= \"string\" then v = \"\" end if ARGV[3] then redis.pcall(\"publish\",\"redlock:released:\"..KEYS[1],\"?\"..ARGV[1]) end return {-t, v}";
 
 /// The first byte of a message [`ACQUIRE_WAIT_SOURCE`] publishes when
 /// refused: the rest is the refused token. No token this crate mints starts with it, so

@@ -518,7 +518,11 @@ impl Draw {
                 0 => (vec![lock], vec![token], Check::Exact),
                 _ => (vec![lock], vec![token, self.rng.pick(&NEXT)], Check::Exact),
             },
-            "ACQUIRE_WAIT" => (vec![lock], vec![token, self.ttl()], Check::Close(&[1])),
+            // Now and then asking for the notice a refusal publishes.
+            "ACQUIRE_WAIT" => match self.rng.below(2) {
+                0 => (vec![lock], vec![token, self.ttl()], Check::Close(&[1])),
+                _ => (vec![lock], vec![token, self.ttl(), "1"], Check::Close(&[1])),
+            },
             "EXTEND" => (vec![lock], vec![token, self.ttl()], Check::Exact),
             "ACQUIRE_FENCED" => {
                 let fence = self.rng.pick(&FENCES);

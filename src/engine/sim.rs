@@ -369,6 +369,7 @@ impl Sim {
             keys: Keys::One(Bytes::from_static(b"sim:lock")),
             token: self.tokens.next_token(),
             arg: TTL.as_millis() as i64,
+            notice: false,
         }
     }
 
@@ -1517,6 +1518,7 @@ fn votes_come_only_from_replies_to_the_rounds_own_requests_when_masters_fall_beh
             keys: Keys::One(Bytes::from(key.clone())),
             token: sim.tokens.next_token(),
             arg: 10_000,
+            notice: false,
         };
         let id = sim.start(std::slice::from_ref(&request), ROUND_TIMEOUT);
         live.push((id, key));

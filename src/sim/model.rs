@@ -1337,10 +1337,12 @@ impl Master {
         }
         let left = self.pttl(r.now, r.db, key).max(0);
         let refusal = self.refusal(r, left, key);
-        let mut waiting = Vec::with_capacity(1 + token.len());
-        waiting.push(script::WAITING_MARK);
-        waiting.extend_from_slice(token);
-        let _ = self.pcall_publish(key, &waiting);
+        if r.arg(3).is_some() {
+            let mut waiting = Vec::with_capacity(1 + token.len());
+            waiting.push(script::WAITING_MARK);
+            waiting.extend_from_slice(token);
+            let _ = self.pcall_publish(key, &waiting);
+        }
         Ok(refusal)
     }
 
