@@ -145,8 +145,8 @@ pub(crate) struct Request {
     /// The TTL in milliseconds (acquire and extend kinds), or the fence
     /// value ([`Op::Fence`]); unused by releases.
     pub(crate) arg: i64,
-    /// A waiting attempt ([`Op::AcquireWait`]) that, refused, publishes
-    /// the notice that its process waits
+    /// A waiting attempt ([`Op::AcquireWait`], or a fenced acquire's phase
+    /// one) that, refused, publishes the notice that its process waits
     /// ([`WAITING_MARK`](crate::script::WAITING_MARK)).
     pub(crate) notice: bool,
 }
@@ -195,7 +195,7 @@ impl Request {
                 // third asks for the notice.
                 let len = match self.op {
                     Op::Release if self.arg != 0 => 2,
-                    Op::AcquireWait if self.notice => 3,
+                    Op::AcquireWait | Op::AcquireFenced if self.notice => 3,
                     op if op.takes_arg() => 2,
                     _ => 1,
                 };
@@ -1496,6 +1496,9 @@ mod tests {
             encoded(Op::AcquireWait, 500, true),
             format!("{}$3\r\n500\r\n$1\r\n1\r\n", head(7, ScriptId::AcquireWait))
         );
+        // A fenced acquire's phase one asks the same way.
+        assert!(encoded(Op::AcquireFenced, 500, true).ends_with("$3\r\n500\r\n$1\r\n1\r\n"));
+        assert!(encoded(Op::AcquireFenced, 500, false).ends_with("$3\r\n500\r\n"));
     }
 
     /// Issue 21: which refusals are for good (fail fast) and which are a

@@ -113,7 +113,8 @@ pub const FENCE_STATE_KEY: &[u8] = b"redlock-mio:fence-state";
 /// fence, `KEYS[3]` [`FENCE_STATE_KEY`]; `ARGV[1]` the token, `ARGV[2]` the
 /// TTL in ms. Does `SET KEYS[1] ARGV[1] NX PX ARGV[2]`. When the key was
 /// held, returns what [`ACQUIRE_WAIT_SOURCE`] does: minus the key's `PTTL`
-/// and its value (a waiter sleeps until then). Otherwise, atomically with
+/// and its value (a waiter sleeps until then), and with `ARGV[3]`
+/// publishes its notice as that script does. Otherwise, atomically with
 /// the SET, returns what the master knows of the fence:
 /// `{reading, standing, high, unmarked_ms}`.
 ///
@@ -126,7 +127,7 @@ pub const FENCE_STATE_KEY: &[u8] = b"redlock-mio:fence-state";
 ///
 /// An unmarked master's `since` is set the first time it is seen so, and
 /// `unmarked_ms` is its age by the master's clock.
-pub const ACQUIRE_FENCED_SOURCE: &str = r#"if not redis.call("set",KEYS[1],ARGV[1],"NX","PX",ARGV[2]) then local t = redis.call("pttl",KEYS[1]) if t < 0 then t = 0 end local v = redis.pcall("get",KEYS[1]) if type(v) ~= "string" then v = "" end return {-t, v} end
+pub const ACQUIRE_FENCED_SOURCE: &str = r#"if not redis.call("set",KEYS[1],ARGV[1],"NX","PX",ARGV[2]) then local t = redis.call("pttl",KEYS[1]) if t < 0 then t = 0 end local v = redis.pcall("get",KEYS[1]) if type(v) ~= "string" then v = "" end if ARGV[3] then redis.pcall("publish","redlock:released:"..KEYS[1],"?"..ARGV[1]) end return {-t, v} end
 local fence = tonumber(redis.call("get",KEYS[2]))
 local s = redis.call("hmget",KEYS[3],"marked","floor","high","since")
 if s[1] then return {math.max(fence or 0, tonumber(s[2]) or 0), 2, tonumber(s[3]) or 0, -1} end

@@ -526,11 +526,12 @@ impl Draw {
             "EXTEND" => (vec![lock], vec![token, self.ttl()], Check::Exact),
             "ACQUIRE_FENCED" => {
                 let fence = self.rng.pick(&FENCES);
-                (
-                    vec![lock, fence, "STATE"],
-                    vec![token, self.ttl()],
-                    Check::Fenced,
-                )
+                let mut argv = vec![token, self.ttl()];
+                // Now and then asking for the refusal's notice.
+                if self.rng.below(2) == 1 {
+                    argv.push("1");
+                }
+                (vec![lock, fence, "STATE"], argv, Check::Fenced)
             }
             "FENCE" => {
                 let fence = self.rng.pick(&FENCES);

@@ -1337,13 +1337,19 @@ impl Master {
         }
         let left = self.pttl(r.now, r.db, key).max(0);
         let refusal = self.refusal(r, left, key);
+        self.notice(r, key, token);
+        Ok(refusal)
+    }
+
+    /// A waiting script's refusal notice, when its `ARGV[3]` asks for it:
+    /// `redis.pcall("publish", "redlock:released:" .. key, "?" .. token)`.
+    fn notice<A: AsRef<[u8]>>(&mut self, r: &Run<'_, A>, key: &[u8], token: &[u8]) {
         if r.arg(3).is_some() {
             let mut waiting = Vec::with_capacity(1 + token.len());
             waiting.push(script::WAITING_MARK);
             waiting.extend_from_slice(token);
             let _ = self.pcall_publish(key, &waiting);
         }
-        Ok(refusal)
     }
 
     /// The waiting scripts' refusal: minus the holder's `left` ms and
@@ -1377,7 +1383,9 @@ impl Master {
         let at = expire_at(r.now, ttl, SET_PX).map_err(|e| raised(1, e))?;
         if !self.store(r.now, r.db, key, token, SET_NX, Some(at)) {
             let left = self.pttl(r.now, r.db, key).max(0);
-            return Ok(self.refusal(r, left, key));
+            let refusal = self.refusal(r, left, key);
+            self.notice(r, key, token);
+            return Ok(refusal);
         }
         let fence_key = need(r.key(2), 2)?;
         let fence = self.get(r.now, r.db, fence_key).map_err(|e| raised(2, e))?;
