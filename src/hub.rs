@@ -914,19 +914,17 @@ impl<P: Promise, L: Links> Hub<P, L> {
                         running.listening.as_ref(),
                     )
                     .unwrap_or_else(|| engine.epoch(resource));
-                    let at = if backoff || epoch == running.tried_at {
+                    let (at, turn) = if backoff || epoch == running.tried_at {
                         running.awaiting = true;
-                        until
+                        (until, None)
                     } else {
                         // Released while the attempt was under way.
                         let turn = engine.turn(resource);
                         let since = running.job.waiting_since();
-                        let at = turn_at(jitter, config, turn, since, now);
-                        timers.set(running, index, at);
-                        running.deferred = turn == Turn::Theirs;
-                        return;
+                        (turn_at(jitter, config, turn, since, now), Some(turn))
                     };
                     timers.set(running, index, at);
+                    running.deferred = turn == Some(Turn::Theirs);
                     return;
                 }
                 Step::Done => {

@@ -92,9 +92,49 @@ pub(crate) fn process_id(token: &Token) -> Option<i64> {
     if bytes.len() != 48 {
         return None;
     }
-    let hex = std::str::from_utf8(bytes.get(..16)?).ok()?;
+    prefix_id(bytes)
+}
+
+/// The process id (see [`process_id`]) read from the start of `prefix`.
+fn prefix_id(prefix: &[u8]) -> Option<i64> {
+    let hex = std::str::from_utf8(prefix.get(..16)?).ok()?;
     let id = u64::from_str_radix(hex, 16).ok()?.cast_signed();
     (id != 0).then_some(id)
+}
+
+/// A message on a release channel, read: a release's (its token's bytes,
+/// then the process it names to try next, if any) or a refused attempt's
+/// notice (the refused token's bytes).
+pub(crate) struct Message<'a> {
+    /// A refused attempt's notice ([`WAITING_MARK`]): nothing was freed.
+    pub(crate) waiting: bool,
+    /// The token, as sent.
+    pub(crate) token: &'a [u8],
+    /// The process a release names to try next.
+    pub(crate) named: Option<i64>,
+}
+
+impl Message<'_> {
+    /// Reads `payload`: `token`, `token:id` or `?token`.
+    pub(crate) fn read(payload: &[u8]) -> Message<'_> {
+        let waiting = payload.first() == Some(&WAITING_MARK);
+        let payload = payload.get(usize::from(waiting)..).unwrap_or(&[]);
+        let (token, named) = match memchr::memchr(b':', payload) {
+            Some(at) => (
+                payload.get(..at).unwrap_or(&[]),
+                (payload.get(at + 1..))
+                    .and_then(|n| std::str::from_utf8(n).ok())
+                    .and_then(|n| n.parse::<i64>().ok())
+                    .filter(|&n| n != 0),
+            ),
+            None => (payload, None),
+        };
+        Message {
+            waiting,
+            token,
+            named,
+        }
+    }
 }
 
 /// One subscriber connection's view of one resource's channel.
@@ -185,12 +225,16 @@ struct Channel {
 impl Channel {
     /// `id`'s process waits for the lock: seated, if it was not, as served
     /// before every other (its turn comes next).
-    fn seat(&mut self, id: i64) {
-        if self.seats.iter().any(|s| s.id == id) {
-            return;
-        }
-        self.make_room();
-        self.seats.push(Seat { id, served: 0 });
+    fn seat(&mut self, id: i64) -> &mut Seat {
+        let at = match self.seats.iter().position(|s| s.id == id) {
+            Some(at) => at,
+            None => {
+                self.make_room();
+                self.seats.push(Seat { id, served: 0 });
+                self.seats.len() - 1
+            }
+        };
+        &mut self.seats[at]
     }
 
     /// Room for one more seat, if there are [`MAX_SEATS`]: the one
@@ -221,17 +265,7 @@ impl Channel {
             return;
         };
         self.count += 1;
-        let count = self.count;
-        match self.seats.iter_mut().find(|s| s.id == by) {
-            Some(seat) => seat.served = count,
-            None => {
-                self.make_room();
-                self.seats.push(Seat {
-                    id: by,
-                    served: count,
-                });
-            }
-        }
+        self.seat(by).served = self.count;
     }
 
     fn is_settled(&self) -> bool {
@@ -276,6 +310,8 @@ pub(crate) struct Channels {
     /// another token is another client's release (see `Channel`'s
     /// `contended`). `None` until told: every message is then another's.
     own: Option<[u8; 32]>,
+    /// This client's process id (see [`process_id`]), from `own`.
+    own_id: Option<i64>,
     /// Bumped wherever [`Channels::is_contended`] may change its answer
     /// (a flag set or cleared, a channel dropped): a simulation reads the
     /// flags again only when it moved.
@@ -439,7 +475,7 @@ impl Channels {
         until: Instant,
         token: Token,
     ) -> Option<Cohort> {
-        let own = self.own_id();
+        let own = self.own_id;
         let channel = self.table.get_mut(resource)?;
         channel.held = Some((until, token));
         channel.latest = Some(token);
@@ -488,6 +524,7 @@ impl Channels {
     /// [`TokenSource::prefix`](crate::token::TokenSource::prefix)).
     pub(crate) fn know_own_tokens(&mut self, prefix: [u8; 32]) {
         self.own = Some(prefix);
+        self.own_id = prefix_id(&prefix);
     }
 
     /// This client ended a row of hand-overs of the lock on `resource`
@@ -717,7 +754,7 @@ impl Channels {
     /// the last release named, if it named one.
     pub(crate) fn turn(&self, resource: &[u8]) -> Turn {
         let named = self.table.get(resource).and_then(|c| c.named);
-        match (named, self.own_id()) {
+        match (named, self.own_id) {
             (Some(named), Some(own)) if named == own => Turn::Mine,
             (Some(_), _) => Turn::Theirs,
             (None, _) => Turn::Open,
@@ -740,21 +777,13 @@ impl Channels {
             .is_none_or(|at| channel.count.saturating_sub(at) > round)
     }
 
-    /// This client's process id (see [`process_id`]).
-    fn own_id(&self) -> Option<i64> {
-        let own = self.own?;
-        let hex = std::str::from_utf8(own.get(..16)?).ok()?;
-        let id = u64::from_str_radix(hex, 16).ok()?.cast_signed();
-        (id != 0).then_some(id)
-    }
-
     /// This client releases the lock on `resource` (`token`), announced:
     /// the process to try next, which the release names to every
     /// process. The seat served longest ago, this client's aside; this
     /// client itself when no other waits and `waiting_here`; else none
     /// (0).
     pub(crate) fn name_next(&mut self, resource: &[u8], token: Token, waiting_here: bool) -> i64 {
-        let own = self.own_id();
+        let own = self.own_id;
         let Some(channel) = self.table.get_mut(resource) else {
             return 0;
         };
@@ -899,7 +928,7 @@ impl Channels {
             return Ok(());
         };
         let own = self.own;
-        let own_id = self.own_id();
+        let own_id = self.own_id;
         let Some(channel) = self.table.get_mut(resource) else {
             return Ok(());
         };
@@ -909,21 +938,12 @@ impl Channels {
                     Some(Reply::Bulk(payload)) => &payload[..],
                     _ => &[][..],
                 };
-                let waiting = payload.first() == Some(&WAITING_MARK);
-                let payload = payload.get(usize::from(waiting)..).unwrap_or(&[]);
-                // A release's message: its token, then the process it
-                // names to try next, if any.
-                let (payload, named) = match memchr::memchr(b':', payload) {
-                    Some(at) => (
-                        payload.get(..at).unwrap_or(&[]),
-                        (payload.get(at + 1..))
-                            .and_then(|n| std::str::from_utf8(n).ok())
-                            .and_then(|n| n.parse::<i64>().ok())
-                            .filter(|&n| n != 0),
-                    ),
-                    None => (payload, None),
-                };
-                let token = std::str::from_utf8(payload)
+                let Message {
+                    waiting,
+                    token,
+                    named,
+                } = Message::read(payload);
+                let token = std::str::from_utf8(token)
                     .ok()
                     .and_then(|text| Token::parse(text).ok());
                 if waiting {

@@ -7,11 +7,11 @@ use std::sync::OnceLock;
 
 use bytes::BytesMut;
 
+use crate::notify::Message;
 use crate::resp::{Limits, Reply, format_i64};
 use crate::script::{
     ACQUIRE_FENCED_SOURCE, ACQUIRE_MANY_SOURCE, ACQUIRE_WAIT_SOURCE, CLEANUP_MANY_SOURCE,
     CLEANUP_SOURCE, RELEASE_CHANNEL_PREFIX, RELEASE_MANY_SOURCE, RELEASE_SOURCE, Script,
-    WAITING_MARK,
 };
 
 /// The most arguments [`read_command`] reads a command with; a longer
@@ -262,16 +262,13 @@ pub(super) fn release_message(frame: &Reply) -> Option<(&[u8], &[u8])> {
             Reply::Bulk(channel),
             Reply::Bulk(payload),
         ] if kind == "message" => {
-            // A refused attempt's notice frees nothing; a release's names
-            // its token, then perhaps the process to try next.
-            if payload.first() == Some(&WAITING_MARK) {
+            // Read as the client reads it: a refused attempt's notice
+            // frees nothing.
+            let message = Message::read(payload);
+            if message.waiting {
                 return None;
             }
-            let token = match memchr::memchr(b':', payload) {
-                Some(at) => payload.get(..at)?,
-                None => &payload[..],
-            };
-            Some((channel.strip_prefix(RELEASE_CHANNEL_PREFIX)?, token))
+            Some((channel.strip_prefix(RELEASE_CHANNEL_PREFIX)?, message.token))
         }
         _ => None,
     }
