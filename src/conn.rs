@@ -556,6 +556,11 @@ pub(crate) struct Conn {
     /// time (not a handshake step) was sent: kept as requests come and
     /// go, as every turn reads it (see [`Conn::poll_timeout`]).
     oldest: Option<Instant>,
+    /// What every turn asks of `oldest`, worked out when it changes (see
+    /// [`Conn::set_oldest`]): when it passes the stall limit, and when
+    /// the per-instance timeout, if those instants can be told.
+    stall_at: Option<Instant>,
+    patient_until: Option<Instant>,
     handshake_left: usize,
     /// A frame arrived since the connection was made: it reached a live
     /// master, and a failure now is no reason to back off.
@@ -628,6 +633,8 @@ impl Conn {
             scan: FrameScan::new(),
             in_flight: VecDeque::with_capacity(queue),
             oldest: None,
+            stall_at: None,
+            patient_until: None,
             handshake_left: 0,
             heard: false,
             backoff: timing.backoff_min,
@@ -710,7 +717,7 @@ impl Conn {
         self.inbuf.clear();
         self.scan.reset();
         self.in_flight.clear();
-        self.oldest = None;
+        self.set_oldest(None);
         self.heard = false;
         self.refused = None;
         let deadline = now.checked_add(self.timing.connect).unwrap_or(now);
@@ -789,23 +796,23 @@ impl Conn {
         self.inbuf.clear();
         self.scan.reset();
         self.in_flight.clear();
-        self.oldest = None;
+        self.set_oldest(None);
         self.handshake_left = 0;
     }
 
     /// The next instant at which [`Conn::handle_timeout`] has work to do.
+    #[inline]
     pub(crate) fn poll_timeout(&self) -> Option<Instant> {
         match self.state {
             State::Down { .. } => None,
             State::Connecting { deadline } => Some(deadline),
-            State::Ready => self
-                .oldest_sent_at()
-                .and_then(|t| t.checked_add(self.timing.stall)),
+            State::Ready => self.stall_at,
         }
     }
 
     /// Fails the connection when its connect or its oldest request has taken
     /// too long. Returns the cause when it did.
+    #[inline]
     pub(crate) fn handle_timeout(&mut self, now: Instant) -> Option<Cause> {
         let cause = match self.state {
             State::Connecting { deadline } if now >= deadline => Cause::ConnectTimeout,
@@ -822,25 +829,32 @@ impl Conn {
     /// reply. A reply to a request sent now comes after that one's, so a
     /// round does not wait for it.
     pub(crate) fn is_unresponsive(&self, now: Instant) -> bool {
-        self.oldest_sent_at()
-            .is_some_and(|t| now.saturating_duration_since(t) > self.timing.patience)
-    }
-
-    fn oldest_sent_at(&self) -> Option<Instant> {
         debug_assert_eq!(self.oldest, self.scan_oldest(), "the kept oldest request");
-        self.oldest
+        // `now - oldest > patience`, without the subtraction.
+        self.patient_until.is_some_and(|until| now > until)
     }
 
     /// A request that awaits an answer in time was queued at `now`.
     fn handle_timed(&mut self, now: Instant) {
         if self.oldest.is_none() {
-            self.oldest = Some(now);
+            self.set_oldest(Some(now));
         }
     }
 
     /// Finds the oldest timed request again, after one left `in_flight`.
     fn refresh_oldest(&mut self) {
-        self.oldest = self.scan_oldest();
+        self.set_oldest(self.scan_oldest());
+    }
+
+    /// The oldest timed request is now `oldest`: the instants every turn
+    /// compares with are worked out here, once.
+    fn set_oldest(&mut self, oldest: Option<Instant>) {
+        if oldest == self.oldest && oldest.is_some() {
+            return;
+        }
+        self.oldest = oldest;
+        self.stall_at = oldest.and_then(|t| t.checked_add(self.timing.stall));
+        self.patient_until = oldest.and_then(|t| t.checked_add(self.timing.patience));
     }
 
     fn scan_oldest(&self) -> Option<Instant> {
@@ -1025,6 +1039,13 @@ impl Conn {
     #[must_use]
     pub(crate) fn take_new_run_id(&mut self) -> bool {
         std::mem::take(&mut self.new_run_id)
+    }
+
+    /// Until when the master stays out of the quorum, as last set (past
+    /// instants included: see [`Conn::quarantine_left`]); it is in
+    /// quarantine at `now` while this is later.
+    pub(crate) fn quarantined_until(&self) -> Option<Instant> {
+        self.quarantined_until
     }
 
     /// How much longer the master stays out of the quorum, if at all.

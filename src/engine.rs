@@ -657,24 +657,29 @@ impl Engine {
     /// connection that someone waits on (a master's connection is opened
     /// on next use instead).
     pub(crate) fn poll_timeout(&self) -> Option<Instant> {
-        let rounds = self
-            .entries
-            .iter()
-            .filter(|e| e.live && !e.reported)
-            .map(|e| e.round.deadline());
-        let waited_on = if self.channels.is_wanted() {
-            &self.subs[..]
-        } else {
-            &[]
+        // Plain loops into one running minimum: every turn asks this.
+        let mut soonest = self.channels.next_sweep();
+        let mut take = |at: Option<Instant>| {
+            if let Some(at) = at
+                && soonest.is_none_or(|s| at < s)
+            {
+                soonest = Some(at);
+            }
         };
-        self.conns
-            .iter()
-            .chain(&self.subs)
-            .filter_map(Conn::poll_timeout)
-            .chain(rounds)
-            .chain(waited_on.iter().filter_map(Conn::retry_at))
-            .chain(self.channels.next_sweep())
-            .min()
+        for conn in self.conns.iter().chain(&self.subs) {
+            take(conn.poll_timeout());
+        }
+        for entry in &self.entries {
+            if entry.live && !entry.reported {
+                take(Some(entry.round.deadline()));
+            }
+        }
+        if self.channels.is_wanted() {
+            for sub in &self.subs {
+                take(sub.retry_at());
+            }
+        }
+        soonest
     }
 
     /// Requests still awaiting a reply on connections that are up.

@@ -473,7 +473,7 @@ impl Masters {
             .zip(&self.quarantine)
             .zip(&mut self.quarantined)
         {
-            let quarantined = conn.quarantine_left(now).is_some();
+            let quarantined = conn.quarantined_until().is_some_and(|until| until > now);
             if quarantined != *counted {
                 *counted = quarantined;
                 guarded(|| {

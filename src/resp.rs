@@ -13,7 +13,7 @@
 use std::fmt;
 use std::ops::Range;
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 
 /// The outcome of feeding bytes to the parser.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -459,14 +459,29 @@ fn decode_leaf(
         _ => used,
     };
     scan.examined += header as u64;
+    // A value that holds no bytes of the frame (an integer, a nil, the
+    // `+OK` most commands answer) is not split off: the buffer moves past
+    // it, with no shared handle made and dropped.
+    let bare = match &leaf {
+        Leaf::Integer(n) => Some(Reply::Integer(*n)),
+        Leaf::Nil => Some(Reply::Nil),
+        Leaf::Line(b'+', range) if buf[range.clone()] == *b"OK" => {
+            Some(Reply::Status(Bytes::from_static(b"OK")))
+        }
+        _ => None,
+    };
+    if let Some(reply) = bare {
+        buf.advance(used);
+        return Ok(Some(reply));
+    }
     let frame = buf.split_to(used).freeze();
     Ok(Some(match leaf {
         Leaf::Line(kind, range) => Build { src: &frame }.line(kind, range),
-        Leaf::Integer(n) => Reply::Integer(n),
         Leaf::Bulk(range) => Reply::Bulk(frame.slice(range)),
-        Leaf::Nil => Reply::Nil,
-        // Not reached: the first byte is not an array's.
-        Leaf::Array => return Err(ProtocolError::UnknownType(b'*')),
+        // Not reached: taken above, or the first byte is not an array's.
+        Leaf::Integer(_) | Leaf::Nil | Leaf::Array => {
+            return Err(ProtocolError::UnknownType(b'*'));
+        }
     }))
 }
 

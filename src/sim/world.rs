@@ -341,6 +341,9 @@ struct Link {
     /// Until when the client keeps the master out of its quorums (restart
     /// quarantine), as last seen.
     quarantine_until: Micros,
+    /// The client's own instant that `quarantine_until` was last read
+    /// from: read again only when the client's changes.
+    quarantine_read: Option<Instant>,
 }
 
 impl Link {
@@ -366,6 +369,7 @@ impl Link {
             late_until: 0,
             overdue_until: 0,
             quarantine_until: 0,
+            quarantine_read: None,
         }
     }
 }
@@ -479,6 +483,9 @@ struct Client {
     held: Vec<Held>,
     /// When its hub last asked to run, if an event is queued for then.
     wake: Option<Micros>,
+    /// The hub's last asked-for instant, on the client's clock, and the
+    /// virtual time it converts to (the division done once per instant).
+    wake_read: Option<(Instant, Micros)>,
     /// Virtual time until which it is paused (a GC pause, say).
     paused_until: Micros,
     ops_left: usize,
@@ -905,6 +912,7 @@ impl World {
                     pending: Vec::new(),
                     held: Vec::new(),
                     wake: None,
+                    wake_read: None,
                     paused_until: 0,
                     ops_left: settings.ops,
                     closed: false,
@@ -1249,14 +1257,14 @@ impl World {
         // Restart quarantine, for the waiting checker: seen once the
         // handshake that found the new run id has been read.
         for m in 0..self.settings.masters {
-            if let Some(left) = c
-                .hub
-                .engine()
-                .link(m)
-                .and_then(|l| l.quarantine_left(stamp.mono))
-            {
-                let until = c.clock.virtual_at(stamp.mono + left);
-                let link = &mut c.links[m];
+            let read = c.hub.engine().link(m).and_then(Conn::quarantined_until);
+            let link = &mut c.links[m];
+            if read == link.quarantine_read {
+                continue;
+            }
+            link.quarantine_read = read;
+            if let Some(until) = read.filter(|&until| until > stamp.mono) {
+                let until = c.clock.virtual_at(until);
                 link.quarantine_until = link.quarantine_until.max(until);
             }
         }
@@ -1275,7 +1283,15 @@ impl World {
             }
         }
         if let Some(at) = c.hub.poll_timeout() {
-            let at = c.clock.virtual_at(at).max(self.now + 1);
+            let at = match c.wake_read {
+                Some((read, converted)) if read == at => converted,
+                _ => {
+                    let converted = c.clock.virtual_at(at);
+                    c.wake_read = Some((at, converted));
+                    converted
+                }
+            };
+            let at = at.max(self.now + 1);
             if c.wake.is_none_or(|w| w > at) {
                 c.wake = Some(at);
                 self.schedule(at, Event::Wake { client, at });
