@@ -601,7 +601,7 @@ impl Master {
             }
             Cmd::Pttl => Reply::Integer(self.pttl(now, db, arg(args, 1))),
             Cmd::Pexpire => self.pexpire_command(now, db, args),
-            Cmd::Hgetall => match self.live(now, db, arg(args, 1)).map(|e| &e.value) {
+            Cmd::Hgetall => self.read(now, db, arg(args, 1), |e| match e.map(|e| &e.value) {
                 None => Reply::Array(Vec::new()),
                 Some(Value::Str(_)) => error(ERR_WRONGTYPE),
                 Some(Value::Hash(fields)) => Reply::Array(
@@ -610,7 +610,7 @@ impl Master {
                         .flat_map(|(f, v)| [Reply::Bulk(f.clone()), Reply::Bulk(v.clone())])
                         .collect(),
                 ),
-            },
+            }),
             Cmd::Publish => Reply::Integer(self.publish(arg(args, 1), arg(args, 2))),
             Cmd::Subscribe => self.subscribe(conn, &args[1..]),
             Cmd::Unsubscribe => self.unsubscribe(conn, &args[1..]),
@@ -789,42 +789,90 @@ impl Master {
 
     // --- the keyspace ---
 
-    /// The live entry at `key`, dropping it first when it has expired.
+    /// The live entry at `key`, to change, dropping it first when it has
+    /// expired.
     fn live(&mut self, now: i64, db: usize, key: &[u8]) -> Option<&mut Entry> {
         let map = self.dbs.get_mut(db)?;
-        if map.get(key).is_some_and(|e| e.expired(now)) {
+        if map.get(key)?.expired(now) {
             map.remove(key);
             return None;
         }
         map.get_mut(key)
     }
 
-    fn get(&mut self, now: i64, db: usize, key: &[u8]) -> Result<Option<Bytes>, &'static str> {
-        match self.live(now, db, key).map(|e| &e.value) {
-            None => Ok(None),
-            Some(Value::Str(v)) => Ok(Some(v.clone())),
-            Some(Value::Hash(_)) => Err(ERR_WRONGTYPE),
+    /// What `read` makes of the live entry at `key` (`None`: there is
+    /// none), dropping an expired one first as [`Master::live`] does, with
+    /// one lookup for a live key.
+    fn read<T>(
+        &mut self,
+        now: i64,
+        db: usize,
+        key: &[u8],
+        read: impl FnOnce(Option<&Entry>) -> T,
+    ) -> T {
+        let Some(map) = self.dbs.get_mut(db) else {
+            return read(None);
+        };
+        match map.get(key) {
+            Some(entry) if entry.expired(now) => {
+                map.remove(key);
+                read(None)
+            }
+            entry => read(entry),
         }
+    }
+
+    /// What `read` makes of the string at `key` (`None`: there is none).
+    fn read_string<T>(
+        &mut self,
+        now: i64,
+        db: usize,
+        key: &[u8],
+        read: impl FnOnce(Option<&Bytes>) -> T,
+    ) -> Result<T, &'static str> {
+        self.read(now, db, key, |entry| match entry.map(|e| &e.value) {
+            None => Ok(read(None)),
+            Some(Value::Str(v)) => Ok(read(Some(v))),
+            Some(Value::Hash(_)) => Err(ERR_WRONGTYPE),
+        })
+    }
+
+    fn get(&mut self, now: i64, db: usize, key: &[u8]) -> Result<Option<Bytes>, &'static str> {
+        self.read_string(now, db, key, |v| v.cloned())
+    }
+
+    /// Lua's `redis.call("get", key) == token`, without copying the value:
+    /// false (a missing key) equals no string.
+    fn holds(
+        &mut self,
+        now: i64,
+        db: usize,
+        key: &[u8],
+        token: Option<&[u8]>,
+    ) -> Result<bool, &'static str> {
+        self.read_string(now, db, key, |held| {
+            token.is_some_and(|token| held.is_some_and(|held| held.as_ref() == token))
+        })
     }
 
     fn exists(&mut self, now: i64, db: usize, key: &[u8]) -> bool {
-        self.live(now, db, key).is_some()
+        self.read(now, db, key, |e| e.is_some())
     }
 
+    /// Deletes `key`; whether it lived (an expired one goes too).
     fn del(&mut self, now: i64, db: usize, key: &[u8]) -> bool {
-        self.live(now, db, key).is_some()
-            && self
-                .dbs
-                .get_mut(db)
-                .is_some_and(|m| m.remove(key).is_some())
+        self.dbs
+            .get_mut(db)
+            .and_then(|m| m.remove(key))
+            .is_some_and(|e| !e.expired(now))
     }
 
     fn pttl(&mut self, now: i64, db: usize, key: &[u8]) -> i64 {
-        match self.live(now, db, key).map(|e| e.expires_at) {
+        self.read(now, db, key, |e| match e.map(|e| e.expires_at) {
             None => -2,
             Some(None) => -1,
             Some(Some(at)) => at.saturating_sub(now).max(0),
-        }
+        })
     }
 
     /// Stores `value` at `key` as SET does once its options are parsed:
@@ -840,7 +888,16 @@ impl Master {
         flags: u8,
         expires_at: Option<i64>,
     ) -> bool {
-        let old = self.live(now, db, key).map(|e| e.expires_at);
+        let Some(map) = self.dbs.get_mut(db) else {
+            return flags & SET_XX == 0;
+        };
+        // One lookup: an expired entry is as good as none, and is
+        // overwritten in place.
+        let slot = map.get_mut(key);
+        let old = slot
+            .as_ref()
+            .filter(|e| !e.expired(now))
+            .map(|e| e.expires_at);
         if (flags & SET_NX != 0 && old.is_some()) || (flags & SET_XX != 0 && old.is_none()) {
             return false;
         }
@@ -853,13 +910,11 @@ impl Master {
             value: Value::Str(Bytes::copy_from_slice(value)),
             expires_at: expires_at.or(kept),
         };
-        if let Some(map) = self.dbs.get_mut(db) {
-            // An overwrite reuses the key: no copy of it.
-            match map.get_mut(key) {
-                Some(slot) => *slot = entry,
-                None => {
-                    map.insert(Bytes::copy_from_slice(key), entry);
-                }
+        // An overwrite reuses the key: no copy of it.
+        match slot {
+            Some(slot) => *slot = entry,
+            None => {
+                map.insert(Bytes::copy_from_slice(key), entry);
             }
         }
         true
@@ -999,7 +1054,7 @@ impl Master {
         key: &[u8],
         fields: [&[u8]; N],
     ) -> Result<[Option<Bytes>; N], &'static str> {
-        match self.live(now, db, key).map(|e| &e.value) {
+        self.read(now, db, key, |e| match e.map(|e| &e.value) {
             None => Ok(std::array::from_fn(|_| None)),
             Some(Value::Str(_)) => Err(ERR_WRONGTYPE),
             Some(Value::Hash(pairs)) => Ok(fields.map(|field| {
@@ -1008,7 +1063,7 @@ impl Master {
                     .find(|(f, _)| f.as_ref() == field)
                     .map(|(_, v)| v.clone())
             })),
-        }
+        })
     }
 
     /// HSET of one field, making the hash when the key is missing.
@@ -1303,9 +1358,11 @@ impl Master {
         publish: bool,
     ) -> Result<Reply, Fail> {
         let key = need(r.key(1), 1)?;
-        let held = self.get(r.now, r.db, key).map_err(|e| raised(1, e))?;
+        let held = self
+            .holds(r.now, r.db, key, r.arg(1))
+            .map_err(|e| raised(1, e))?;
         match r.arg(1) {
-            Some(token) if same(&held, token) => {
+            Some(token) if held => {
                 self.del(r.now, r.db, key);
                 if publish {
                     // The script ignores what pcall returns.
@@ -1366,8 +1423,10 @@ impl Master {
     /// [`script::EXTEND_SOURCE`].
     fn extend<A: AsRef<[u8]>>(&mut self, r: &Run<'_, A>) -> Result<Reply, Fail> {
         let key = need(r.key(1), 1)?;
-        let held = self.get(r.now, r.db, key).map_err(|e| raised(1, e))?;
-        if !r.arg(1).is_some_and(|token| same(&held, token)) {
+        let held = self
+            .holds(r.now, r.db, key, r.arg(1))
+            .map_err(|e| raised(1, e))?;
+        if !held {
             return Ok(Reply::Integer(0));
         }
         let ttl = need(r.arg(2), 1)?;
@@ -1421,8 +1480,10 @@ impl Master {
     /// [`script::FENCE_SOURCE`], line by line (the directive is `ARGV[1]`).
     fn fence<A: AsRef<[u8]>>(&mut self, r: &Run<'_, A>) -> Result<Reply, Fail> {
         let key = need(r.key(1), 1)?;
-        let held = self.get(r.now, r.db, key).map_err(|e| raised(1, e))?;
-        if !r.arg(2).is_some_and(|token| same(&held, token)) {
+        let held = self
+            .holds(r.now, r.db, key, r.arg(2))
+            .map_err(|e| raised(1, e))?;
+        if !held {
             return Ok(Reply::Integer(0));
         }
         let v = r.arg(3).and_then(tonumber);
@@ -1523,9 +1584,11 @@ impl Master {
         let mut all = 1;
         for key in r.keys {
             let key = key.as_ref();
-            let held = self.get(r.now, r.db, key).map_err(|e| raised(1, e))?;
+            let held = self
+                .holds(r.now, r.db, key, r.arg(1))
+                .map_err(|e| raised(1, e))?;
             match r.arg(1) {
-                Some(token) if same(&held, token) => {
+                Some(token) if held => {
                     self.del(r.now, r.db, key);
                     if publish {
                         let _ = self.pcall_publish(key, token);
@@ -1541,9 +1604,9 @@ impl Master {
     fn extend_many<A: AsRef<[u8]>>(&mut self, r: &Run<'_, A>) -> Result<Reply, Fail> {
         for key in r.keys {
             let held = self
-                .get(r.now, r.db, key.as_ref())
+                .holds(r.now, r.db, key.as_ref(), r.arg(1))
                 .map_err(|e| raised(1, e))?;
-            if !r.arg(1).is_some_and(|token| same(&held, token)) {
+            if !held {
                 return Ok(Reply::Integer(0));
             }
         }
@@ -1643,12 +1706,6 @@ fn raised(line: u32, error: &'static str) -> Fail {
         line,
         raise: Raise::Call(error),
     }
-}
-
-/// Lua's `redis.call("get", key) == token`: false (a missing key) equals
-/// no string.
-fn same(held: &Option<Bytes>, token: &[u8]) -> bool {
-    held.as_deref() == Some(token)
 }
 
 /// The time SET stores for its EX/PX/EXAT/PXAT argument `text`, as Redis
