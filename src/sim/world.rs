@@ -1477,9 +1477,12 @@ impl World {
             ..
         } = &mut self.nodes[master];
         let now_ms = node_ms(*rate, now);
-        let Some(&mut (client, link, _, _)) = conns.get_mut(&id) else {
+        let Some((client, link, buf, writes)) = conns.get_mut(&id) else {
             return;
         };
+        let (client, link) = (*client, *link);
+        // The client sent garbage: never, or the codec is broken.
+        let mut broken = false;
         let out = &mut self.out;
         let mut pushes = std::mem::take(&mut self.pushes);
         let mut late_sets = Vec::new();
@@ -1494,7 +1497,7 @@ impl World {
         let mut opaque = false;
         // When the client queued the write being read.
         let mut sent = now;
-        while let Some((_, _, buf, writes)) = conns.get_mut(&id) {
+        loop {
             if write_left == 0 {
                 (write_left, opaque, sent) = writes.pop_front().unwrap_or((usize::MAX, false, now));
                 quiet_release = None;
@@ -1519,18 +1522,17 @@ impl World {
                         (0, &listed)
                     }
                     Ok(None) => break,
-                    // The client sent garbage: never, or the codec is broken.
                     _ => {
-                        conns.remove(&id);
+                        broken = true;
                         break;
                     }
                 },
             };
             let handed = std::mem::take(&mut quiet_release);
             let (effect, keys) = wire::effect(args);
-            match effect {
-                Some((Effect::Release { quiet }, token)) => {
-                    let token = TokenKey::new(token);
+            let token = effect.map(|(_, token)| TokenKey::new(token));
+            match effect.zip(token) {
+                Some(((Effect::Release { quiet }, _), token)) => {
                     // A granted lock released quietly: a hand-over, if the
                     // next command takes it again.
                     if quiet
@@ -1545,8 +1547,7 @@ impl World {
                     }
                     released.insert(token);
                 }
-                Some((effect @ (Effect::Acquire | Effect::WaitingAcquire), token)) => {
-                    let token = TokenKey::new(token);
+                Some(((effect @ (Effect::Acquire | Effect::WaitingAcquire), _), token)) => {
                     if released.contains(&token) {
                         late_sets.push(token);
                     }
@@ -1591,23 +1592,25 @@ impl World {
                 None => {}
             }
             let reply = model.handle_command(now_ms, ConnId(id), args);
-            if let (Some((Effect::Release { quiet: true }, token)), Reply::Error(msg)) =
-                (effect, &reply)
+            if let (Some((Effect::Release { quiet: true }, _)), Some(token), Reply::Error(msg)) =
+                (effect, token, &reply)
                 && msg.starts_with(b"NOSCRIPT")
             {
-                self.resent_releases[master].insert(TokenKey::new(token));
+                self.resent_releases[master].insert(token);
             }
-            let mut attempt = match effect {
-                Some((Effect::Acquire | Effect::WaitingAcquire, token)) => Some(token),
+            let mut attempt = match effect.zip(token) {
+                Some(((Effect::Acquire | Effect::WaitingAcquire, sent), token)) => {
+                    Some((sent, token))
+                }
                 _ => None,
             };
             for r in keys.iter().filter_map(|k| resource_index(k)) {
                 let key = model.entry(now_ms, 0, RESOURCES[r].as_bytes());
-                if let (Some(token), Some((held, _))) = (attempt, key)
-                    && held == token
+                if let (Some((sent, token)), Some((held, _))) = (attempt, key)
+                    && held == sent
                 {
                     // Granted: the key is the attempt's now.
-                    grants.push((TokenKey::new(token), id, now));
+                    grants.push((token, id, now));
                     attempt = None;
                 }
                 let key = key.map(|(token, expiry)| {
@@ -1641,6 +1644,9 @@ impl World {
             } else {
                 0
             };
+        }
+        if broken {
+            conns.remove(&id);
         }
         for r in spins {
             let what = format!(
