@@ -45,6 +45,49 @@ pub const REDIS_VERSION: &str = "7.0.15";
 pub const SCRIPT_PUBLISH_REFUSED: &str =
     "ERR The user executing the script can't publish to the channel mentioned in the command";
 
+/// A frame the master writes, as the model makes it: the two a master of
+/// contended locks writes most, a refusal and a release message, without
+/// a [`Reply`] tree to build, write and drop (the simulator writes them
+/// straight to the wire); anything else as its reply.
+/// [`Frame::into_reply`] is the reply a client reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Frame {
+    /// A waiting script's refusal: `*2`, then minus the holder's `left`
+    /// ms, then the value it holds.
+    Refusal { left: i64, holder: Bytes },
+    /// A pub/sub message: `*3`, then `message`, the channel, the payload.
+    Message { channel: Bytes, payload: Bytes },
+    /// Any other reply.
+    Reply(Reply),
+}
+
+impl Frame {
+    /// The reply a client reads in this frame.
+    pub(crate) fn into_reply(self) -> Reply {
+        match self {
+            Frame::Refusal { left, holder } => {
+                Reply::Array(vec![Reply::Integer(-left), Reply::Bulk(holder)])
+            }
+            Frame::Message { channel, payload } => Reply::Array(vec![
+                Reply::Bulk(Bytes::from_static(b"message")),
+                Reply::Bulk(channel),
+                Reply::Bulk(payload),
+            ]),
+            Frame::Reply(reply) => reply,
+        }
+    }
+
+    fn is_error(&self) -> bool {
+        matches!(self, Frame::Reply(Reply::Error(_)))
+    }
+}
+
+impl From<Reply> for Frame {
+    fn from(reply: Reply) -> Frame {
+        Frame::Reply(reply)
+    }
+}
+
 /// One client connection to the master, numbered by the simulator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ConnId(pub u64);
@@ -292,7 +335,7 @@ pub struct Master {
     sessions: Map<ConnId, Session>,
     /// Each channel's subscribers, in the order they subscribed.
     channels: Map<Bytes, Vec<ConnId>>,
-    pushes: VecDeque<(ConnId, Reply)>,
+    pushes: VecDeque<(ConnId, Frame)>,
     scripts: Map<[u8; 40], Cached>,
     /// EVAL-created scripts by last use, oldest first.
     lru: BTreeMap<u64, [u8; 40]>,
@@ -413,19 +456,37 @@ impl Master {
         conn: ConnId,
         args: &[A],
     ) -> Reply {
+        self.handle_frame(now_ms, conn, args).into_reply()
+    }
+
+    /// [`Master::handle_command`], its reply as a [`Frame`].
+    #[must_use]
+    pub(crate) fn handle_frame<A: AsRef<[u8]>>(
+        &mut self,
+        now_ms: u64,
+        conn: ConnId,
+        args: &[A],
+    ) -> Frame {
         let now = clamp_ms(now_ms);
         self.sweep(now);
-        let reply = self.dispatch(now, conn, args);
-        if let Reply::Error(msg) = &reply {
+        let frame = self.dispatch(now, conn, args);
+        if let Frame::Reply(Reply::Error(msg)) = &frame {
             self.count_error(msg);
         }
-        reply
+        frame
     }
 
     /// The next frame the master writes besides a command's first reply,
     /// and the connection it goes to, in the order written.
     #[must_use]
     pub fn poll_push(&mut self) -> Option<(ConnId, Reply)> {
+        self.poll_frame()
+            .map(|(to, frame)| (to, frame.into_reply()))
+    }
+
+    /// [`Master::poll_push`], the frame as a [`Frame`].
+    #[must_use]
+    pub(crate) fn poll_frame(&mut self) -> Option<(ConnId, Frame)> {
         self.pushes.pop_front()
     }
 
@@ -497,13 +558,13 @@ impl Master {
         }
     }
 
-    fn dispatch<A: AsRef<[u8]>>(&mut self, now: i64, conn: ConnId, args: &[A]) -> Reply {
+    fn dispatch<A: AsRef<[u8]>>(&mut self, now: i64, conn: ConnId, args: &[A]) -> Frame {
         if args.is_empty() {
-            return error(ERR_EMPTY);
+            return error(ERR_EMPTY).into();
         }
         let cmd = match lookup(args) {
             Ok(cmd) => cmd,
-            Err(reply) => return reply,
+            Err(reply) => return reply.into(),
         };
         let (name, arity) = cmd.spec();
         let argc = args.len();
@@ -513,7 +574,7 @@ impl Master {
         };
         if !arity_ok {
             self.counts[cmd as usize].rejected += 1;
-            return wrong_arity(name);
+            return wrong_arity(name).into();
         }
         let needs_auth = self.settings.requirepass.is_some();
         let session = self.sessions.entry(conn).or_insert_with(|| Session {
@@ -535,7 +596,7 @@ impl Master {
         };
         if let Some(refusal) = refusal {
             self.counts[cmd as usize].rejected += 1;
-            return refusal;
+            return refusal.into();
         }
         self.counts[cmd as usize].calls += 1;
         let reply = match cmd {
@@ -578,7 +639,10 @@ impl Master {
                     error(ERR_FLUSH_MODE)
                 }
             }
-            Cmd::Eval | Cmd::Evalsha => self.eval(now, db, args, cmd == Cmd::Evalsha),
+            Cmd::Eval | Cmd::Evalsha => {
+                let frame = self.eval(now, db, args, cmd == Cmd::Evalsha);
+                return self.counted(cmd, frame);
+            }
             Cmd::Set => self.set_command(now, db, args),
             Cmd::Get => match self.get(now, db, arg(args, 1)) {
                 Ok(Some(value)) => Reply::Bulk(value),
@@ -626,10 +690,15 @@ impl Master {
             // Containers named alone fail their arity check above.
             Cmd::Client | Cmd::Script | Cmd::Pubsub => wrong_arity(name),
         };
-        if matches!(reply, Reply::Error(_)) {
+        self.counted(cmd, reply.into())
+    }
+
+    /// `frame`, the answer to `cmd`, counted failed if it is an error.
+    fn counted(&mut self, cmd: Cmd, frame: Frame) -> Frame {
+        if frame.is_error() {
             self.counts[cmd as usize].failed += 1;
         }
-        reply
+        frame
     }
 
     /// What an ACL with the configured refusals answers to `cmd`.
@@ -1121,13 +1190,13 @@ impl Master {
         let Some(subscribers) = self.channels.get(channel) else {
             return 0;
         };
-        let (channel, message) = (bulk(channel), bulk(message));
+        let channel = Bytes::copy_from_slice(channel);
+        let payload = Bytes::copy_from_slice(message);
         for &to in subscribers {
-            let frame = Reply::Array(vec![
-                Reply::Bulk(Bytes::from_static(b"message")),
-                channel.clone(),
-                message.clone(),
-            ]);
+            let frame = Frame::Message {
+                channel: channel.clone(),
+                payload: payload.clone(),
+            };
             self.pushes.push_back((to, frame));
         }
         count(subscribers.len())
@@ -1157,7 +1226,7 @@ impl Master {
         if first.is_none() {
             *first = Some(frame);
         } else {
-            self.pushes.push_back((conn, frame));
+            self.pushes.push_back((conn, frame.into()));
         }
     }
 
@@ -1270,24 +1339,24 @@ impl Master {
         }
     }
 
-    fn eval<A: AsRef<[u8]>>(&mut self, now: i64, db: usize, args: &[A], by_sha: bool) -> Reply {
+    fn eval<A: AsRef<[u8]>>(&mut self, now: i64, db: usize, args: &[A], by_sha: bool) -> Frame {
         if by_sha && arg(args, 1).len() != 40 {
-            return error(ERR_NOSCRIPT);
+            return error(ERR_NOSCRIPT).into();
         }
         let Some(numkeys) = parse_i64(arg(args, 2)) else {
-            return error(ERR_NOT_INTEGER);
+            return error(ERR_NOT_INTEGER).into();
         };
         let rest = &args[3..];
         let Ok(numkeys) = usize::try_from(numkeys) else {
-            return error(ERR_KEYS_NEGATIVE);
+            return error(ERR_KEYS_NEGATIVE).into();
         };
         if numkeys > rest.len() {
-            return error(ERR_KEYS_TOO_MANY);
+            return error(ERR_KEYS_TOO_MANY).into();
         }
         let sha = if by_sha {
             match lower_sha(arg(args, 1)) {
                 Some(sha) => sha,
-                None => return error(ERR_NOSCRIPT),
+                None => return error(ERR_NOSCRIPT).into(),
             }
         } else {
             let sha = script_sha(self.natives, arg(args, 1));
@@ -1297,7 +1366,7 @@ impl Master {
             sha
         };
         let Some(&Cached { native, lru }) = self.scripts.get(&sha) else {
-            return error(ERR_NOSCRIPT);
+            return error(ERR_NOSCRIPT).into();
         };
         let (keys, argv) = rest.split_at(numkeys);
         let run = Run {
@@ -1309,12 +1378,12 @@ impl Master {
         let reply = match native {
             Some(id) => self
                 .run_native(id, &run)
-                .unwrap_or_else(|fail| fail.reply(&sha)),
+                .unwrap_or_else(|fail| fail.reply(&sha).into()),
             None => {
                 let mut msg = b"ERR redlock-mio's model of a master cannot run script ".to_vec();
                 msg.extend_from_slice(&sha);
                 msg.extend_from_slice(b": it runs only the scripts of src/script.rs");
-                error_owned(msg)
+                error_owned(msg).into()
             }
         };
         if lru.is_some() {
@@ -1327,18 +1396,18 @@ impl Master {
         &mut self,
         id: ScriptId,
         run: &Run<'_, A>,
-    ) -> Result<Reply, Fail> {
+    ) -> Result<Frame, Fail> {
         match id {
-            ScriptId::Release => self.release(run),
+            ScriptId::Release => self.release(run).map(Frame::from),
             ScriptId::AcquireWait => self.acquire_wait(run),
-            ScriptId::Extend => self.extend(run),
+            ScriptId::Extend => self.extend(run).map(Frame::from),
             ScriptId::AcquireFenced => self.acquire_fenced(run),
-            ScriptId::Fence => self.fence(run),
+            ScriptId::Fence => self.fence(run).map(Frame::from),
             ScriptId::AcquireMany => self.acquire_many(run),
-            ScriptId::ReleaseMany => self.release_many(run),
-            ScriptId::ExtendMany => self.extend_many(run),
-            ScriptId::Cleanup => self.cleanup(run),
-            ScriptId::CleanupMany => self.cleanup_many(run),
+            ScriptId::ReleaseMany => self.release_many(run).map(Frame::from),
+            ScriptId::ExtendMany => self.extend_many(run).map(Frame::from),
+            ScriptId::Cleanup => self.cleanup(run).map(Frame::from),
+            ScriptId::CleanupMany => self.cleanup_many(run).map(Frame::from),
         }
     }
 
@@ -1386,11 +1455,11 @@ impl Master {
     }
 
     /// [`script::ACQUIRE_WAIT_SOURCE`].
-    fn acquire_wait<A: AsRef<[u8]>>(&mut self, r: &Run<'_, A>) -> Result<Reply, Fail> {
+    fn acquire_wait<A: AsRef<[u8]>>(&mut self, r: &Run<'_, A>) -> Result<Frame, Fail> {
         let (key, token, ttl) = (need(r.key(1), 1)?, need(r.arg(1), 1)?, need(r.arg(2), 1)?);
         let at = expire_at(r.now, ttl, SET_PX).map_err(|e| raised(1, e))?;
         if self.store(r.now, r.db, key, token, SET_NX, Some(at)) {
-            return Ok(Reply::Integer(1));
+            return Ok(Reply::Integer(1).into());
         }
         let left = self.pttl(r.now, r.db, key).max(0);
         let refusal = self.refusal(r, left, key);
@@ -1412,12 +1481,12 @@ impl Master {
     /// The waiting scripts' refusal: minus the holder's `left` ms and
     /// `key`'s value (`redis.pcall("get")`: a key that is not a string
     /// reads as "").
-    fn refusal<A: AsRef<[u8]>>(&mut self, r: &Run<'_, A>, left: i64, key: &[u8]) -> Reply {
+    fn refusal<A: AsRef<[u8]>>(&mut self, r: &Run<'_, A>, left: i64, key: &[u8]) -> Frame {
         let holder = match self.get(r.now, r.db, key) {
             Ok(Some(value)) => value,
             Ok(None) | Err(_) => Bytes::new(),
         };
-        Reply::Array(vec![Reply::Integer(-left), Reply::Bulk(holder)])
+        Frame::Refusal { left, holder }
     }
 
     /// [`script::EXTEND_SOURCE`].
@@ -1437,7 +1506,7 @@ impl Master {
     }
 
     /// [`script::ACQUIRE_FENCED_SOURCE`], line by line.
-    fn acquire_fenced<A: AsRef<[u8]>>(&mut self, r: &Run<'_, A>) -> Result<Reply, Fail> {
+    fn acquire_fenced<A: AsRef<[u8]>>(&mut self, r: &Run<'_, A>) -> Result<Frame, Fail> {
         let (key, token, ttl) = (need(r.key(1), 1)?, need(r.arg(1), 1)?, need(r.arg(2), 1)?);
         let at = expire_at(r.now, ttl, SET_PX).map_err(|e| raised(1, e))?;
         if !self.store(r.now, r.db, key, token, SET_NX, Some(at)) {
@@ -1458,7 +1527,7 @@ impl Master {
         if marked.is_some() {
             let reading = lua_max(fence.unwrap_or(0.0), number(&floor).unwrap_or(0.0));
             let high = number(&high).unwrap_or(0.0);
-            return Ok(integers([lua_int(reading), 2, lua_int(high), -1]));
+            return Ok(integers([lua_int(reading), 2, lua_int(high), -1]).into());
         }
         let now = r.now as f64;
         let since = match number(&since) {
@@ -1474,7 +1543,8 @@ impl Master {
         Ok(match fence {
             Some(fence) => integers([lua_int(fence), 1, 0, lua_int(now - since)]),
             None => integers([0, 0, 0, lua_int(now - since)]),
-        })
+        }
+        .into())
     }
 
     /// [`script::FENCE_SOURCE`], line by line (the directive is `ARGV[1]`).
@@ -1541,7 +1611,7 @@ impl Master {
     }
 
     /// [`script::ACQUIRE_MANY_SOURCE`].
-    fn acquire_many<A: AsRef<[u8]>>(&mut self, r: &Run<'_, A>) -> Result<Reply, Fail> {
+    fn acquire_many<A: AsRef<[u8]>>(&mut self, r: &Run<'_, A>) -> Result<Frame, Fail> {
         // The longest PTTL among the keys that exist, the first on a tie.
         let mut longest: Option<(i64, &[u8])> = None;
         for key in r.keys {
@@ -1554,14 +1624,14 @@ impl Master {
             return Ok(self.refusal(r, left, key));
         }
         if r.keys.is_empty() {
-            return Ok(Reply::Integer(1));
+            return Ok(Reply::Integer(1).into());
         }
         let (token, ttl) = (need(r.arg(1), 1)?, need(r.arg(2), 1)?);
         let at = expire_at(r.now, ttl, SET_PX).map_err(|e| raised(1, e))?;
         for key in r.keys {
             self.store(r.now, r.db, key.as_ref(), token, 0, Some(at));
         }
-        Ok(Reply::Integer(1))
+        Ok(Reply::Integer(1).into())
     }
 
     /// [`script::RELEASE_MANY_SOURCE`]: deletions before a failing key

@@ -35,7 +35,7 @@ use crate::lock::Lock;
 use crate::quorum::quorum;
 use crate::resp::{Limits, Reply, decode};
 use crate::script::Scripts;
-use crate::sim::model::{ConnId, Master};
+use crate::sim::model::{ConnId, Frame, Master};
 use crate::sim::rng::Rng;
 use crate::token::TokenSource;
 
@@ -779,7 +779,7 @@ pub struct World {
     /// What a master writes to a connection, built here and split off.
     out: BytesMut,
     /// Frames a master pushes to other connections, reused.
-    pushes: Vec<(ConnId, Reply)>,
+    pushes: Vec<(ConnId, Frame)>,
     /// Tokens of the locks granted to callers, each with whether its
     /// client took another client's lock to compete for it when it was
     /// granted (`contended`, then).
@@ -1591,9 +1591,12 @@ impl World {
                 }
                 None => {}
             }
-            let reply = model.handle_command(now_ms, ConnId(id), args);
-            if let (Some((Effect::Release { quiet: true }, _)), Some(token), Reply::Error(msg)) =
-                (effect, token, &reply)
+            let reply = model.handle_frame(now_ms, ConnId(id), args);
+            if let (
+                Some((Effect::Release { quiet: true }, _)),
+                Some(token),
+                Frame::Reply(Reply::Error(msg)),
+            ) = (effect, token, &reply)
                 && msg.starts_with(b"NOSCRIPT")
             {
                 self.resent_releases[master].insert(token);
@@ -1626,11 +1629,11 @@ impl World {
                 });
                 self.waiting.handle_key(r, master, key, now);
             }
-            wire::encode(&reply, out);
+            wire::encode_frame(&reply, out);
             // Frames for this connection follow its reply on the wire.
-            while let Some((to, push)) = model.poll_push() {
+            while let Some((to, push)) = model.poll_frame() {
                 if to == ConnId(id) {
-                    wire::encode(&push, out);
+                    wire::encode_frame(&push, out);
                 } else {
                     pushes.push((to, push));
                 }
@@ -1684,7 +1687,7 @@ impl World {
             let notice = wire::release_message(&reply)
                 .filter(|(_, token)| !self.attempts[c].contains(&TokenKey::new(token)))
                 .and_then(|(resource, _)| resource_index(resource));
-            wire::encode(&reply, &mut self.out);
+            wire::encode_frame(&reply, &mut self.out);
             let bytes = self.out.split().freeze();
             self.deliver(c, l, to, bytes, notice);
         }
