@@ -90,7 +90,9 @@ fn partial(buf: &[u8], limits: &Limits) -> Read {
 
 /// The length after the type byte at `*at`, up to its CRLF, moving `*at`
 /// past it: `None` when the line is not all in, `Err` when it is not a
-/// plain decimal.
+/// plain decimal. Inlined: the world reads one for every argument of
+/// every command.
+#[inline(always)]
 fn number(buf: &[u8], at: &mut usize) -> Option<Result<usize, ()>> {
     let mut n: usize = 0;
     let mut i = *at + 1;
@@ -123,6 +125,9 @@ fn encode(reply: &Reply, out: &mut BytesMut) {
     match reply {
         Reply::Status(text) => put_line(out, b'+', text),
         Reply::Error(text) => put_line(out, b'-', text),
+        // The commonest replies, 0 and 1 (and the other digits), in one
+        // copy of a fixed length.
+        &Reply::Integer(n @ 0..=9) => out.extend_from_slice(&[b':', b'0' + n as u8, b'\r', b'\n']),
         Reply::Integer(n) => out.extend_from_slice(int_line(&mut line, b':', *n)),
         Reply::Bulk(bytes) => put_bulk(out, bytes),
         Reply::Nil => out.extend_from_slice(b"$-1\r\n"),
@@ -353,6 +358,9 @@ mod tests {
             Reply::Status(Bytes::from_static(b"OK")),
             Reply::Error(Bytes::from_static(b"NOSCRIPT No matching script.")),
             Reply::Integer(0),
+            Reply::Integer(9),
+            Reply::Integer(10),
+            Reply::Integer(-1),
             Reply::Integer(-1_234),
             Reply::Integer(i64::MIN),
             Reply::Integer(i64::MAX),
