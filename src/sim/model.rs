@@ -45,6 +45,49 @@ pub const REDIS_VERSION: &str = "7.0.15";
 pub const SCRIPT_PUBLISH_REFUSED: &str =
     "ERR The user executing the script can't publish to the channel mentioned in the command";
 
+/// A frame the master writes, as the model makes it: the two a master of
+/// contended locks writes most, a refusal and a release message, without
+/// a [`Reply`] tree to build, write and drop (the simulator writes them
+/// straight to the wire); anything else as its reply.
+/// [`Frame::into_reply`] is the reply a client reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Frame {
+    /// A waiting script's refusal: `*2`, then minus the holder's `left`
+    /// ms, then the value it holds.
+    Refusal { left: i64, holder: Bytes },
+    /// A pub/sub message: `*3`, then `message`, the channel, the payload.
+    Message { channel: Bytes, payload: Bytes },
+    /// Any other reply.
+    Reply(Reply),
+}
+
+impl Frame {
+    /// The reply a client reads in this frame.
+    pub(crate) fn into_reply(self) -> Reply {
+        match self {
+            Frame::Refusal { left, holder } => {
+                Reply::Array(vec![Reply::Integer(-left), Reply::Bulk(holder)])
+            }
+            Frame::Message { channel, payload } => Reply::Array(vec![
+                Reply::Bulk(Bytes::from_static(b"message")),
+                Reply::Bulk(channel),
+                Reply::Bulk(payload),
+            ]),
+            Frame::Reply(reply) => reply,
+        }
+    }
+
+    fn is_error(&self) -> bool {
+        matches!(self, Frame::Reply(Reply::Error(_)))
+    }
+}
+
+impl From<Reply> for Frame {
+    fn from(reply: Reply) -> Frame {
+        Frame::Reply(reply)
+    }
+}
+
 /// One client connection to the master, numbered by the simulator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ConnId(pub u64);
@@ -292,7 +335,7 @@ pub struct Master {
     sessions: Map<ConnId, Session>,
     /// Each channel's subscribers, in the order they subscribed.
     channels: Map<Bytes, Vec<ConnId>>,
-    pushes: VecDeque<(ConnId, Reply)>,
+    pushes: VecDeque<(ConnId, Frame)>,
     scripts: Map<[u8; 40], Cached>,
     /// EVAL-created scripts by last use, oldest first.
     lru: BTreeMap<u64, [u8; 40]>,
@@ -413,19 +456,37 @@ impl Master {
         conn: ConnId,
         args: &[A],
     ) -> Reply {
+        self.handle_frame(now_ms, conn, args).into_reply()
+    }
+
+    /// [`Master::handle_command`], its reply as a [`Frame`].
+    #[must_use]
+    pub(crate) fn handle_frame<A: AsRef<[u8]>>(
+        &mut self,
+        now_ms: u64,
+        conn: ConnId,
+        args: &[A],
+    ) -> Frame {
         let now = clamp_ms(now_ms);
         self.sweep(now);
-        let reply = self.dispatch(now, conn, args);
-        if let Reply::Error(msg) = &reply {
+        let frame = self.dispatch(now, conn, args);
+        if let Frame::Reply(Reply::Error(msg)) = &frame {
             self.count_error(msg);
         }
-        reply
+        frame
     }
 
     /// The next frame the master writes besides a command's first reply,
     /// and the connection it goes to, in the order written.
     #[must_use]
     pub fn poll_push(&mut self) -> Option<(ConnId, Reply)> {
+        self.poll_frame()
+            .map(|(to, frame)| (to, frame.into_reply()))
+    }
+
+    /// [`Master::poll_push`], the frame as a [`Frame`].
+    #[must_use]
+    pub(crate) fn poll_frame(&mut self) -> Option<(ConnId, Frame)> {
         self.pushes.pop_front()
     }
 
@@ -497,13 +558,13 @@ impl Master {
         }
     }
 
-    fn dispatch<A: AsRef<[u8]>>(&mut self, now: i64, conn: ConnId, args: &[A]) -> Reply {
+    fn dispatch<A: AsRef<[u8]>>(&mut self, now: i64, conn: ConnId, args: &[A]) -> Frame {
         if args.is_empty() {
-            return error(ERR_EMPTY);
+            return error(ERR_EMPTY).into();
         }
         let cmd = match lookup(args) {
             Ok(cmd) => cmd,
-            Err(reply) => return reply,
+            Err(reply) => return reply.into(),
         };
         let (name, arity) = cmd.spec();
         let argc = args.len();
@@ -513,7 +574,7 @@ impl Master {
         };
         if !arity_ok {
             self.counts[cmd as usize].rejected += 1;
-            return wrong_arity(name);
+            return wrong_arity(name).into();
         }
         let needs_auth = self.settings.requirepass.is_some();
         let session = self.sessions.entry(conn).or_insert_with(|| Session {
@@ -535,7 +596,7 @@ impl Master {
         };
         if let Some(refusal) = refusal {
             self.counts[cmd as usize].rejected += 1;
-            return refusal;
+            return refusal.into();
         }
         self.counts[cmd as usize].calls += 1;
         let reply = match cmd {
@@ -578,7 +639,10 @@ impl Master {
                     error(ERR_FLUSH_MODE)
                 }
             }
-            Cmd::Eval | Cmd::Evalsha => self.eval(now, db, args, cmd == Cmd::Evalsha),
+            Cmd::Eval | Cmd::Evalsha => {
+                let frame = self.eval(now, db, args, cmd == Cmd::Evalsha);
+                return self.counted(cmd, frame);
+            }
             Cmd::Set => self.set_command(now, db, args),
             Cmd::Get => match self.get(now, db, arg(args, 1)) {
                 Ok(Some(value)) => Reply::Bulk(value),
@@ -601,7 +665,7 @@ impl Master {
             }
             Cmd::Pttl => Reply::Integer(self.pttl(now, db, arg(args, 1))),
             Cmd::Pexpire => self.pexpire_command(now, db, args),
-            Cmd::Hgetall => match self.live(now, db, arg(args, 1)).map(|e| &e.value) {
+            Cmd::Hgetall => self.read(now, db, arg(args, 1), |e| match e.map(|e| &e.value) {
                 None => Reply::Array(Vec::new()),
                 Some(Value::Str(_)) => error(ERR_WRONGTYPE),
                 Some(Value::Hash(fields)) => Reply::Array(
@@ -610,7 +674,7 @@ impl Master {
                         .flat_map(|(f, v)| [Reply::Bulk(f.clone()), Reply::Bulk(v.clone())])
                         .collect(),
                 ),
-            },
+            }),
             Cmd::Publish => Reply::Integer(self.publish(arg(args, 1), arg(args, 2))),
             Cmd::Subscribe => self.subscribe(conn, &args[1..]),
             Cmd::Unsubscribe => self.unsubscribe(conn, &args[1..]),
@@ -626,10 +690,15 @@ impl Master {
             // Containers named alone fail their arity check above.
             Cmd::Client | Cmd::Script | Cmd::Pubsub => wrong_arity(name),
         };
-        if matches!(reply, Reply::Error(_)) {
+        self.counted(cmd, reply.into())
+    }
+
+    /// `frame`, the answer to `cmd`, counted failed if it is an error.
+    fn counted(&mut self, cmd: Cmd, frame: Frame) -> Frame {
+        if frame.is_error() {
             self.counts[cmd as usize].failed += 1;
         }
-        reply
+        frame
     }
 
     /// What an ACL with the configured refusals answers to `cmd`.
@@ -789,42 +858,90 @@ impl Master {
 
     // --- the keyspace ---
 
-    /// The live entry at `key`, dropping it first when it has expired.
+    /// The live entry at `key`, to change, dropping it first when it has
+    /// expired.
     fn live(&mut self, now: i64, db: usize, key: &[u8]) -> Option<&mut Entry> {
         let map = self.dbs.get_mut(db)?;
-        if map.get(key).is_some_and(|e| e.expired(now)) {
+        if map.get(key)?.expired(now) {
             map.remove(key);
             return None;
         }
         map.get_mut(key)
     }
 
-    fn get(&mut self, now: i64, db: usize, key: &[u8]) -> Result<Option<Bytes>, &'static str> {
-        match self.live(now, db, key).map(|e| &e.value) {
-            None => Ok(None),
-            Some(Value::Str(v)) => Ok(Some(v.clone())),
-            Some(Value::Hash(_)) => Err(ERR_WRONGTYPE),
+    /// What `read` makes of the live entry at `key` (`None`: there is
+    /// none), dropping an expired one first as [`Master::live`] does, with
+    /// one lookup for a live key.
+    fn read<T>(
+        &mut self,
+        now: i64,
+        db: usize,
+        key: &[u8],
+        read: impl FnOnce(Option<&Entry>) -> T,
+    ) -> T {
+        let Some(map) = self.dbs.get_mut(db) else {
+            return read(None);
+        };
+        match map.get(key) {
+            Some(entry) if entry.expired(now) => {
+                map.remove(key);
+                read(None)
+            }
+            entry => read(entry),
         }
+    }
+
+    /// What `read` makes of the string at `key` (`None`: there is none).
+    fn read_string<T>(
+        &mut self,
+        now: i64,
+        db: usize,
+        key: &[u8],
+        read: impl FnOnce(Option<&Bytes>) -> T,
+    ) -> Result<T, &'static str> {
+        self.read(now, db, key, |entry| match entry.map(|e| &e.value) {
+            None => Ok(read(None)),
+            Some(Value::Str(v)) => Ok(read(Some(v))),
+            Some(Value::Hash(_)) => Err(ERR_WRONGTYPE),
+        })
+    }
+
+    fn get(&mut self, now: i64, db: usize, key: &[u8]) -> Result<Option<Bytes>, &'static str> {
+        self.read_string(now, db, key, |v| v.cloned())
+    }
+
+    /// Lua's `redis.call("get", key) == token`, without copying the value:
+    /// false (a missing key) equals no string.
+    fn holds(
+        &mut self,
+        now: i64,
+        db: usize,
+        key: &[u8],
+        token: Option<&[u8]>,
+    ) -> Result<bool, &'static str> {
+        self.read_string(now, db, key, |held| {
+            token.is_some_and(|token| held.is_some_and(|held| held.as_ref() == token))
+        })
     }
 
     fn exists(&mut self, now: i64, db: usize, key: &[u8]) -> bool {
-        self.live(now, db, key).is_some()
+        self.read(now, db, key, |e| e.is_some())
     }
 
+    /// Deletes `key`; whether it lived (an expired one goes too).
     fn del(&mut self, now: i64, db: usize, key: &[u8]) -> bool {
-        self.live(now, db, key).is_some()
-            && self
-                .dbs
-                .get_mut(db)
-                .is_some_and(|m| m.remove(key).is_some())
+        self.dbs
+            .get_mut(db)
+            .and_then(|m| m.remove(key))
+            .is_some_and(|e| !e.expired(now))
     }
 
     fn pttl(&mut self, now: i64, db: usize, key: &[u8]) -> i64 {
-        match self.live(now, db, key).map(|e| e.expires_at) {
+        self.read(now, db, key, |e| match e.map(|e| e.expires_at) {
             None => -2,
             Some(None) => -1,
             Some(Some(at)) => at.saturating_sub(now).max(0),
-        }
+        })
     }
 
     /// Stores `value` at `key` as SET does once its options are parsed:
@@ -840,7 +957,16 @@ impl Master {
         flags: u8,
         expires_at: Option<i64>,
     ) -> bool {
-        let old = self.live(now, db, key).map(|e| e.expires_at);
+        let Some(map) = self.dbs.get_mut(db) else {
+            return flags & SET_XX == 0;
+        };
+        // One lookup: an expired entry is as good as none, and is
+        // overwritten in place.
+        let slot = map.get_mut(key);
+        let old = slot
+            .as_ref()
+            .filter(|e| !e.expired(now))
+            .map(|e| e.expires_at);
         if (flags & SET_NX != 0 && old.is_some()) || (flags & SET_XX != 0 && old.is_none()) {
             return false;
         }
@@ -853,13 +979,11 @@ impl Master {
             value: Value::Str(Bytes::copy_from_slice(value)),
             expires_at: expires_at.or(kept),
         };
-        if let Some(map) = self.dbs.get_mut(db) {
-            // An overwrite reuses the key: no copy of it.
-            match map.get_mut(key) {
-                Some(slot) => *slot = entry,
-                None => {
-                    map.insert(Bytes::copy_from_slice(key), entry);
-                }
+        // An overwrite reuses the key: no copy of it.
+        match slot {
+            Some(slot) => *slot = entry,
+            None => {
+                map.insert(Bytes::copy_from_slice(key), entry);
             }
         }
         true
@@ -999,7 +1123,7 @@ impl Master {
         key: &[u8],
         fields: [&[u8]; N],
     ) -> Result<[Option<Bytes>; N], &'static str> {
-        match self.live(now, db, key).map(|e| &e.value) {
+        self.read(now, db, key, |e| match e.map(|e| &e.value) {
             None => Ok(std::array::from_fn(|_| None)),
             Some(Value::Str(_)) => Err(ERR_WRONGTYPE),
             Some(Value::Hash(pairs)) => Ok(fields.map(|field| {
@@ -1008,7 +1132,7 @@ impl Master {
                     .find(|(f, _)| f.as_ref() == field)
                     .map(|(_, v)| v.clone())
             })),
-        }
+        })
     }
 
     /// HSET of one field, making the hash when the key is missing.
@@ -1066,13 +1190,13 @@ impl Master {
         let Some(subscribers) = self.channels.get(channel) else {
             return 0;
         };
-        let (channel, message) = (bulk(channel), bulk(message));
+        let channel = Bytes::copy_from_slice(channel);
+        let payload = Bytes::copy_from_slice(message);
         for &to in subscribers {
-            let frame = Reply::Array(vec![
-                Reply::Bulk(Bytes::from_static(b"message")),
-                channel.clone(),
-                message.clone(),
-            ]);
+            let frame = Frame::Message {
+                channel: channel.clone(),
+                payload: payload.clone(),
+            };
             self.pushes.push_back((to, frame));
         }
         count(subscribers.len())
@@ -1102,7 +1226,7 @@ impl Master {
         if first.is_none() {
             *first = Some(frame);
         } else {
-            self.pushes.push_back((conn, frame));
+            self.pushes.push_back((conn, frame.into()));
         }
     }
 
@@ -1215,24 +1339,24 @@ impl Master {
         }
     }
 
-    fn eval<A: AsRef<[u8]>>(&mut self, now: i64, db: usize, args: &[A], by_sha: bool) -> Reply {
+    fn eval<A: AsRef<[u8]>>(&mut self, now: i64, db: usize, args: &[A], by_sha: bool) -> Frame {
         if by_sha && arg(args, 1).len() != 40 {
-            return error(ERR_NOSCRIPT);
+            return error(ERR_NOSCRIPT).into();
         }
         let Some(numkeys) = parse_i64(arg(args, 2)) else {
-            return error(ERR_NOT_INTEGER);
+            return error(ERR_NOT_INTEGER).into();
         };
         let rest = &args[3..];
         let Ok(numkeys) = usize::try_from(numkeys) else {
-            return error(ERR_KEYS_NEGATIVE);
+            return error(ERR_KEYS_NEGATIVE).into();
         };
         if numkeys > rest.len() {
-            return error(ERR_KEYS_TOO_MANY);
+            return error(ERR_KEYS_TOO_MANY).into();
         }
         let sha = if by_sha {
             match lower_sha(arg(args, 1)) {
                 Some(sha) => sha,
-                None => return error(ERR_NOSCRIPT),
+                None => return error(ERR_NOSCRIPT).into(),
             }
         } else {
             let sha = script_sha(self.natives, arg(args, 1));
@@ -1242,7 +1366,7 @@ impl Master {
             sha
         };
         let Some(&Cached { native, lru }) = self.scripts.get(&sha) else {
-            return error(ERR_NOSCRIPT);
+            return error(ERR_NOSCRIPT).into();
         };
         let (keys, argv) = rest.split_at(numkeys);
         let run = Run {
@@ -1254,12 +1378,12 @@ impl Master {
         let reply = match native {
             Some(id) => self
                 .run_native(id, &run)
-                .unwrap_or_else(|fail| fail.reply(&sha)),
+                .unwrap_or_else(|fail| fail.reply(&sha).into()),
             None => {
                 let mut msg = b"ERR redlock-mio's model of a master cannot run script ".to_vec();
                 msg.extend_from_slice(&sha);
                 msg.extend_from_slice(b": it runs only the scripts of src/script.rs");
-                error_owned(msg)
+                error_owned(msg).into()
             }
         };
         if lru.is_some() {
@@ -1272,18 +1396,18 @@ impl Master {
         &mut self,
         id: ScriptId,
         run: &Run<'_, A>,
-    ) -> Result<Reply, Fail> {
+    ) -> Result<Frame, Fail> {
         match id {
-            ScriptId::Release => self.release(run),
+            ScriptId::Release => self.release(run).map(Frame::from),
             ScriptId::AcquireWait => self.acquire_wait(run),
-            ScriptId::Extend => self.extend(run),
+            ScriptId::Extend => self.extend(run).map(Frame::from),
             ScriptId::AcquireFenced => self.acquire_fenced(run),
-            ScriptId::Fence => self.fence(run),
+            ScriptId::Fence => self.fence(run).map(Frame::from),
             ScriptId::AcquireMany => self.acquire_many(run),
-            ScriptId::ReleaseMany => self.release_many(run),
-            ScriptId::ExtendMany => self.extend_many(run),
-            ScriptId::Cleanup => self.cleanup(run),
-            ScriptId::CleanupMany => self.cleanup_many(run),
+            ScriptId::ReleaseMany => self.release_many(run).map(Frame::from),
+            ScriptId::ExtendMany => self.extend_many(run).map(Frame::from),
+            ScriptId::Cleanup => self.cleanup(run).map(Frame::from),
+            ScriptId::CleanupMany => self.cleanup_many(run).map(Frame::from),
         }
     }
 
@@ -1303,9 +1427,11 @@ impl Master {
         publish: bool,
     ) -> Result<Reply, Fail> {
         let key = need(r.key(1), 1)?;
-        let held = self.get(r.now, r.db, key).map_err(|e| raised(1, e))?;
+        let held = self
+            .holds(r.now, r.db, key, r.arg(1))
+            .map_err(|e| raised(1, e))?;
         match r.arg(1) {
-            Some(token) if same(&held, token) => {
+            Some(token) if held => {
                 self.del(r.now, r.db, key);
                 if publish {
                     // The script ignores what pcall returns.
@@ -1329,11 +1455,11 @@ impl Master {
     }
 
     /// [`script::ACQUIRE_WAIT_SOURCE`].
-    fn acquire_wait<A: AsRef<[u8]>>(&mut self, r: &Run<'_, A>) -> Result<Reply, Fail> {
+    fn acquire_wait<A: AsRef<[u8]>>(&mut self, r: &Run<'_, A>) -> Result<Frame, Fail> {
         let (key, token, ttl) = (need(r.key(1), 1)?, need(r.arg(1), 1)?, need(r.arg(2), 1)?);
         let at = expire_at(r.now, ttl, SET_PX).map_err(|e| raised(1, e))?;
         if self.store(r.now, r.db, key, token, SET_NX, Some(at)) {
-            return Ok(Reply::Integer(1));
+            return Ok(Reply::Integer(1).into());
         }
         let left = self.pttl(r.now, r.db, key).max(0);
         let refusal = self.refusal(r, left, key);
@@ -1355,19 +1481,21 @@ impl Master {
     /// The waiting scripts' refusal: minus the holder's `left` ms and
     /// `key`'s value (`redis.pcall("get")`: a key that is not a string
     /// reads as "").
-    fn refusal<A: AsRef<[u8]>>(&mut self, r: &Run<'_, A>, left: i64, key: &[u8]) -> Reply {
+    fn refusal<A: AsRef<[u8]>>(&mut self, r: &Run<'_, A>, left: i64, key: &[u8]) -> Frame {
         let holder = match self.get(r.now, r.db, key) {
             Ok(Some(value)) => value,
             Ok(None) | Err(_) => Bytes::new(),
         };
-        Reply::Array(vec![Reply::Integer(-left), Reply::Bulk(holder)])
+        Frame::Refusal { left, holder }
     }
 
     /// [`script::EXTEND_SOURCE`].
     fn extend<A: AsRef<[u8]>>(&mut self, r: &Run<'_, A>) -> Result<Reply, Fail> {
         let key = need(r.key(1), 1)?;
-        let held = self.get(r.now, r.db, key).map_err(|e| raised(1, e))?;
-        if !r.arg(1).is_some_and(|token| same(&held, token)) {
+        let held = self
+            .holds(r.now, r.db, key, r.arg(1))
+            .map_err(|e| raised(1, e))?;
+        if !held {
             return Ok(Reply::Integer(0));
         }
         let ttl = need(r.arg(2), 1)?;
@@ -1378,7 +1506,7 @@ impl Master {
     }
 
     /// [`script::ACQUIRE_FENCED_SOURCE`], line by line.
-    fn acquire_fenced<A: AsRef<[u8]>>(&mut self, r: &Run<'_, A>) -> Result<Reply, Fail> {
+    fn acquire_fenced<A: AsRef<[u8]>>(&mut self, r: &Run<'_, A>) -> Result<Frame, Fail> {
         let (key, token, ttl) = (need(r.key(1), 1)?, need(r.arg(1), 1)?, need(r.arg(2), 1)?);
         let at = expire_at(r.now, ttl, SET_PX).map_err(|e| raised(1, e))?;
         if !self.store(r.now, r.db, key, token, SET_NX, Some(at)) {
@@ -1399,7 +1527,7 @@ impl Master {
         if marked.is_some() {
             let reading = lua_max(fence.unwrap_or(0.0), number(&floor).unwrap_or(0.0));
             let high = number(&high).unwrap_or(0.0);
-            return Ok(integers([lua_int(reading), 2, lua_int(high), -1]));
+            return Ok(integers([lua_int(reading), 2, lua_int(high), -1]).into());
         }
         let now = r.now as f64;
         let since = match number(&since) {
@@ -1415,14 +1543,17 @@ impl Master {
         Ok(match fence {
             Some(fence) => integers([lua_int(fence), 1, 0, lua_int(now - since)]),
             None => integers([0, 0, 0, lua_int(now - since)]),
-        })
+        }
+        .into())
     }
 
     /// [`script::FENCE_SOURCE`], line by line (the directive is `ARGV[1]`).
     fn fence<A: AsRef<[u8]>>(&mut self, r: &Run<'_, A>) -> Result<Reply, Fail> {
         let key = need(r.key(1), 1)?;
-        let held = self.get(r.now, r.db, key).map_err(|e| raised(1, e))?;
-        if !r.arg(2).is_some_and(|token| same(&held, token)) {
+        let held = self
+            .holds(r.now, r.db, key, r.arg(2))
+            .map_err(|e| raised(1, e))?;
+        if !held {
             return Ok(Reply::Integer(0));
         }
         let v = r.arg(3).and_then(tonumber);
@@ -1480,7 +1611,7 @@ impl Master {
     }
 
     /// [`script::ACQUIRE_MANY_SOURCE`].
-    fn acquire_many<A: AsRef<[u8]>>(&mut self, r: &Run<'_, A>) -> Result<Reply, Fail> {
+    fn acquire_many<A: AsRef<[u8]>>(&mut self, r: &Run<'_, A>) -> Result<Frame, Fail> {
         // The longest PTTL among the keys that exist, the first on a tie.
         let mut longest: Option<(i64, &[u8])> = None;
         for key in r.keys {
@@ -1493,14 +1624,14 @@ impl Master {
             return Ok(self.refusal(r, left, key));
         }
         if r.keys.is_empty() {
-            return Ok(Reply::Integer(1));
+            return Ok(Reply::Integer(1).into());
         }
         let (token, ttl) = (need(r.arg(1), 1)?, need(r.arg(2), 1)?);
         let at = expire_at(r.now, ttl, SET_PX).map_err(|e| raised(1, e))?;
         for key in r.keys {
             self.store(r.now, r.db, key.as_ref(), token, 0, Some(at));
         }
-        Ok(Reply::Integer(1))
+        Ok(Reply::Integer(1).into())
     }
 
     /// [`script::RELEASE_MANY_SOURCE`]: deletions before a failing key
@@ -1523,9 +1654,11 @@ impl Master {
         let mut all = 1;
         for key in r.keys {
             let key = key.as_ref();
-            let held = self.get(r.now, r.db, key).map_err(|e| raised(1, e))?;
+            let held = self
+                .holds(r.now, r.db, key, r.arg(1))
+                .map_err(|e| raised(1, e))?;
             match r.arg(1) {
-                Some(token) if same(&held, token) => {
+                Some(token) if held => {
                     self.del(r.now, r.db, key);
                     if publish {
                         let _ = self.pcall_publish(key, token);
@@ -1541,9 +1674,9 @@ impl Master {
     fn extend_many<A: AsRef<[u8]>>(&mut self, r: &Run<'_, A>) -> Result<Reply, Fail> {
         for key in r.keys {
             let held = self
-                .get(r.now, r.db, key.as_ref())
+                .holds(r.now, r.db, key.as_ref(), r.arg(1))
                 .map_err(|e| raised(1, e))?;
-            if !r.arg(1).is_some_and(|token| same(&held, token)) {
+            if !held {
                 return Ok(Reply::Integer(0));
             }
         }
@@ -1643,12 +1776,6 @@ fn raised(line: u32, error: &'static str) -> Fail {
         line,
         raise: Raise::Call(error),
     }
-}
-
-/// Lua's `redis.call("get", key) == token`: false (a missing key) equals
-/// no string.
-fn same(held: &Option<Bytes>, token: &[u8]) -> bool {
-    held.as_deref() == Some(token)
 }
 
 /// The time SET stores for its EX/PX/EXAT/PXAT argument `text`, as Redis

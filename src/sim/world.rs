@@ -35,7 +35,7 @@ use crate::lock::Lock;
 use crate::quorum::quorum;
 use crate::resp::{Limits, Reply, decode};
 use crate::script::Scripts;
-use crate::sim::model::{ConnId, Master};
+use crate::sim::model::{ConnId, Frame, Master};
 use crate::sim::rng::Rng;
 use crate::token::TokenSource;
 
@@ -786,7 +786,7 @@ pub struct World {
     /// What a master writes to a connection, built here and split off.
     out: BytesMut,
     /// Frames a master pushes to other connections, reused.
-    pushes: Vec<(ConnId, Reply)>,
+    pushes: Vec<(ConnId, Frame)>,
     /// Tokens of the locks granted to callers, each with whether its
     /// client took another client's lock to compete for it when it was
     /// granted (`contended`, then).
@@ -1493,9 +1493,12 @@ impl World {
             ..
         } = &mut self.nodes[master];
         let now_ms = node_ms(*rate, now);
-        let Some(&mut (client, link, _, _)) = conns.get_mut(&id) else {
+        let Some((client, link, buf, writes)) = conns.get_mut(&id) else {
             return;
         };
+        let (client, link) = (*client, *link);
+        // The client sent garbage: never, or the codec is broken.
+        let mut broken = false;
         let out = &mut self.out;
         let mut pushes = std::mem::take(&mut self.pushes);
         let mut late_sets = Vec::new();
@@ -1510,7 +1513,7 @@ impl World {
         let mut opaque = false;
         // When the client queued the write being read.
         let mut sent = now;
-        while let Some((_, _, buf, writes)) = conns.get_mut(&id) {
+        loop {
             if write_left == 0 {
                 (write_left, opaque, sent) = writes.pop_front().unwrap_or((usize::MAX, false, now));
                 quiet_release = None;
@@ -1535,18 +1538,17 @@ impl World {
                         (0, &listed)
                     }
                     Ok(None) => break,
-                    // The client sent garbage: never, or the codec is broken.
                     _ => {
-                        conns.remove(&id);
+                        broken = true;
                         break;
                     }
                 },
             };
             let handed = std::mem::take(&mut quiet_release);
             let (effect, keys) = wire::effect(args);
-            match effect {
-                Some((Effect::Release { quiet }, token)) => {
-                    let token = TokenKey::new(token);
+            let token = effect.map(|(_, token)| TokenKey::new(token));
+            match effect.zip(token) {
+                Some(((Effect::Release { quiet }, _), token)) => {
                     // A granted lock released quietly: a hand-over, if the
                     // next command takes it again.
                     if quiet
@@ -1561,8 +1563,7 @@ impl World {
                     }
                     released.insert(token);
                 }
-                Some((effect @ (Effect::Acquire | Effect::WaitingAcquire), token)) => {
-                    let token = TokenKey::new(token);
+                Some(((effect @ (Effect::Acquire | Effect::WaitingAcquire), _), token)) => {
                     if released.contains(&token) {
                         late_sets.push(token);
                     }
@@ -1606,24 +1607,29 @@ impl World {
                 }
                 None => {}
             }
-            let reply = model.handle_command(now_ms, ConnId(id), args);
-            if let (Some((Effect::Release { quiet: true }, token)), Reply::Error(msg)) =
-                (effect, &reply)
+            let reply = model.handle_frame(now_ms, ConnId(id), args);
+            if let (
+                Some((Effect::Release { quiet: true }, _)),
+                Some(token),
+                Frame::Reply(Reply::Error(msg)),
+            ) = (effect, token, &reply)
                 && msg.starts_with(b"NOSCRIPT")
             {
-                self.resent_releases[master].insert(TokenKey::new(token));
+                self.resent_releases[master].insert(token);
             }
-            let mut attempt = match effect {
-                Some((Effect::Acquire | Effect::WaitingAcquire, token)) => Some(token),
+            let mut attempt = match effect.zip(token) {
+                Some(((Effect::Acquire | Effect::WaitingAcquire, sent), token)) => {
+                    Some((sent, token))
+                }
                 _ => None,
             };
             for r in keys.iter().filter_map(|k| resource_index(k)) {
                 let key = model.entry(now_ms, 0, RESOURCES[r].as_bytes());
-                if let (Some(token), Some((held, _))) = (attempt, key)
-                    && held == token
+                if let (Some((sent, token)), Some((held, _))) = (attempt, key)
+                    && held == sent
                 {
                     // Granted: the key is the attempt's now.
-                    grants.push((TokenKey::new(token), id, now));
+                    grants.push((token, id, now));
                     attempt = None;
                 }
                 let key = key.map(|(token, expiry)| {
@@ -1639,11 +1645,11 @@ impl World {
                 });
                 self.waiting.handle_key(r, master, key, now);
             }
-            wire::encode(&reply, out);
+            wire::encode_frame(&reply, out);
             // Frames for this connection follow its reply on the wire.
-            while let Some((to, push)) = model.poll_push() {
+            while let Some((to, push)) = model.poll_frame() {
                 if to == ConnId(id) {
-                    wire::encode(&push, out);
+                    wire::encode_frame(&push, out);
                 } else {
                     pushes.push((to, push));
                 }
@@ -1657,6 +1663,9 @@ impl World {
             } else {
                 0
             };
+        }
+        if broken {
+            conns.remove(&id);
         }
         for r in spins {
             let what = format!(
@@ -1694,7 +1703,7 @@ impl World {
             let notice = wire::release_message(&reply)
                 .filter(|(_, token)| !self.attempts[c].contains(&TokenKey::new(token)))
                 .and_then(|(resource, _)| resource_index(resource));
-            wire::encode(&reply, &mut self.out);
+            wire::encode_frame(&reply, &mut self.out);
             let bytes = self.out.split().freeze();
             self.deliver(c, l, to, bytes, notice);
         }

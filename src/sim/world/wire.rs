@@ -13,6 +13,7 @@ use crate::script::{
     ACQUIRE_FENCED_SOURCE, ACQUIRE_MANY_SOURCE, ACQUIRE_WAIT_SOURCE, CLEANUP_MANY_SOURCE,
     CLEANUP_SOURCE, RELEASE_CHANNEL_PREFIX, RELEASE_MANY_SOURCE, RELEASE_SOURCE, Script,
 };
+use crate::sim::model::Frame;
 
 /// The most arguments [`read_command`] reads a command with; a longer
 /// one is left to the general decoder.
@@ -89,7 +90,9 @@ fn partial(buf: &[u8], limits: &Limits) -> Read {
 
 /// The length after the type byte at `*at`, up to its CRLF, moving `*at`
 /// past it: `None` when the line is not all in, `Err` when it is not a
-/// plain decimal.
+/// plain decimal. Inlined: the world reads one for every argument of
+/// every command.
+#[inline(always)]
 fn number(buf: &[u8], at: &mut usize) -> Option<Result<usize, ()>> {
     let mut n: usize = 0;
     let mut i = *at + 1;
@@ -117,19 +120,16 @@ fn number(buf: &[u8], at: &mut usize) -> Option<Result<usize, ()>> {
 
 /// Writes `reply` into `out` as [`Reply::encode`] does, byte for byte,
 /// each line in one copy.
-pub(super) fn encode(reply: &Reply, out: &mut BytesMut) {
+fn encode(reply: &Reply, out: &mut BytesMut) {
     let mut line = [0u8; 24];
     match reply {
         Reply::Status(text) => put_line(out, b'+', text),
         Reply::Error(text) => put_line(out, b'-', text),
+        // The commonest replies, 0 and 1 (and the other digits), in one
+        // copy of a fixed length.
+        &Reply::Integer(n @ 0..=9) => out.extend_from_slice(&[b':', b'0' + n as u8, b'\r', b'\n']),
         Reply::Integer(n) => out.extend_from_slice(int_line(&mut line, b':', *n)),
-        Reply::Bulk(bytes) => {
-            out.reserve(bytes.len() + line.len());
-            let len = i64::try_from(bytes.len()).unwrap_or(i64::MAX);
-            out.extend_from_slice(int_line(&mut line, b'$', len));
-            out.extend_from_slice(bytes);
-            out.extend_from_slice(b"\r\n");
-        }
+        Reply::Bulk(bytes) => put_bulk(out, bytes),
         Reply::Nil => out.extend_from_slice(b"$-1\r\n"),
         Reply::NilArray => out.extend_from_slice(b"*-1\r\n"),
         Reply::Array(items) => {
@@ -140,6 +140,35 @@ pub(super) fn encode(reply: &Reply, out: &mut BytesMut) {
             }
         }
     }
+}
+
+/// Writes `frame` into `out` as [`encode`] writes [`Frame::into_reply`],
+/// byte for byte, without building that reply.
+pub(super) fn encode_frame(frame: &Frame, out: &mut BytesMut) {
+    match frame {
+        Frame::Refusal { left, holder } => {
+            let mut line = [0u8; 24];
+            out.extend_from_slice(b"*2\r\n");
+            out.extend_from_slice(int_line(&mut line, b':', -left));
+            put_bulk(out, holder);
+        }
+        Frame::Message { channel, payload } => {
+            out.extend_from_slice(b"*3\r\n$7\r\nmessage\r\n");
+            put_bulk(out, channel);
+            put_bulk(out, payload);
+        }
+        Frame::Reply(reply) => encode(reply, out),
+    }
+}
+
+/// A bulk string: its length line, its bytes, CRLF.
+fn put_bulk(out: &mut BytesMut, bytes: &[u8]) {
+    let mut line = [0u8; 24];
+    out.reserve(bytes.len() + line.len());
+    let len = i64::try_from(bytes.len()).unwrap_or(i64::MAX);
+    out.extend_from_slice(int_line(&mut line, b'$', len));
+    out.extend_from_slice(bytes);
+    out.extend_from_slice(b"\r\n");
 }
 
 fn put_line(out: &mut BytesMut, kind: u8, text: &[u8]) {
@@ -252,26 +281,17 @@ fn script_effect(script: &[u8], by_sha: bool) -> Option<Effect> {
 /// The channel a pushed frame announces a release on (the resource, after
 /// [`RELEASE_CHANNEL_PREFIX`]), and the token released: a `message` on a
 /// release channel.
-pub(super) fn release_message(frame: &Reply) -> Option<(&[u8], &[u8])> {
-    let Reply::Array(items) = frame else {
+pub(super) fn release_message(frame: &Frame) -> Option<(&[u8], &[u8])> {
+    let Frame::Message { channel, payload } = frame else {
         return None;
     };
-    match items.as_slice() {
-        [
-            Reply::Bulk(kind),
-            Reply::Bulk(channel),
-            Reply::Bulk(payload),
-        ] if kind == "message" => {
-            // Read as the client reads it: a refused attempt's notice
-            // frees nothing.
-            let message = Message::read(payload);
-            if message.waiting {
-                return None;
-            }
-            Some((channel.strip_prefix(RELEASE_CHANNEL_PREFIX)?, message.token))
-        }
-        _ => None,
+    // Read as the client reads it: a refused attempt's notice frees
+    // nothing.
+    let message = Message::read(payload);
+    if message.waiting {
+        return None;
     }
+    Some((channel.strip_prefix(RELEASE_CHANNEL_PREFIX)?, message.token))
 }
 
 #[cfg(test)]
@@ -338,6 +358,9 @@ mod tests {
             Reply::Status(Bytes::from_static(b"OK")),
             Reply::Error(Bytes::from_static(b"NOSCRIPT No matching script.")),
             Reply::Integer(0),
+            Reply::Integer(9),
+            Reply::Integer(10),
+            Reply::Integer(-1),
             Reply::Integer(-1_234),
             Reply::Integer(i64::MIN),
             Reply::Integer(i64::MAX),
@@ -357,6 +380,31 @@ mod tests {
             encode(reply, &mut ours);
             reply.encode(&mut codec);
             assert_eq!(ours, codec, "{reply:?}");
+        }
+    }
+
+    #[test]
+    fn frames_are_written_as_the_codec_writes_their_replies() {
+        let frames = [
+            Frame::Refusal {
+                left: 1_234,
+                holder: Bytes::from_static(b"a token"),
+            },
+            Frame::Refusal {
+                left: 0,
+                holder: Bytes::new(),
+            },
+            Frame::Message {
+                channel: Bytes::from_static(b"redlock:released:r0"),
+                payload: Bytes::from_static(b"t:1"),
+            },
+            Frame::Reply(Reply::Integer(1)),
+        ];
+        for frame in frames {
+            let (mut ours, mut codec) = (BytesMut::new(), BytesMut::new());
+            encode_frame(&frame, &mut ours);
+            frame.clone().into_reply().encode(&mut codec);
+            assert_eq!(ours, codec, "{frame:?}");
         }
     }
 
