@@ -415,8 +415,19 @@ pub fn decode_resumed(
 ) -> Result<Option<Reply>, ProtocolError> {
     // Most replies are one value, not an array (+OK, :1, a nil, an error, a
     // token): found and built in one pass over its header, not two.
-    if scan.pos == 0 && scan.depth == 0 && matches!(buf.first(), Some(b'+' | b'-' | b':' | b'$')) {
-        return decode_leaf(buf, scan, limits);
+    if scan.pos == 0 && scan.depth == 0 {
+        match buf.first() {
+            Some(b'+' | b'-' | b':' | b'$') => return decode_leaf(buf, scan, limits),
+            // A short array of values that are not arrays (a release
+            // message, a subscription's confirmation), whole: found and
+            // built in one pass too. Anything else takes the scan.
+            Some(b'*') => {
+                if let Some(reply) = decode_flat(buf, scan, limits) {
+                    return Ok(Some(reply));
+                }
+            }
+            _ => {}
+        }
     }
     let used = match scan.scan(buf, limits) {
         Ok(Status::Complete { used, .. }) => used,
@@ -433,6 +444,56 @@ pub fn decode_resumed(
         // reported rather than panicked on.
         _ => Err(ProtocolError::BadLineEnding),
     }
+}
+
+/// The most elements [`decode_flat`] takes an array with.
+const FLAT_MAX: usize = 4;
+
+/// [`decode_resumed`] for a whole array of at most [`FLAT_MAX`] values
+/// none of which is an array: its elements located in one walk
+/// ([`Locate`]), then the frame split off and each sliced from it, as
+/// [`FrameScan::scan`] then [`walk`] would make it. `None` for anything
+/// else (another shape, an array not all in, an error), left as it was
+/// for the scan to answer as it does.
+fn decode_flat(buf: &mut BytesMut, scan: &mut FrameScan, limits: &Limits) -> Option<Reply> {
+    let view = &buf[..buf.len().min(limits.max_reply_len)];
+    let (line, first) = find_line(view, 1, limits).ok()??;
+    let count = parse_len(&view[line], limits.max_array_len, Limit::ArrayLength)
+        .ok()?
+        .filter(|&n| n <= FLAT_MAX)?;
+    if 1 > limits.max_depth.min(DEPTH_CAP) {
+        return None;
+    }
+    let mut leaves: [Option<Leaf>; FLAT_MAX] = Default::default();
+    let mut header = first as u64;
+    let mut at = first;
+    for slot in leaves.iter_mut().take(count) {
+        if view.get(at) == Some(&b'*') {
+            return None;
+        }
+        let (leaf, after) = walk(view, at, 2, limits, &mut Locate).ok()??;
+        header += match &leaf {
+            Leaf::Bulk(range) => range.start - at,
+            _ => after - at,
+        } as u64;
+        *slot = Some(leaf);
+        at = after;
+    }
+    scan.examined += header;
+    let frame = buf.split_to(at).freeze();
+    let mut build = Build { src: &frame };
+    let items = leaves
+        .into_iter()
+        .flatten()
+        .map(|leaf| match leaf {
+            Leaf::Line(kind, range) => build.line(kind, range),
+            Leaf::Integer(n) => build.integer(n),
+            Leaf::Bulk(range) => build.bulk(range),
+            // Not reached for an array: its first byte was checked above.
+            Leaf::Nil | Leaf::Array => build.nil(false),
+        })
+        .collect();
+    Some(build.array(items))
 }
 
 /// [`decode_resumed`] for a reply that is not an array: the same answers
@@ -837,6 +898,59 @@ mod tests {
             let mut dst = BytesMut::new();
             encode_command(&mut dst, args);
             assert_eq!(command_len(args), dst.len(), "{args:?}");
+        }
+    }
+
+    /// Short arrays of plain values (release messages, confirmations) are
+    /// decoded in one walk; every other array, and any array not all in,
+    /// through the scan. Either way the reply, what is left in the buffer
+    /// and the error are those of `parse` on the whole input, fed whole or
+    /// a byte at a time.
+    #[test]
+    fn short_flat_arrays_decode_as_the_scan_does() {
+        let cases: &[&[u8]] = &[
+            b"*3\r\n$7\r\nmessage\r\n$2\r\nr0\r\n$5\r\ntoken\r\n",
+            b"*3\r\n$9\r\nsubscribe\r\n$2\r\nr0\r\n:1\r\n",
+            b"*4\r\n+OK\r\n-ERR no\r\n$-1\r\n:-7\r\n",
+            b"*0\r\n",
+            b"*-1\r\n",
+            b"*2\r\n*1\r\n:1\r\n:2\r\n",
+            b"*2\r\n*-1\r\n:2\r\n",
+            b"*5\r\n:1\r\n:2\r\n:3\r\n:4\r\n:5\r\n",
+            b"*2\r\n:1\r\n?\r\n",
+            b"*2\r\n$3\r\nab\r\n",
+        ];
+        for &case in cases {
+            let mut wire = case.to_vec();
+            wire.extend_from_slice(b":9\r\n");
+            let whole = parse(&Bytes::copy_from_slice(&wire), &Limits::default());
+            let expected = match whole {
+                Ok(Status::Complete { value, used }) => Ok(Some((value, wire.len() - used))),
+                Ok(Status::Partial) => Ok(None),
+                Err(e) => Err(e),
+            };
+            let mut buf = BytesMut::from(&wire[..]);
+            let mut scan = FrameScan::new();
+            let got = decode_resumed(&mut buf, &mut scan, &Limits::default())
+                .map(|reply| reply.map(|reply| (reply, buf.len())));
+            assert_eq!(got, expected, "whole: {:?}", String::from_utf8_lossy(case));
+            let mut buf = BytesMut::new();
+            let mut scan = FrameScan::new();
+            let mut got = Ok(None);
+            for (fed, &byte) in wire.iter().enumerate() {
+                buf.extend_from_slice(&[byte]);
+                got = decode_resumed(&mut buf, &mut scan, &Limits::default())
+                    .map(|reply| reply.map(|reply| (reply, wire.len() - fed - 1 + buf.len())));
+                if !matches!(got, Ok(None)) {
+                    break;
+                }
+            }
+            assert_eq!(
+                got,
+                expected,
+                "bytewise: {:?}",
+                String::from_utf8_lossy(case)
+            );
         }
     }
 

@@ -13,7 +13,7 @@
 //! a seed replays exactly. Nothing here reads a clock or touches a
 //! socket.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 use std::fmt;
@@ -221,12 +221,15 @@ struct Slot {
     ended: bool,
 }
 
-/// The simulated caller's side of a [`Promise`].
+/// The simulated caller's side of a [`Promise`]: its slot, and its
+/// client's flag that some slot ended (so that a turn in which none did
+/// looks at no slot).
 #[derive(Debug)]
-struct SimPromise(Rc<RefCell<Slot>>);
+struct SimPromise(Rc<RefCell<Slot>>, Rc<Cell<bool>>);
 
 impl Promise for SimPromise {
     fn complete(self, output: Output) -> Option<Output> {
+        self.1.set(true);
         let mut slot = self.0.borrow_mut();
         slot.ended = true;
         if slot.abandoned {
@@ -475,6 +478,8 @@ struct Pieces {
 struct Client {
     hub: Hub<SimPromise, SimLinks>,
     opened: Rc<RefCell<Vec<usize>>>,
+    /// Set when one of its pending operations ends (see [`SimPromise`]).
+    ended: Rc<Cell<bool>>,
     clock: Clock,
     links: Vec<Link>,
     /// Per link: what its connection queued while connecting.
@@ -906,6 +911,7 @@ impl World {
                 Client {
                     hub,
                     opened,
+                    ended: Rc::new(Cell::new(false)),
                     clock,
                     links: vec![Link::new(); 2 * settings.masters],
                     backlogs: vec![Backlog::default(); 2 * settings.masters],
@@ -1872,7 +1878,7 @@ impl World {
         c.hub.handle_order(
             Submission {
                 order,
-                completion: SimPromise(slot),
+                completion: SimPromise(slot, Rc::clone(&c.ended)),
             },
             stamp,
         );
@@ -1999,7 +2005,7 @@ impl World {
                 order: Order::Keep {
                     keeper: Box::new(keeper),
                 },
-                completion: SimPromise(slot),
+                completion: SimPromise(slot, Rc::clone(&c.ended)),
             },
             stamp,
         );
@@ -2062,6 +2068,9 @@ impl World {
 
     /// Takes the outputs the hub handed to this client's callers.
     fn collect(&mut self, client: usize) {
+        if !self.clients[client].ended.replace(false) {
+            return;
+        }
         let mut i = 0;
         while i < self.clients[client].pending.len() {
             let done = self.clients[client].pending[i].slot.borrow().ended;
