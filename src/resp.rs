@@ -825,7 +825,7 @@ where
             Arg::Int(n) => {
                 let text = format_i64(n, &mut scratch);
                 put_int_line(dst, b'$', len_i64(text.len()));
-                dst.put_slice(text);
+                put_digits(dst, text);
             }
         }
         dst.put_slice(b"\r\n");
@@ -845,7 +845,17 @@ fn put_line(dst: &mut BytesMut, kind: u8, body: &[u8]) {
 
 fn put_int_line(dst: &mut BytesMut, kind: u8, n: i64) {
     let mut scratch = [0u8; 20];
-    put_line(dst, kind, format_i64(n, &mut scratch));
+    dst.put_u8(kind);
+    put_digits(dst, format_i64(n, &mut scratch));
+    dst.put_slice(b"\r\n");
+}
+
+/// Appends a number's few digits a byte at a time: cheaper than a copy
+/// of unknown length for the one to three digits of most lengths.
+fn put_digits(dst: &mut BytesMut, digits: &[u8]) {
+    for &digit in digits {
+        dst.put_u8(digit);
+    }
 }
 
 /// Formats `n` in decimal into the tail of `buf`, returning the text.
