@@ -1187,25 +1187,43 @@ impl Master {
 
     /// Sends `message` to every subscriber of `channel`; returns how many.
     fn publish(&mut self, channel: &[u8], message: &[u8]) -> i64 {
-        let Some(subscribers) = self.channels.get(channel) else {
+        self.publish_parts(channel, &[message])
+    }
+
+    /// Sends the message made of `parts`, one after the other, to every
+    /// subscriber of `channel`; returns how many. The message is made
+    /// only when someone listens, in one allocation; the channel's name is
+    /// the channel table's own (shared, not copied).
+    fn publish_parts(&mut self, channel: &[u8], parts: &[&[u8]]) -> i64 {
+        let Some((channel, subscribers)) = self.channels.get_key_value(channel) else {
             return 0;
         };
-        let channel = Bytes::copy_from_slice(channel);
-        let payload = Bytes::copy_from_slice(message);
-        for &to in subscribers {
+        let Some((&last, others)) = subscribers.split_last() else {
+            return 0;
+        };
+        let mut payload = Vec::with_capacity(parts.iter().map(|p| p.len()).sum());
+        for part in parts {
+            payload.extend_from_slice(part);
+        }
+        let payload = Bytes::from(payload);
+        for &to in others {
             let frame = Frame::Message {
                 channel: channel.clone(),
                 payload: payload.clone(),
             };
             self.pushes.push_back((to, frame));
         }
+        // The last one takes the message itself: no clone to share it.
+        let channel = channel.clone();
+        self.pushes
+            .push_back((last, Frame::Message { channel, payload }));
         count(subscribers.len())
     }
 
     /// A release script's `redis.pcall("publish", "redlock:released:" ..
-    /// resource, message)`: what it returns to the script, which the
-    /// scripts ignore.
-    fn pcall_publish(&mut self, resource: &[u8], message: &[u8]) -> Result<i64, &'static str> {
+    /// resource, message)`, the message made of `parts`: what it returns
+    /// to the script, which the scripts ignore.
+    fn pcall_publish(&mut self, resource: &[u8], parts: &[&[u8]]) -> Result<i64, &'static str> {
         if self.settings.deny_publish {
             return Err(SCRIPT_PUBLISH_REFUSED);
         }
@@ -1216,7 +1234,7 @@ impl Master {
         channel.clear();
         channel.extend_from_slice(RELEASE_CHANNEL_PREFIX);
         channel.extend_from_slice(resource);
-        let n = self.publish(&channel, message);
+        let n = self.publish_parts(&channel, parts);
         self.scratch = channel;
         Ok(n)
     }
@@ -1435,18 +1453,10 @@ impl Master {
                 self.del(r.now, r.db, key);
                 if publish {
                     // The script ignores what pcall returns.
-                    match r.arg(2) {
-                        Some(next) => {
-                            let mut message = Vec::with_capacity(token.len() + 1 + next.len());
-                            message.extend_from_slice(token);
-                            message.push(b':');
-                            message.extend_from_slice(next);
-                            let _ = self.pcall_publish(key, &message);
-                        }
-                        None => {
-                            let _ = self.pcall_publish(key, token);
-                        }
-                    }
+                    let _ = match r.arg(2) {
+                        Some(next) => self.pcall_publish(key, &[token, b":", next]),
+                        None => self.pcall_publish(key, &[token]),
+                    };
                 }
                 Ok(Reply::Integer(1))
             }
@@ -1471,10 +1481,7 @@ impl Master {
     /// `redis.pcall("publish", "redlock:released:" .. key, "?" .. token)`.
     fn notice<A: AsRef<[u8]>>(&mut self, r: &Run<'_, A>, key: &[u8], token: &[u8]) {
         if r.arg(3).is_some() {
-            let mut waiting = Vec::with_capacity(1 + token.len());
-            waiting.push(script::WAITING_MARK);
-            waiting.extend_from_slice(token);
-            let _ = self.pcall_publish(key, &waiting);
+            let _ = self.pcall_publish(key, &[&[script::WAITING_MARK], token]);
         }
     }
 
@@ -1661,7 +1668,7 @@ impl Master {
                 Some(token) if held => {
                     self.del(r.now, r.db, key);
                     if publish {
-                        let _ = self.pcall_publish(key, token);
+                        let _ = self.pcall_publish(key, &[token]);
                     }
                 }
                 _ => all = 0,
@@ -3214,9 +3221,9 @@ mod tests {
             ],
         );
         assert_eq!(pushes(&mut m), []);
-        assert_eq!(m.pcall_publish(b"r", b"t"), Err(SCRIPT_PUBLISH_REFUSED));
+        assert_eq!(m.pcall_publish(b"r", &[b"t"]), Err(SCRIPT_PUBLISH_REFUSED));
         m.settings_mut().deny_publish = false;
-        assert_eq!(m.pcall_publish(b"r", b"t"), Ok(1));
+        assert_eq!(m.pcall_publish(b"r", &[b"t"]), Ok(1));
         assert_eq!(pushes(&mut m), [(2, message("redlock:released:r", "t"))]);
     }
 
