@@ -552,15 +552,22 @@ impl fmt::Debug for TokenKey {
 }
 
 impl std::hash::Hash for TokenKey {
-    /// Two words of the token and its length: the client's tokens differ
-    /// in their first (each client's random prefix) and their last (the
-    /// low digits of its counter). Equal tokens hash the same, as `eq`
-    /// compares every word; no table of tokens is iterated, so the hash
-    /// decides no order in a run.
+    /// Two words of the token and its length, mixed into one word whose
+    /// low bits (a table's bucket) depend on all of theirs: the client's
+    /// tokens differ in their first word (each client's random prefix) and
+    /// their last (the low digits of its counter, in its high bytes, which
+    /// the Fx hash alone would carry only into high bits, filing every
+    /// token of a client in one bucket). Equal tokens hash the same, as
+    /// `eq` compares every word; no table of tokens is iterated, so the
+    /// hash decides no order in a run.
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        const MIX: u64 = 0x9e37_79b9_7f4a_7c15;
         let last = usize::from(self.len.max(1) - 1) / 8;
-        state.write_u64(self.words[0] ^ u64::from(self.len));
-        state.write_u64(self.words[last]);
+        let word = self.words[0] ^ self.words[last] ^ u64::from(self.len);
+        // A folded multiply: the product's high half, where every bit of
+        // `word` reaches, over its low half.
+        let product = u128::from(word) * u128::from(MIX);
+        state.write_u64((product as u64) ^ ((product >> 64) as u64));
     }
 }
 
@@ -2607,6 +2614,27 @@ mod tests {
         backlog.note(25, 7);
         let pieces = backlog.take(25, 8).expect("a backlog");
         assert!(pieces.opaque, "bytes dropped unsent");
+    }
+
+    /// A token set files one client's tokens, which differ only in their
+    /// last digits, over its buckets (the low bits of their hashes), and
+    /// tells them and another client's apart.
+    #[test]
+    fn one_clients_tokens_spread_over_a_token_sets_buckets() {
+        use std::hash::BuildHasher;
+        let build = crate::hash::FxBuild::default();
+        let mut source = TokenSource::from_seed([7; 16]);
+        let mut buckets = FxSet::default();
+        for _ in 0..256 {
+            let token = TokenKey::new(source.next_token().as_bytes());
+            buckets.insert(build.hash_one(token) & 255);
+        }
+        assert!(buckets.len() > 128, "{} buckets of 256", buckets.len());
+        let mut other = TokenSource::from_seed([8; 16]);
+        let (a, b) = (source.next_token(), other.next_token());
+        assert_ne!(TokenKey::new(a.as_bytes()), TokenKey::new(b.as_bytes()));
+        assert_eq!(TokenKey::new(a.as_bytes()), TokenKey::new(a.as_bytes()));
+        assert_eq!(TokenKey::new(a.as_bytes()).text(), a.as_str());
     }
 
     /// Every seed of the budget, faults on, keeps every property, and the
