@@ -13,6 +13,7 @@
 //! clock, and panics on no input (a malformed command gets the error reply
 //! Redis gives). `tests/model.rs` keeps it honest against real servers.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::OnceLock;
 
@@ -611,8 +612,12 @@ impl Master {
             },
             Cmd::ScriptLoad => {
                 let sha = script_sha(self.natives, arg(args, 2));
-                self.register(sha, false);
-                Reply::Bulk(Bytes::copy_from_slice(&sha))
+                self.register(*sha, false);
+                // One of the client's scripts answers with its static SHA.
+                Reply::Bulk(match sha {
+                    Cow::Borrowed(sha) => Bytes::from_static(sha),
+                    Cow::Owned(sha) => Bytes::copy_from_slice(&sha),
+                })
             }
             Cmd::ScriptExists => Reply::Array(
                 args[2..]
@@ -1377,7 +1382,7 @@ impl Master {
                 None => return error(ERR_NOSCRIPT).into(),
             }
         } else {
-            let sha = script_sha(self.natives, arg(args, 1));
+            let sha = *script_sha(self.natives, arg(args, 1));
             if !self.scripts.contains_key(&sha) {
                 self.register(sha, true);
             }
@@ -1882,7 +1887,6 @@ fn parse_i64(s: &[u8]) -> Option<i64> {
     }
 }
 
-/// The lowercase hex SHA1 of `data`.
 /// One of the client's scripts, which the model runs natively.
 #[derive(Debug)]
 struct Native {
@@ -1892,11 +1896,12 @@ struct Native {
 }
 
 /// The SHA1 of script `source`: the client's own scripts are known by
-/// their text, with no SHA1 to work out each time one is loaded or sent.
-fn script_sha(natives: &[Native], source: &[u8]) -> [u8; 40] {
+/// their text, with no SHA1 to work out each time one is loaded or sent
+/// (theirs is borrowed from `natives`).
+fn script_sha(natives: &'static [Native], source: &[u8]) -> Cow<'static, [u8; 40]> {
     match natives.iter().find(|n| n.source.as_bytes() == source) {
-        Some(native) => native.sha,
-        None => sha1_hex(source),
+        Some(native) => Cow::Borrowed(&native.sha),
+        None => Cow::Owned(sha1_hex(source)),
     }
 }
 
@@ -1924,6 +1929,7 @@ fn natives() -> &'static [Native; 10] {
     })
 }
 
+/// The lowercase hex SHA1 of `data`.
 fn sha1_hex(data: &[u8]) -> [u8; 40] {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let digest = sha1_smol::Sha1::from(data).digest().bytes();
