@@ -17,7 +17,7 @@ use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::OnceLock;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 
 use crate::resp::{Reply, format_i64};
 use crate::script::{self, RELEASE_CHANNEL_PREFIX, Script, ScriptId};
@@ -118,6 +118,44 @@ pub struct Settings {
     /// recently used first, as Redis 7.4+ and Valkey 8 do; Redis 7.0 never
     /// evicts. Scripts made by `SCRIPT LOAD` are never evicted.
     pub eval_lru: bool,
+}
+
+/// Where the master copies the byte strings it keeps or sends (values,
+/// key and channel names, messages): into one shared block after another,
+/// so that a copy allocates once a block, not once a string, and a clone
+/// (a refusal's holder, a message for each subscriber) only counts a
+/// reference. A block is freed with its last string.
+#[derive(Debug, Default)]
+struct Arena {
+    block: BytesMut,
+}
+
+/// The bytes of an arena block; a longer string is copied on its own.
+const ARENA_BLOCK: usize = 4096;
+
+impl Arena {
+    /// A shared copy of `bytes`.
+    fn copy(&mut self, bytes: &[u8]) -> Bytes {
+        self.concat(&[bytes])
+    }
+
+    /// `parts`, one after the other, as one shared string.
+    fn concat(&mut self, parts: &[&[u8]]) -> Bytes {
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        if len == 0 {
+            return Bytes::new();
+        }
+        if len > ARENA_BLOCK / 4 {
+            return Bytes::from(parts.concat());
+        }
+        if self.block.capacity() < len {
+            self.block = BytesMut::with_capacity(ARENA_BLOCK);
+        }
+        for part in parts {
+            self.block.extend_from_slice(part);
+        }
+        self.block.split().freeze()
+    }
 }
 
 /// A value stored at a key.
@@ -348,6 +386,8 @@ pub struct Master {
     commands_since_sweep: usize,
     /// Reused to build channel names.
     scratch: Vec<u8>,
+    /// Where the values, key and channel names and messages are copied.
+    arena: Arena,
 }
 
 impl Master {
@@ -374,6 +414,7 @@ impl Master {
             errors: Vec::new(),
             commands_since_sweep: 0,
             scratch: Vec::new(),
+            arena: Arena::default(),
         };
         master.run_id = master.make_run_id();
         master
@@ -981,14 +1022,14 @@ impl Master {
             None
         };
         let entry = Entry {
-            value: Value::Str(Bytes::copy_from_slice(value)),
+            value: Value::Str(self.arena.copy(value)),
             expires_at: expires_at.or(kept),
         };
         // An overwrite reuses the key: no copy of it.
         match slot {
             Some(slot) => *slot = entry,
             None => {
-                map.insert(Bytes::copy_from_slice(key), entry);
+                map.insert(self.arena.copy(key), entry);
             }
         }
         true
@@ -1197,8 +1238,8 @@ impl Master {
 
     /// Sends the message made of `parts`, one after the other, to every
     /// subscriber of `channel`; returns how many. The message is made
-    /// only when someone listens, in one allocation; the channel's name is
-    /// the channel table's own (shared, not copied).
+    /// only when someone listens, in the arena; the channel's name is the
+    /// channel table's own (shared, not copied).
     fn publish_parts(&mut self, channel: &[u8], parts: &[&[u8]]) -> i64 {
         let Some((channel, subscribers)) = self.channels.get_key_value(channel) else {
             return 0;
@@ -1206,11 +1247,7 @@ impl Master {
         let Some((&last, others)) = subscribers.split_last() else {
             return 0;
         };
-        let mut payload = Vec::with_capacity(parts.iter().map(|p| p.len()).sum());
-        for part in parts {
-            payload.extend_from_slice(part);
-        }
-        let payload = Bytes::from(payload);
+        let payload = self.arena.concat(parts);
         for &to in others {
             let frame = Frame::Message {
                 channel: channel.clone(),
@@ -1218,7 +1255,8 @@ impl Master {
             };
             self.pushes.push_back((to, frame));
         }
-        // The last one takes the message itself: no clone to share it.
+        // The last one takes the message itself: one reference fewer to
+        // count.
         let channel = channel.clone();
         self.pushes
             .push_back((last, Frame::Message { channel, payload }));
@@ -1260,13 +1298,13 @@ impl Master {
             let Some(session) = self.sessions.get_mut(&conn) else {
                 break;
             };
+            let name = self.arena.copy(channel);
             if !session.channels.iter().any(|c| c.as_ref() == channel) {
-                let name = Bytes::copy_from_slice(channel);
                 session.channels.push(name.clone());
-                self.channels.entry(name).or_default().push(conn);
+                self.channels.entry(name.clone()).or_default().push(conn);
             }
             let n = count(session.channels.len());
-            let frame = confirmation("subscribe", bulk(channel), n);
+            let frame = confirmation("subscribe", Reply::Bulk(name), n);
             self.reply_or_push(&mut first, conn, frame);
         }
         first.unwrap_or_else(|| wrong_arity("subscribe"))
@@ -1285,7 +1323,7 @@ impl Master {
         } else {
             channels
                 .iter()
-                .map(|c| Bytes::copy_from_slice(c.as_ref()))
+                .map(|c| self.arena.copy(c.as_ref()))
                 .collect()
         };
         if named.is_empty() {
@@ -3431,6 +3469,35 @@ mod tests {
             let sha = *Script::new(text).sha();
             assert!(master.natives.iter().any(|n| n.sha == sha), "{name}");
         }
+    }
+
+    #[test]
+    fn arena_copies_read_back_as_given_across_blocks() {
+        let mut arena = Arena::default();
+        let long = vec![b'x'; ARENA_BLOCK];
+        let cases: [(&str, &[&[u8]]); 5] = [
+            ("empty", &[]),
+            (
+                "a token",
+                &[b"0123456789abcdef0123456789abcdef0123456789abcdef"],
+            ),
+            ("in parts", &[b"?", b"t", b"", b":next"]),
+            ("an empty part alone", &[b""]),
+            ("longer than a block", &[&long]),
+        ];
+        let mut kept = Vec::new();
+        // Enough rounds to fill several blocks; what was cut before stays.
+        for _ in 0..200 {
+            for (name, parts) in cases {
+                let copy = arena.concat(parts);
+                assert_eq!(copy, parts.concat(), "{name}");
+                kept.push((copy, parts.concat()));
+            }
+        }
+        for (copy, want) in kept {
+            assert_eq!(copy, want);
+        }
+        assert_eq!(arena.copy(b"r0"), &b"r0"[..]);
     }
 
     #[test]
