@@ -1514,8 +1514,7 @@ impl Master {
         if self.store(r.now, r.db, key, token, SET_NX, Some(at)) {
             return Ok(Reply::Integer(1).into());
         }
-        let left = self.pttl(r.now, r.db, key).max(0);
-        let refusal = self.refusal(r, left, key);
+        let refusal = self.refusal(r, key);
         self.notice(r, key, token);
         Ok(refusal)
     }
@@ -1528,15 +1527,20 @@ impl Master {
         }
     }
 
-    /// The waiting scripts' refusal: minus the holder's `left` ms and
-    /// `key`'s value (`redis.pcall("get")`: a key that is not a string
-    /// reads as "").
-    fn refusal<A: AsRef<[u8]>>(&mut self, r: &Run<'_, A>, left: i64, key: &[u8]) -> Frame {
-        let holder = match self.get(r.now, r.db, key) {
-            Ok(Some(value)) => value,
-            Ok(None) | Err(_) => Bytes::new(),
-        };
-        Frame::Refusal { left, holder }
+    /// The waiting scripts' refusal by `key`, read once: minus the
+    /// holder's remaining ms (its PTTL, at least 0) and its value
+    /// (`redis.pcall("get")`: a key that is not a string reads as "").
+    fn refusal<A: AsRef<[u8]>>(&mut self, r: &Run<'_, A>, key: &[u8]) -> Frame {
+        self.read(r.now, r.db, key, |entry| {
+            let left = entry
+                .and_then(|e| e.expires_at)
+                .map_or(0, |at| at.saturating_sub(r.now).max(0));
+            let holder = match entry.map(|e| &e.value) {
+                Some(Value::Str(value)) => value.clone(),
+                Some(Value::Hash(_)) | None => Bytes::new(),
+            };
+            Frame::Refusal { left, holder }
+        })
     }
 
     /// [`script::EXTEND_SOURCE`].
@@ -1560,8 +1564,7 @@ impl Master {
         let (key, token, ttl) = (need(r.key(1), 1)?, need(r.arg(1), 1)?, need(r.arg(2), 1)?);
         let at = expire_at(r.now, ttl, SET_PX).map_err(|e| raised(1, e))?;
         if !self.store(r.now, r.db, key, token, SET_NX, Some(at)) {
-            let left = self.pttl(r.now, r.db, key).max(0);
-            let refusal = self.refusal(r, left, key);
+            let refusal = self.refusal(r, key);
             self.notice(r, key, token);
             return Ok(refusal);
         }
@@ -1670,8 +1673,9 @@ impl Master {
                 longest = Some((left.max(0), key.as_ref()));
             }
         }
-        if let Some((left, key)) = longest {
-            return Ok(self.refusal(r, left, key));
+        // The key just read, read again: the same PTTL.
+        if let Some((_, key)) = longest {
+            return Ok(self.refusal(r, key));
         }
         if r.keys.is_empty() {
             return Ok(Reply::Integer(1).into());
