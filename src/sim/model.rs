@@ -191,6 +191,44 @@ struct Session {
     channels: Vec<Bytes>,
 }
 
+/// A script's SHA as the script cache keys it: 40 lowercase hex digits,
+/// random ones. A folded multiply of the first eight hashes it (the Fx
+/// hash of all forty takes six rounds, and carries the last digits into
+/// high bits only), and equality compares five words, with no call.
+#[derive(Debug, Clone, Copy)]
+struct Sha([u8; 40]);
+
+impl Sha {
+    fn words(&self) -> [u64; 5] {
+        std::array::from_fn(|i| {
+            let mut word = [0; 8];
+            word.copy_from_slice(&self.0[i * 8..i * 8 + 8]);
+            u64::from_le_bytes(word)
+        })
+    }
+}
+
+impl PartialEq for Sha {
+    fn eq(&self, other: &Sha) -> bool {
+        let differ = self
+            .words()
+            .iter()
+            .zip(other.words())
+            .fold(0, |d, (a, b)| d | (a ^ b));
+        differ == 0
+    }
+}
+
+impl Eq for Sha {}
+
+impl std::hash::Hash for Sha {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        const MIX: u64 = 0x9e37_79b9_7f4a_7c15;
+        let product = u128::from(self.words()[0]) * u128::from(MIX);
+        state.write_u64((product as u64) ^ ((product >> 64) as u64));
+    }
+}
+
 /// A script in the cache.
 #[derive(Debug, Clone, Copy)]
 struct Cached {
@@ -375,7 +413,7 @@ pub struct Master {
     /// Each channel's subscribers, in the order they subscribed.
     channels: Map<Bytes, Vec<ConnId>>,
     pushes: VecDeque<(ConnId, Frame)>,
-    scripts: Map<[u8; 40], Cached>,
+    scripts: Map<Sha, Cached>,
     /// EVAL-created scripts by last use, oldest first.
     lru: BTreeMap<u64, [u8; 40]>,
     lru_clock: u64,
@@ -664,8 +702,8 @@ impl Master {
                 args[2..]
                     .iter()
                     .map(|sha| {
-                        let known =
-                            lower_sha(sha.as_ref()).is_some_and(|s| self.scripts.contains_key(&s));
+                        let known = lower_sha(sha.as_ref())
+                            .is_some_and(|s| self.scripts.contains_key(&Sha(s)));
                         Reply::Integer(i64::from(known))
                     })
                     .collect(),
@@ -1363,7 +1401,7 @@ impl Master {
     /// SCRIPT LOAD, which also takes an EVAL-created one out of the LRU for
     /// good, as Redis 7.4 does.
     fn register(&mut self, sha: [u8; 40], from_eval: bool) {
-        if let Some(cached) = self.scripts.get_mut(&sha) {
+        if let Some(cached) = self.scripts.get_mut(&Sha(sha)) {
             if !from_eval && let Some(tick) = cached.lru.take() {
                 self.lru.remove(&tick);
             }
@@ -1374,7 +1412,7 @@ impl Master {
                 let Some((_, oldest)) = self.lru.pop_first() else {
                     break;
                 };
-                self.scripts.remove(&oldest);
+                self.scripts.remove(&Sha(oldest));
             }
             self.lru_clock += 1;
             self.lru.insert(self.lru_clock, sha);
@@ -1383,13 +1421,13 @@ impl Master {
             None
         };
         let native = self.natives.iter().find(|n| n.sha == sha).map(|n| n.id);
-        self.scripts.insert(sha, Cached { native, lru });
+        self.scripts.insert(Sha(sha), Cached { native, lru });
     }
 
     /// A script was run: an EVAL-created one becomes the most recently
     /// used.
     fn touch(&mut self, sha: &[u8; 40]) {
-        let Some(cached) = self.scripts.get_mut(sha) else {
+        let Some(cached) = self.scripts.get_mut(&Sha(*sha)) else {
             return;
         };
         if let Some(tick) = cached.lru {
@@ -1421,12 +1459,12 @@ impl Master {
             }
         } else {
             let sha = *script_sha(self.natives, arg(args, 1));
-            if !self.scripts.contains_key(&sha) {
+            if !self.scripts.contains_key(&Sha(sha)) {
                 self.register(sha, true);
             }
             sha
         };
-        let Some(&Cached { native, lru }) = self.scripts.get(&sha) else {
+        let Some(&Cached { native, lru }) = self.scripts.get(&Sha(sha)) else {
             return error(ERR_NOSCRIPT).into();
         };
         let (keys, argv) = rest.split_at(numkeys);
