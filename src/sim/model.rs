@@ -13,10 +13,11 @@
 //! clock, and panics on no input (a malformed command gets the error reply
 //! Redis gives). `tests/model.rs` keeps it honest against real servers.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::OnceLock;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 
 use crate::resp::{Reply, format_i64};
 use crate::script::{self, RELEASE_CHANNEL_PREFIX, Script, ScriptId};
@@ -119,6 +120,44 @@ pub struct Settings {
     pub eval_lru: bool,
 }
 
+/// Where the master copies the byte strings it keeps or sends (values,
+/// key and channel names, messages): into one shared block after another,
+/// so that a copy allocates once a block, not once a string, and a clone
+/// (a refusal's holder, a message for each subscriber) only counts a
+/// reference. A block is freed with its last string.
+#[derive(Debug, Default)]
+struct Arena {
+    block: BytesMut,
+}
+
+/// The bytes of an arena block; a longer string is copied on its own.
+const ARENA_BLOCK: usize = 4096;
+
+impl Arena {
+    /// A shared copy of `bytes`.
+    fn copy(&mut self, bytes: &[u8]) -> Bytes {
+        self.concat(&[bytes])
+    }
+
+    /// `parts`, one after the other, as one shared string.
+    fn concat(&mut self, parts: &[&[u8]]) -> Bytes {
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        if len == 0 {
+            return Bytes::new();
+        }
+        if len > ARENA_BLOCK / 4 {
+            return Bytes::from(parts.concat());
+        }
+        if self.block.capacity() < len {
+            self.block = BytesMut::with_capacity(ARENA_BLOCK);
+        }
+        for part in parts {
+            self.block.extend_from_slice(part);
+        }
+        self.block.split().freeze()
+    }
+}
+
 /// A value stored at a key.
 #[derive(Debug, Clone)]
 enum Value {
@@ -150,6 +189,44 @@ struct Session {
     name: Option<Bytes>,
     /// Subscribed channels, in the order subscribed.
     channels: Vec<Bytes>,
+}
+
+/// A script's SHA as the script cache keys it: 40 lowercase hex digits,
+/// random ones. A folded multiply of the first eight hashes it (the Fx
+/// hash of all forty takes six rounds, and carries the last digits into
+/// high bits only), and equality compares five words, with no call.
+#[derive(Debug, Clone, Copy)]
+struct Sha([u8; 40]);
+
+impl Sha {
+    fn words(&self) -> [u64; 5] {
+        std::array::from_fn(|i| {
+            let mut word = [0; 8];
+            word.copy_from_slice(&self.0[i * 8..i * 8 + 8]);
+            u64::from_le_bytes(word)
+        })
+    }
+}
+
+impl PartialEq for Sha {
+    fn eq(&self, other: &Sha) -> bool {
+        let differ = self
+            .words()
+            .iter()
+            .zip(other.words())
+            .fold(0, |d, (a, b)| d | (a ^ b));
+        differ == 0
+    }
+}
+
+impl Eq for Sha {}
+
+impl std::hash::Hash for Sha {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        const MIX: u64 = 0x9e37_79b9_7f4a_7c15;
+        let product = u128::from(self.words()[0]) * u128::from(MIX);
+        state.write_u64((product as u64) ^ ((product >> 64) as u64));
+    }
 }
 
 /// A script in the cache.
@@ -336,7 +413,7 @@ pub struct Master {
     /// Each channel's subscribers, in the order they subscribed.
     channels: Map<Bytes, Vec<ConnId>>,
     pushes: VecDeque<(ConnId, Frame)>,
-    scripts: Map<[u8; 40], Cached>,
+    scripts: Map<Sha, Cached>,
     /// EVAL-created scripts by last use, oldest first.
     lru: BTreeMap<u64, [u8; 40]>,
     lru_clock: u64,
@@ -347,6 +424,8 @@ pub struct Master {
     commands_since_sweep: usize,
     /// Reused to build channel names.
     scratch: Vec<u8>,
+    /// Where the values, key and channel names and messages are copied.
+    arena: Arena,
 }
 
 impl Master {
@@ -373,6 +452,7 @@ impl Master {
             errors: Vec::new(),
             commands_since_sweep: 0,
             scratch: Vec::new(),
+            arena: Arena::default(),
         };
         master.run_id = master.make_run_id();
         master
@@ -611,15 +691,19 @@ impl Master {
             },
             Cmd::ScriptLoad => {
                 let sha = script_sha(self.natives, arg(args, 2));
-                self.register(sha, false);
-                Reply::Bulk(Bytes::copy_from_slice(&sha))
+                self.register(*sha, false);
+                // One of the client's scripts answers with its static SHA.
+                Reply::Bulk(match sha {
+                    Cow::Borrowed(sha) => Bytes::from_static(sha),
+                    Cow::Owned(sha) => Bytes::copy_from_slice(&sha),
+                })
             }
             Cmd::ScriptExists => Reply::Array(
                 args[2..]
                     .iter()
                     .map(|sha| {
-                        let known =
-                            lower_sha(sha.as_ref()).is_some_and(|s| self.scripts.contains_key(&s));
+                        let known = lower_sha(sha.as_ref())
+                            .is_some_and(|s| self.scripts.contains_key(&Sha(s)));
                         Reply::Integer(i64::from(known))
                     })
                     .collect(),
@@ -976,14 +1060,14 @@ impl Master {
             None
         };
         let entry = Entry {
-            value: Value::Str(Bytes::copy_from_slice(value)),
+            value: Value::Str(self.arena.copy(value)),
             expires_at: expires_at.or(kept),
         };
         // An overwrite reuses the key: no copy of it.
         match slot {
             Some(slot) => *slot = entry,
             None => {
-                map.insert(Bytes::copy_from_slice(key), entry);
+                map.insert(self.arena.copy(key), entry);
             }
         }
         true
@@ -1187,25 +1271,40 @@ impl Master {
 
     /// Sends `message` to every subscriber of `channel`; returns how many.
     fn publish(&mut self, channel: &[u8], message: &[u8]) -> i64 {
-        let Some(subscribers) = self.channels.get(channel) else {
+        self.publish_parts(channel, &[message])
+    }
+
+    /// Sends the message made of `parts`, one after the other, to every
+    /// subscriber of `channel`; returns how many. The message is made
+    /// only when someone listens, in the arena; the channel's name is the
+    /// channel table's own (shared, not copied).
+    fn publish_parts(&mut self, channel: &[u8], parts: &[&[u8]]) -> i64 {
+        let Some((channel, subscribers)) = self.channels.get_key_value(channel) else {
             return 0;
         };
-        let channel = Bytes::copy_from_slice(channel);
-        let payload = Bytes::copy_from_slice(message);
-        for &to in subscribers {
+        let Some((&last, others)) = subscribers.split_last() else {
+            return 0;
+        };
+        let payload = self.arena.concat(parts);
+        for &to in others {
             let frame = Frame::Message {
                 channel: channel.clone(),
                 payload: payload.clone(),
             };
             self.pushes.push_back((to, frame));
         }
+        // The last one takes the message itself: one reference fewer to
+        // count.
+        let channel = channel.clone();
+        self.pushes
+            .push_back((last, Frame::Message { channel, payload }));
         count(subscribers.len())
     }
 
     /// A release script's `redis.pcall("publish", "redlock:released:" ..
-    /// resource, message)`: what it returns to the script, which the
-    /// scripts ignore.
-    fn pcall_publish(&mut self, resource: &[u8], message: &[u8]) -> Result<i64, &'static str> {
+    /// resource, message)`, the message made of `parts`: what it returns
+    /// to the script, which the scripts ignore.
+    fn pcall_publish(&mut self, resource: &[u8], parts: &[&[u8]]) -> Result<i64, &'static str> {
         if self.settings.deny_publish {
             return Err(SCRIPT_PUBLISH_REFUSED);
         }
@@ -1216,7 +1315,7 @@ impl Master {
         channel.clear();
         channel.extend_from_slice(RELEASE_CHANNEL_PREFIX);
         channel.extend_from_slice(resource);
-        let n = self.publish(&channel, message);
+        let n = self.publish_parts(&channel, parts);
         self.scratch = channel;
         Ok(n)
     }
@@ -1237,13 +1336,13 @@ impl Master {
             let Some(session) = self.sessions.get_mut(&conn) else {
                 break;
             };
+            let name = self.arena.copy(channel);
             if !session.channels.iter().any(|c| c.as_ref() == channel) {
-                let name = Bytes::copy_from_slice(channel);
                 session.channels.push(name.clone());
-                self.channels.entry(name).or_default().push(conn);
+                self.channels.entry(name.clone()).or_default().push(conn);
             }
             let n = count(session.channels.len());
-            let frame = confirmation("subscribe", bulk(channel), n);
+            let frame = confirmation("subscribe", Reply::Bulk(name), n);
             self.reply_or_push(&mut first, conn, frame);
         }
         first.unwrap_or_else(|| wrong_arity("subscribe"))
@@ -1262,7 +1361,7 @@ impl Master {
         } else {
             channels
                 .iter()
-                .map(|c| Bytes::copy_from_slice(c.as_ref()))
+                .map(|c| self.arena.copy(c.as_ref()))
                 .collect()
         };
         if named.is_empty() {
@@ -1302,7 +1401,7 @@ impl Master {
     /// SCRIPT LOAD, which also takes an EVAL-created one out of the LRU for
     /// good, as Redis 7.4 does.
     fn register(&mut self, sha: [u8; 40], from_eval: bool) {
-        if let Some(cached) = self.scripts.get_mut(&sha) {
+        if let Some(cached) = self.scripts.get_mut(&Sha(sha)) {
             if !from_eval && let Some(tick) = cached.lru.take() {
                 self.lru.remove(&tick);
             }
@@ -1313,7 +1412,7 @@ impl Master {
                 let Some((_, oldest)) = self.lru.pop_first() else {
                     break;
                 };
-                self.scripts.remove(&oldest);
+                self.scripts.remove(&Sha(oldest));
             }
             self.lru_clock += 1;
             self.lru.insert(self.lru_clock, sha);
@@ -1322,13 +1421,13 @@ impl Master {
             None
         };
         let native = self.natives.iter().find(|n| n.sha == sha).map(|n| n.id);
-        self.scripts.insert(sha, Cached { native, lru });
+        self.scripts.insert(Sha(sha), Cached { native, lru });
     }
 
     /// A script was run: an EVAL-created one becomes the most recently
     /// used.
     fn touch(&mut self, sha: &[u8; 40]) {
-        let Some(cached) = self.scripts.get_mut(sha) else {
+        let Some(cached) = self.scripts.get_mut(&Sha(*sha)) else {
             return;
         };
         if let Some(tick) = cached.lru {
@@ -1359,13 +1458,13 @@ impl Master {
                 None => return error(ERR_NOSCRIPT).into(),
             }
         } else {
-            let sha = script_sha(self.natives, arg(args, 1));
-            if !self.scripts.contains_key(&sha) {
+            let sha = *script_sha(self.natives, arg(args, 1));
+            if !self.scripts.contains_key(&Sha(sha)) {
                 self.register(sha, true);
             }
             sha
         };
-        let Some(&Cached { native, lru }) = self.scripts.get(&sha) else {
+        let Some(&Cached { native, lru }) = self.scripts.get(&Sha(sha)) else {
             return error(ERR_NOSCRIPT).into();
         };
         let (keys, argv) = rest.split_at(numkeys);
@@ -1435,18 +1534,10 @@ impl Master {
                 self.del(r.now, r.db, key);
                 if publish {
                     // The script ignores what pcall returns.
-                    match r.arg(2) {
-                        Some(next) => {
-                            let mut message = Vec::with_capacity(token.len() + 1 + next.len());
-                            message.extend_from_slice(token);
-                            message.push(b':');
-                            message.extend_from_slice(next);
-                            let _ = self.pcall_publish(key, &message);
-                        }
-                        None => {
-                            let _ = self.pcall_publish(key, token);
-                        }
-                    }
+                    let _ = match r.arg(2) {
+                        Some(next) => self.pcall_publish(key, &[token, b":", next]),
+                        None => self.pcall_publish(key, &[token]),
+                    };
                 }
                 Ok(Reply::Integer(1))
             }
@@ -1461,8 +1552,7 @@ impl Master {
         if self.store(r.now, r.db, key, token, SET_NX, Some(at)) {
             return Ok(Reply::Integer(1).into());
         }
-        let left = self.pttl(r.now, r.db, key).max(0);
-        let refusal = self.refusal(r, left, key);
+        let refusal = self.refusal(r, key);
         self.notice(r, key, token);
         Ok(refusal)
     }
@@ -1471,22 +1561,24 @@ impl Master {
     /// `redis.pcall("publish", "redlock:released:" .. key, "?" .. token)`.
     fn notice<A: AsRef<[u8]>>(&mut self, r: &Run<'_, A>, key: &[u8], token: &[u8]) {
         if r.arg(3).is_some() {
-            let mut waiting = Vec::with_capacity(1 + token.len());
-            waiting.push(script::WAITING_MARK);
-            waiting.extend_from_slice(token);
-            let _ = self.pcall_publish(key, &waiting);
+            let _ = self.pcall_publish(key, &[&[script::WAITING_MARK], token]);
         }
     }
 
-    /// The waiting scripts' refusal: minus the holder's `left` ms and
-    /// `key`'s value (`redis.pcall("get")`: a key that is not a string
-    /// reads as "").
-    fn refusal<A: AsRef<[u8]>>(&mut self, r: &Run<'_, A>, left: i64, key: &[u8]) -> Frame {
-        let holder = match self.get(r.now, r.db, key) {
-            Ok(Some(value)) => value,
-            Ok(None) | Err(_) => Bytes::new(),
-        };
-        Frame::Refusal { left, holder }
+    /// The waiting scripts' refusal by `key`, read once: minus the
+    /// holder's remaining ms (its PTTL, at least 0) and its value
+    /// (`redis.pcall("get")`: a key that is not a string reads as "").
+    fn refusal<A: AsRef<[u8]>>(&mut self, r: &Run<'_, A>, key: &[u8]) -> Frame {
+        self.read(r.now, r.db, key, |entry| {
+            let left = entry
+                .and_then(|e| e.expires_at)
+                .map_or(0, |at| at.saturating_sub(r.now).max(0));
+            let holder = match entry.map(|e| &e.value) {
+                Some(Value::Str(value)) => value.clone(),
+                Some(Value::Hash(_)) | None => Bytes::new(),
+            };
+            Frame::Refusal { left, holder }
+        })
     }
 
     /// [`script::EXTEND_SOURCE`].
@@ -1510,8 +1602,7 @@ impl Master {
         let (key, token, ttl) = (need(r.key(1), 1)?, need(r.arg(1), 1)?, need(r.arg(2), 1)?);
         let at = expire_at(r.now, ttl, SET_PX).map_err(|e| raised(1, e))?;
         if !self.store(r.now, r.db, key, token, SET_NX, Some(at)) {
-            let left = self.pttl(r.now, r.db, key).max(0);
-            let refusal = self.refusal(r, left, key);
+            let refusal = self.refusal(r, key);
             self.notice(r, key, token);
             return Ok(refusal);
         }
@@ -1620,8 +1711,9 @@ impl Master {
                 longest = Some((left.max(0), key.as_ref()));
             }
         }
-        if let Some((left, key)) = longest {
-            return Ok(self.refusal(r, left, key));
+        // The key just read, read again: the same PTTL.
+        if let Some((_, key)) = longest {
+            return Ok(self.refusal(r, key));
         }
         if r.keys.is_empty() {
             return Ok(Reply::Integer(1).into());
@@ -1661,7 +1753,7 @@ impl Master {
                 Some(token) if held => {
                     self.del(r.now, r.db, key);
                     if publish {
-                        let _ = self.pcall_publish(key, token);
+                        let _ = self.pcall_publish(key, &[token]);
                     }
                 }
                 _ => all = 0,
@@ -1875,7 +1967,6 @@ fn parse_i64(s: &[u8]) -> Option<i64> {
     }
 }
 
-/// The lowercase hex SHA1 of `data`.
 /// One of the client's scripts, which the model runs natively.
 #[derive(Debug)]
 struct Native {
@@ -1885,11 +1976,12 @@ struct Native {
 }
 
 /// The SHA1 of script `source`: the client's own scripts are known by
-/// their text, with no SHA1 to work out each time one is loaded or sent.
-fn script_sha(natives: &[Native], source: &[u8]) -> [u8; 40] {
+/// their text, with no SHA1 to work out each time one is loaded or sent
+/// (theirs is borrowed from `natives`).
+fn script_sha(natives: &'static [Native], source: &[u8]) -> Cow<'static, [u8; 40]> {
     match natives.iter().find(|n| n.source.as_bytes() == source) {
-        Some(native) => native.sha,
-        None => sha1_hex(source),
+        Some(native) => Cow::Borrowed(&native.sha),
+        None => Cow::Owned(sha1_hex(source)),
     }
 }
 
@@ -1917,6 +2009,7 @@ fn natives() -> &'static [Native; 10] {
     })
 }
 
+/// The lowercase hex SHA1 of `data`.
 fn sha1_hex(data: &[u8]) -> [u8; 40] {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let digest = sha1_smol::Sha1::from(data).digest().bytes();
@@ -3214,9 +3307,9 @@ mod tests {
             ],
         );
         assert_eq!(pushes(&mut m), []);
-        assert_eq!(m.pcall_publish(b"r", b"t"), Err(SCRIPT_PUBLISH_REFUSED));
+        assert_eq!(m.pcall_publish(b"r", &[b"t"]), Err(SCRIPT_PUBLISH_REFUSED));
         m.settings_mut().deny_publish = false;
-        assert_eq!(m.pcall_publish(b"r", b"t"), Ok(1));
+        assert_eq!(m.pcall_publish(b"r", &[b"t"]), Ok(1));
         assert_eq!(pushes(&mut m), [(2, message("redlock:released:r", "t"))]);
     }
 
@@ -3418,6 +3511,35 @@ mod tests {
             let sha = *Script::new(text).sha();
             assert!(master.natives.iter().any(|n| n.sha == sha), "{name}");
         }
+    }
+
+    #[test]
+    fn arena_copies_read_back_as_given_across_blocks() {
+        let mut arena = Arena::default();
+        let long = vec![b'x'; ARENA_BLOCK];
+        let cases: [(&str, &[&[u8]]); 5] = [
+            ("empty", &[]),
+            (
+                "a token",
+                &[b"0123456789abcdef0123456789abcdef0123456789abcdef"],
+            ),
+            ("in parts", &[b"?", b"t", b"", b":next"]),
+            ("an empty part alone", &[b""]),
+            ("longer than a block", &[&long]),
+        ];
+        let mut kept = Vec::new();
+        // Enough rounds to fill several blocks; what was cut before stays.
+        for _ in 0..200 {
+            for (name, parts) in cases {
+                let copy = arena.concat(parts);
+                assert_eq!(copy, parts.concat(), "{name}");
+                kept.push((copy, parts.concat()));
+            }
+        }
+        for (copy, want) in kept {
+            assert_eq!(copy, want);
+        }
+        assert_eq!(arena.copy(b"r0"), &b"r0"[..]);
     }
 
     #[test]

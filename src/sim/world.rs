@@ -505,11 +505,12 @@ struct Client {
 }
 
 /// A token as the checkers keep it: inline, no allocation (the client's
-/// are 48 bytes; a longer one, never sent, is cut to 64).
-#[derive(Clone, Copy, PartialEq, Eq)]
+/// are 48 bytes; a longer one, never sent, is cut to 64), in eight words
+/// (the bytes past its length zero), compared a word at a time.
+#[derive(Clone, Copy)]
 struct TokenKey {
     len: u8,
-    bytes: [u8; 64],
+    words: [u64; 8],
 }
 
 impl TokenKey {
@@ -517,26 +518,64 @@ impl TokenKey {
         let len = token.len().min(64);
         let mut bytes = [0; 64];
         bytes[..len].copy_from_slice(&token[..len]);
+        let mut words = [0; 8];
+        for (word, chunk) in words.iter_mut().zip(bytes.chunks_exact(8)) {
+            let mut eight = [0; 8];
+            eight.copy_from_slice(chunk);
+            *word = u64::from_le_bytes(eight);
+        }
         TokenKey {
             len: len as u8,
-            bytes,
+            words,
         }
     }
 
-    fn as_bytes(&self) -> &[u8] {
-        &self.bytes[..usize::from(self.len)]
+    /// The token as text, for a violation's message.
+    fn text(&self) -> String {
+        let mut bytes: Vec<u8> = self.words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        bytes.truncate(usize::from(self.len));
+        String::from_utf8_lossy(&bytes).into_owned()
     }
 }
 
+impl PartialEq for TokenKey {
+    /// Every word, without a branch per word: a token set compares the
+    /// token it looks up with those its hash finds, mostly the same one.
+    fn eq(&self, other: &TokenKey) -> bool {
+        let differ = self
+            .words
+            .iter()
+            .zip(&other.words)
+            .fold(0, |differ, (a, b)| differ | (a ^ b));
+        self.len == other.len && differ == 0
+    }
+}
+
+impl Eq for TokenKey {}
+
 impl fmt::Debug for TokenKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:?}", String::from_utf8_lossy(self.as_bytes()))
+        write!(f, "{:?}", self.text())
     }
 }
 
 impl std::hash::Hash for TokenKey {
+    /// Two words of the token and its length, mixed into one word whose
+    /// low bits (a table's bucket) depend on all of theirs: the client's
+    /// tokens differ in their first word (each client's random prefix) and
+    /// their last (the low digits of its counter, in its high bytes, which
+    /// the Fx hash alone would carry only into high bits, filing every
+    /// token of a client in one bucket). Equal tokens hash the same, as
+    /// `eq` compares every word; no table of tokens is iterated, so the
+    /// hash decides no order in a run.
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        state.write(self.as_bytes());
+        const MIX: u64 = 0x9e37_79b9_7f4a_7c15;
+        let last = usize::from(self.len.max(1) - 1) / 8;
+        let word = self.words[0] ^ self.words[last] ^ u64::from(self.len);
+        // A folded multiply: the product's high half, where every bit of
+        // `word` reaches, over its low half.
+        let product = u128::from(word) * u128::from(MIX);
+        state.write_u64((product as u64) ^ ((product >> 64) as u64));
     }
 }
 
@@ -1051,7 +1090,7 @@ impl World {
                 found.push(format!(
                     "cleanup: master {m} granted client {client}'s attempt {:?} at {:.3} ms, \
                      which no caller was given, and no release of it came",
-                    String::from_utf8_lossy(token.as_bytes()),
+                    token.text(),
                     *at as f64 / 1e3
                 ));
             }
@@ -1696,7 +1735,7 @@ impl World {
             let what = format!(
                 "a key set after its release: master {master} received client {client}'s \
                  acquire for token {:?} after that token's release",
-                String::from_utf8_lossy(token.as_bytes())
+                token.text()
             );
             self.checker.violation(now, what);
         }
@@ -2587,6 +2626,27 @@ mod tests {
         backlog.note(25, 7);
         let pieces = backlog.take(25, 8).expect("a backlog");
         assert!(pieces.opaque, "bytes dropped unsent");
+    }
+
+    /// A token set files one client's tokens, which differ only in their
+    /// last digits, over its buckets (the low bits of their hashes), and
+    /// tells them and another client's apart.
+    #[test]
+    fn one_clients_tokens_spread_over_a_token_sets_buckets() {
+        use std::hash::BuildHasher;
+        let build = crate::hash::FxBuild::default();
+        let mut source = TokenSource::from_seed([7; 16]);
+        let mut buckets = FxSet::default();
+        for _ in 0..256 {
+            let token = TokenKey::new(source.next_token().as_bytes());
+            buckets.insert(build.hash_one(token) & 255);
+        }
+        assert!(buckets.len() > 128, "{} buckets of 256", buckets.len());
+        let mut other = TokenSource::from_seed([8; 16]);
+        let (a, b) = (source.next_token(), other.next_token());
+        assert_ne!(TokenKey::new(a.as_bytes()), TokenKey::new(b.as_bytes()));
+        assert_eq!(TokenKey::new(a.as_bytes()), TokenKey::new(a.as_bytes()));
+        assert_eq!(TokenKey::new(a.as_bytes()).text(), a.as_str());
     }
 
     /// Every seed of the budget, faults on, keeps every property, and the

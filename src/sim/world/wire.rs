@@ -181,7 +181,20 @@ fn put_line(out: &mut BytesMut, kind: u8, text: &[u8]) {
 /// `kind`, `n` in decimal and CRLF, in the tail of `line`.
 fn int_line(line: &mut [u8; 24], kind: u8, n: i64) -> &[u8] {
     let mut digits = [0u8; 20];
-    let text = format_i64(n, &mut digits);
+    let text: &[u8] = match n {
+        // Most lengths (a token's 48, a channel's) and counts: one or two
+        // digits, written without the general loop.
+        0..=9 => {
+            digits[0] = b'0' + n as u8;
+            &digits[..1]
+        }
+        10..=99 => {
+            digits[0] = b'0' + (n / 10) as u8;
+            digits[1] = b'0' + (n % 10) as u8;
+            &digits[..2]
+        }
+        _ => format_i64(n, &mut digits),
+    };
     let end = line.len();
     let start = end - text.len() - 3;
     line[start] = kind;
@@ -243,11 +256,7 @@ pub(super) fn effect<'c, 'a>(args: &'c [&'a [u8]]) -> (Option<(Effect, &'a [u8])
     if !by_sha && !name.eq_ignore_ascii_case(b"EVAL") {
         return (None, &[]);
     }
-    let Some(keys) = args
-        .get(2)
-        .and_then(|n| std::str::from_utf8(n).ok())
-        .and_then(|n| n.parse::<usize>().ok())
-    else {
+    let Some(keys) = args.get(2).and_then(|n| key_count(n)) else {
         return (None, &[]);
     };
     let Some((keys, argv)) = args.get(3..).and_then(|rest| rest.split_at_checked(keys)) else {
@@ -257,25 +266,43 @@ pub(super) fn effect<'c, 'a>(args: &'c [&'a [u8]]) -> (Option<(Effect, &'a [u8])
     (effect.zip(argv.first().copied()), keys)
 }
 
+/// A key count as `str::parse::<usize>` reads it (an optional `+`, then
+/// decimal digits, at most `usize::MAX`), without a UTF-8 check first.
+fn key_count(text: &[u8]) -> Option<usize> {
+    let digits = text.strip_prefix(b"+").unwrap_or(text);
+    if digits.is_empty() {
+        return None;
+    }
+    digits.iter().try_fold(0usize, |n, &c| {
+        let digit = c.checked_sub(b'0').filter(|d| *d < 10)?;
+        n.checked_mul(10)?.checked_add(usize::from(digit))
+    })
+}
+
 /// What script `script` (its SHA, or its text) does to a lock.
 fn script_effect(script: &[u8], by_sha: bool) -> Option<Effect> {
     let scripts = effects();
     let found = if by_sha {
-        // As sent (lowercase), else in any case, as the master takes it.
+        // In any case, as the master takes it: SHAs are lowercase. Most
+        // scripts differ in their first eight digits, compared in one go.
+        let sha: [u8; 40] = script.try_into().ok()?;
+        let sha = sha.map(|c| c.to_ascii_lowercase());
         scripts
             .iter()
-            .find(|(s, _)| s.sha()[..] == *script)
-            .or_else(|| {
-                scripts
-                    .iter()
-                    .find(|(s, _)| s.sha().eq_ignore_ascii_case(script))
-            })
+            .find(|(s, _)| head(s.sha()) == head(&sha) && *s.sha() == sha)
     } else {
         scripts
             .iter()
             .find(|(s, _)| s.source().as_bytes() == script)
     };
     found.map(|&(_, effect)| effect)
+}
+
+/// The first eight digits of a SHA.
+fn head(sha: &[u8; 40]) -> [u8; 8] {
+    let mut head = [0; 8];
+    head.copy_from_slice(&sha[..8]);
+    head
 }
 
 /// The channel a pushed frame announces a release on (the resource, after
@@ -360,6 +387,8 @@ mod tests {
             Reply::Integer(0),
             Reply::Integer(9),
             Reply::Integer(10),
+            Reply::Integer(99),
+            Reply::Integer(100),
             Reply::Integer(-1),
             Reply::Integer(-1_234),
             Reply::Integer(i64::MIN),
@@ -393,6 +422,10 @@ mod tests {
             Frame::Refusal {
                 left: 0,
                 holder: Bytes::new(),
+            },
+            Frame::Refusal {
+                left: 99,
+                holder: Bytes::from_static(&[b't'; 48]),
             },
             Frame::Message {
                 channel: Bytes::from_static(b"redlock:released:r0"),
@@ -435,8 +468,36 @@ mod tests {
         assert_eq!(effect(&args), (None, &[&b"r2"[..]][..]));
         let args: [&[u8]; 2] = [b"GET", b"r2"];
         assert_eq!(effect(&args), (None, &[][..]));
+        // A SHA of another length: no script.
+        let short = &release.sha()[..39];
+        let args: [&[u8]; 5] = [b"EVALSHA", short, b"1", b"r0", b"token"];
+        assert_eq!(effect(&args), (None, &[&b"r0"[..]][..]));
         // Fewer keys than it says: none.
         let args: [&[u8]; 4] = [b"EVALSHA", b"0123", b"2", b"r0"];
         assert_eq!(effect(&args), (None, &[][..]));
+    }
+
+    #[test]
+    fn key_counts_read_as_str_parse_reads_them() {
+        let cases: [&[u8]; 12] = [
+            b"0",
+            b"1",
+            b"+1",
+            b"01",
+            b"",
+            b"+",
+            b"-1",
+            b" 1",
+            b"1x",
+            b"18446744073709551615",
+            b"18446744073709551616",
+            b"\xff",
+        ];
+        for text in cases {
+            let parsed = std::str::from_utf8(text)
+                .ok()
+                .and_then(|t| t.parse::<usize>().ok());
+            assert_eq!(key_count(text), parsed, "{text:?}");
+        }
     }
 }
