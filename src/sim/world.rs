@@ -400,8 +400,9 @@ struct Pending {
     /// When it was submitted, and the bound it must end within.
     at: Micros,
     bound: Micros,
-    /// The masters' restart counts when it was submitted.
-    restarts: Vec<u64>,
+    /// How many restarts the masters had made, all together, when it was
+    /// submitted (see `Node::restarted`).
+    restarts: u64,
     /// For a waiting acquire (woken by releases), the resource it waits
     /// for, while the waiting checker counts it.
     waits: Option<usize>,
@@ -601,7 +602,10 @@ struct Node {
     /// the writes they came in, oldest first: each one's length and
     /// whether where the client's turns begin in it is unknown).
     conns: BTreeMap<u64, (usize, usize, BytesMut, Writes)>,
-    restarts: u64,
+    /// The world's count of restarts (`World::restarts`) when this master
+    /// last restarted, 0 if it never did: it restarted since a moment
+    /// when that count was lower.
+    restarted: u64,
     /// Tokens whose release this master has received.
     released: FxSet<TokenKey>,
     /// The attempts this master granted (set a key for): token,
@@ -816,6 +820,8 @@ pub struct World {
     next_conn: u64,
     checker: Checker,
     outcome: Outcome,
+    /// Restarts of any master so far.
+    restarts: u64,
     config: Config,
     /// Master pairs cut off from clients until then: (master, until).
     partitions: Vec<(usize, Micros)>,
@@ -977,7 +983,7 @@ impl World {
                     stalled_until: 0,
                     rate: 1.0 + drift,
                     conns: BTreeMap::new(),
-                    restarts: 0,
+                    restarted: 0,
                     released: token_set(),
                     grants: Vec::new(),
                     expiry_seen: (u64::MAX, 0),
@@ -1005,6 +1011,7 @@ impl World {
             next_conn: 1,
             checker: Checker::default(),
             outcome: Outcome::default(),
+            restarts: 0,
             config,
             partitions: Vec::new(),
             acquires: vec![0; clients_len],
@@ -1903,7 +1910,7 @@ impl World {
         waits: Option<usize>,
     ) {
         let slot = Rc::new(RefCell::new(Slot::default()));
-        let restarts = self.nodes.iter().map(|n| n.restarts).collect();
+        let restarts = self.restarts;
         if let Some(r) = waits {
             self.waiting.handle_waiter(client, r, self.now);
         }
@@ -2256,9 +2263,8 @@ impl World {
         let holding = self
             .nodes
             .iter()
-            .enumerate()
-            .filter(|(m, node)| {
-                node.restarts != pending.restarts[*m]
+            .filter(|node| {
+                node.restarted > pending.restarts
                     || lock.resources().iter().all(|key| {
                         match node.model.entry(node.now_ms(self.now), 0, key) {
                             Some((value, expiry)) => {
@@ -2325,9 +2331,10 @@ impl World {
                 if !keep_data {
                     self.data_losses.push(self.now);
                 }
+                self.restarts += 1;
                 let node = &mut self.nodes[m];
                 node.up = false;
-                node.restarts += 1;
+                node.restarted = self.restarts;
                 let now_ms = node.now_ms(self.now);
                 node.model.restart(now_ms, keep_data);
                 if !keep_data {
