@@ -23,6 +23,14 @@ use std::time::{Duration, Instant};
 
 use redlock_mio::sim::world::{Bug, Settings, simulate};
 
+/// The simulator's runs are short-lived buffers and small tables made and
+/// dropped by the million; mimalloc serves them in less time than glibc's
+/// allocator (interleaved `--seeds 2000`: 97,839 to 99,346 operations per
+/// CPU-second with glibc's, 101,225 to 103,774 with this). Only this
+/// program's: the library, its tests and the CLI keep the system's.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// How long a run with neither `--for` nor `--seeds` goes on.
 const DEFAULT_BUDGET: Duration = Duration::from_secs(10);
 
