@@ -1043,7 +1043,9 @@ impl Conn {
 
     /// Until when the master stays out of the quorum, as last set (past
     /// instants included: see [`Conn::quarantine_left`]); it is in
-    /// quarantine at `now` while this is later.
+    /// quarantine at `now` while this is later. For the metrics and the
+    /// simulator, which compare it with the time on every turn.
+    #[cfg(any(feature = "metrics", feature = "test-knobs"))]
     pub(crate) fn quarantined_until(&self) -> Option<Instant> {
         self.quarantined_until
     }
