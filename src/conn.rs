@@ -849,7 +849,7 @@ impl Conn {
     /// The oldest timed request is now `oldest`: the instants every turn
     /// compares with are worked out here, once.
     fn set_oldest(&mut self, oldest: Option<Instant>) {
-        if oldest == self.oldest && oldest.is_some() {
+        if oldest == self.oldest {
             return;
         }
         self.oldest = oldest;

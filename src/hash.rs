@@ -88,7 +88,7 @@ mod tests {
     use std::hash::BuildHasher;
 
     /// Names that differ only in a word's high bytes spread over the
-    /// buckets (the low bits a hash table indexes by). Without the turn in
+    /// buckets (the low bits a hash table indexes by). Without the fold in
     /// `finish`, all 256 of them share one bucket of 256.
     #[test]
     fn names_differing_in_a_words_high_bytes_spread_over_the_buckets() {

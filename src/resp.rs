@@ -523,26 +523,26 @@ fn decode_leaf(
     // A value that holds no bytes of the frame (an integer, a nil, the
     // `+OK` most commands answer) is not split off: the buffer moves past
     // it, with no shared handle made and dropped.
-    let bare = match &leaf {
-        Leaf::Integer(n) => Some(Reply::Integer(*n)),
-        Leaf::Nil => Some(Reply::Nil),
-        Leaf::Line(b'+', range) if buf[range.clone()] == *b"OK" => {
-            Some(Reply::Status(Bytes::from_static(b"OK")))
-        }
-        _ => None,
-    };
-    if let Some(reply) = bare {
-        buf.advance(used);
-        return Ok(Some(reply));
-    }
-    let frame = buf.split_to(used).freeze();
     Ok(Some(match leaf {
-        Leaf::Line(kind, range) => Build { src: &frame }.line(kind, range),
-        Leaf::Bulk(range) => Reply::Bulk(frame.slice(range)),
-        // Not reached: taken above, or the first byte is not an array's.
-        Leaf::Integer(_) | Leaf::Nil | Leaf::Array => {
-            return Err(ProtocolError::UnknownType(b'*'));
+        Leaf::Integer(n) => {
+            buf.advance(used);
+            Reply::Integer(n)
         }
+        Leaf::Nil => {
+            buf.advance(used);
+            Reply::Nil
+        }
+        Leaf::Line(b'+', range) if buf[range.clone()] == *b"OK" => {
+            buf.advance(used);
+            Reply::Status(Bytes::from_static(b"OK"))
+        }
+        Leaf::Line(kind, range) => Build {
+            src: &buf.split_to(used).freeze(),
+        }
+        .line(kind, range),
+        Leaf::Bulk(range) => Reply::Bulk(buf.split_to(used).freeze().slice(range)),
+        // Not reached: the first byte is not an array's.
+        Leaf::Array => return Err(ProtocolError::UnknownType(b'*')),
     }))
 }
 
@@ -860,6 +860,17 @@ fn put_digits(dst: &mut BytesMut, digits: &[u8]) {
 
 /// Formats `n` in decimal into the tail of `buf`, returning the text.
 pub(crate) fn format_i64(n: i64, buf: &mut [u8; 20]) -> &[u8] {
+    // Most lengths (a token's 48, a key's) and counts: one or two digits,
+    // written without the loop.
+    if let Ok(small @ 0..=99) = u8::try_from(n) {
+        if small < 10 {
+            buf[19] = b'0' + small;
+            return &buf[19..];
+        }
+        buf[18] = b'0' + small / 10;
+        buf[19] = b'0' + small % 10;
+        return &buf[18..];
+    }
     let mut at = buf.len();
     let mut rest = n.unsigned_abs();
     loop {

@@ -192,9 +192,8 @@ struct Session {
 }
 
 /// A script's SHA as the script cache keys it: 40 lowercase hex digits,
-/// random ones. A folded multiply of the first eight hashes it (the Fx
-/// hash of all forty takes six rounds, and carries the last digits into
-/// high bits only), and equality compares five words, with no call.
+/// random ones. Its first eight hash it (the Fx hash of all forty takes
+/// six rounds), and equality compares five words, with no call.
 #[derive(Debug, Clone, Copy)]
 struct Sha([u8; 40]);
 
@@ -223,9 +222,7 @@ impl Eq for Sha {}
 
 impl std::hash::Hash for Sha {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        const MIX: u64 = 0x9e37_79b9_7f4a_7c15;
-        let product = u128::from(self.words()[0]) * u128::from(MIX);
-        state.write_u64((product as u64) ^ ((product >> 64) as u64));
+        state.write_u64(self.words()[0]);
     }
 }
 
@@ -1021,11 +1018,7 @@ impl Master {
     }
 
     fn pttl(&mut self, now: i64, db: usize, key: &[u8]) -> i64 {
-        self.read(now, db, key, |e| match e.map(|e| e.expires_at) {
-            None => -2,
-            Some(None) => -1,
-            Some(Some(at)) => at.saturating_sub(now).max(0),
-        })
+        self.read(now, db, key, |entry| pttl_of(entry, now))
     }
 
     /// Stores `value` at `key` as SET does once its options are parsed:
@@ -1570,9 +1563,7 @@ impl Master {
     /// (`redis.pcall("get")`: a key that is not a string reads as "").
     fn refusal<A: AsRef<[u8]>>(&mut self, r: &Run<'_, A>, key: &[u8]) -> Frame {
         self.read(r.now, r.db, key, |entry| {
-            let left = entry
-                .and_then(|e| e.expires_at)
-                .map_or(0, |at| at.saturating_sub(r.now).max(0));
+            let left = pttl_of(entry, r.now).max(0);
             let holder = match entry.map(|e| &e.value) {
                 Some(Value::Str(value)) => value.clone(),
                 Some(Value::Hash(_)) | None => Bytes::new(),
@@ -1867,6 +1858,16 @@ fn raised(line: u32, error: &'static str) -> Fail {
     Fail {
         line,
         raise: Raise::Call(error),
+    }
+}
+
+/// PTTL of the live entry `entry` at `now`: -2 for none, -1 for one
+/// without an expiry.
+fn pttl_of(entry: Option<&Entry>, now: i64) -> i64 {
+    match entry.map(|e| e.expires_at) {
+        None => -2,
+        Some(None) => -1,
+        Some(Some(at)) => at.saturating_sub(now).max(0),
     }
 }
 

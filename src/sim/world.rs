@@ -561,22 +561,15 @@ impl fmt::Debug for TokenKey {
 }
 
 impl std::hash::Hash for TokenKey {
-    /// Two words of the token and its length, mixed into one word whose
-    /// low bits (a table's bucket) depend on all of theirs: the client's
+    /// Two words of the token and its length, as one word: the client's
     /// tokens differ in their first word (each client's random prefix) and
     /// their last (the low digits of its counter, in its high bytes, which
-    /// the Fx hash alone would carry only into high bits, filing every
-    /// token of a client in one bucket). Equal tokens hash the same, as
-    /// `eq` compares every word; no table of tokens is iterated, so the
-    /// hash decides no order in a run.
+    /// the hasher's `finish` folds into the bucket's bits). Equal tokens
+    /// hash the same, as `eq` compares every word; no table of tokens is
+    /// iterated, so the hash decides no order in a run.
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        const MIX: u64 = 0x9e37_79b9_7f4a_7c15;
         let last = usize::from(self.len.max(1) - 1) / 8;
-        let word = self.words[0] ^ self.words[last] ^ u64::from(self.len);
-        // A folded multiply: the product's high half, where every bit of
-        // `word` reaches, over its low half.
-        let product = u128::from(word) * u128::from(MIX);
-        state.write_u64((product as u64) ^ ((product >> 64) as u64));
+        state.write_u64(self.words[0] ^ self.words[last] ^ u64::from(self.len));
     }
 }
 

@@ -181,20 +181,7 @@ fn put_line(out: &mut BytesMut, kind: u8, text: &[u8]) {
 /// `kind`, `n` in decimal and CRLF, in the tail of `line`.
 fn int_line(line: &mut [u8; 24], kind: u8, n: i64) -> &[u8] {
     let mut digits = [0u8; 20];
-    let text: &[u8] = match n {
-        // Most lengths (a token's 48, a channel's) and counts: one or two
-        // digits, written without the general loop.
-        0..=9 => {
-            digits[0] = b'0' + n as u8;
-            &digits[..1]
-        }
-        10..=99 => {
-            digits[0] = b'0' + (n / 10) as u8;
-            digits[1] = b'0' + (n % 10) as u8;
-            &digits[..2]
-        }
-        _ => format_i64(n, &mut digits),
-    };
+    let text = format_i64(n, &mut digits);
     let end = line.len();
     let start = end - text.len() - 3;
     line[start] = kind;
