@@ -298,15 +298,15 @@ impl Engine {
         self.channels.next_sweep()
     }
 
-    /// The lock on `resource` is let go through this client (see
-    /// [`Channels::let_go`]).
     /// See [`Channels::is_current`].
     pub(crate) fn is_current(&self, resource: &[u8], token: Token) -> bool {
         self.channels.is_current(resource, token)
     }
 
-    pub(crate) fn let_go(&mut self, resource: &Bytes, now: Instant) {
-        self.channels.let_go(&mut self.subs, resource, now);
+    /// The lock on `resource` is let go through this client (see
+    /// [`Channels::let_go`]).
+    pub(crate) fn let_go(&mut self, resource: &Bytes, keep: Option<Instant>, now: Instant) {
+        self.channels.let_go(&mut self.subs, resource, keep, now);
     }
 
     /// A lock was released through this client.
@@ -327,6 +327,16 @@ impl Engine {
     /// See [`Channels::turn`].
     pub(crate) fn turn(&self, resource: &[u8]) -> crate::notify::Turn {
         self.channels.turn(resource)
+    }
+
+    /// See [`Channels::handle_turn_began`].
+    pub(crate) fn handle_turn_began(&mut self, resource: &[u8], now: Instant) {
+        self.channels.handle_turn_began(resource, now);
+    }
+
+    /// See [`Channels::theirs_since`].
+    pub(crate) fn theirs_since(&self, resource: &[u8]) -> Option<Instant> {
+        self.channels.theirs_since(resource)
     }
 
     /// A waiter's failed attempt on `resource` is being undone (the

@@ -44,7 +44,6 @@ mod waiters;
 pub(crate) use inline::{Drive, Ran};
 use kept::Kept;
 use linger::Parked;
-#[cfg(any(test, feature = "test-knobs"))]
 pub(crate) use waiters::patience;
 use waiters::{Timers, turn_at};
 
@@ -536,8 +535,11 @@ impl<P: Promise, L: Links> Hub<P, L> {
                     job.abandon();
                 }
                 // Behind the local waiters already there, not racing them.
+                // Nor racing the process whose turn it is.
                 if job.resource().is_some_and(|r| {
-                    self.engine.head(r).is_some() || self.engine.held_here(r, now).is_some()
+                    self.engine.head(r).is_some()
+                        || self.engine.held_here(r, now).is_some()
+                        || their_turn_since(&self.engine, &self.config, r, now).is_some()
                 }) {
                     let _ = job.queue_first();
                 }
@@ -590,25 +592,20 @@ impl<P: Promise, L: Links> Hub<P, L> {
         let Some(resource) = release.resource() else {
             return (Job::Release(release), None);
         };
-        // No longer held here: a new local waiter tries again. Unless
-        // another lock of this client's holds it now: the released one
-        // lapsed, its row long over, and whether others compete is the
-        // current row's to tell.
-        let current = self.engine.is_current(resource, release.token());
-        if current {
-            self.engine.let_go(resource, now);
-        }
+        // The release goes as planned below: its resource is let go after.
+        let resource = resource.clone();
+        let current = self.engine.is_current(&resource, release.token());
         let cohort = release.cohort(now);
-        let within = self.is_within_budget(resource, cohort, now);
-        match self.handover_head(resource) {
+        let within = self.is_within_budget(&resource, cohort, now);
+        let planned = match self.handover_head(&resource) {
             Some(head) if within && self.closing_since.is_none() => {
                 // Several callers here take this lock in turn.
-                self.engine.handle_company(resource, true);
+                self.engine.handle_company(&resource, true);
                 let next = Cohort {
                     row: cohort.row + 1,
                     since: cohort.since,
                 };
-                self.engine.handle_handed_over(resource, next);
+                self.engine.handle_handed_over(&resource, next);
                 let release = release.unannounced();
                 (Job::Release(release), Some((head, next)))
             }
@@ -617,23 +614,36 @@ impl<P: Promise, L: Links> Hub<P, L> {
             // tend to try after them).
             _ if cohort.row > 0 && !within => {
                 if current {
-                    self.engine.handle_yield(resource);
+                    self.engine.handle_yield(&resource);
                 }
                 // Unless no master's message of it has reached them when
                 // it is done (subscriptions refused by an ACL or their
                 // connections down, PUBLISH refused, messages late): then
                 // they are told, as after any release, rather than left
                 // to the released key's expiry.
-                let release = self.name_next(release);
+                let release = self.name_next(release, now);
                 (Job::Release(release.yielded()), None)
             }
-            _ => (Job::Release(self.name_next(release)), None),
+            _ => (Job::Release(self.name_next(release, now)), None),
+        };
+        // No longer held here: a new local waiter tries again. Unless
+        // another lock of this client's holds it now: the released one
+        // lapsed, its row long over, and whether others compete is the
+        // current row's to tell. With nobody waiting here the
+        // subscription ends, or, when the release named another process,
+        // stays for that one's turn: a caller coming back waits for it
+        // (see `their_turn_since`) and hears its release.
+        if current {
+            let keep = their_turn_since(&self.engine, &self.config, &resource, now)
+                .map(|since| since + patience(&self.config) + self.config.wake_spread);
+            self.engine.let_go(&resource, keep, now);
         }
+        planned
     }
 
     /// `release`, announced, names the process whose turn it is next
     /// (see [`Engine::name_next`]).
-    fn name_next(&mut self, release: Release) -> Release {
+    fn name_next(&mut self, release: Release, now: Instant) -> Release {
         let Some(resource) = release.resource() else {
             return release;
         };
@@ -641,6 +651,7 @@ impl<P: Promise, L: Links> Hub<P, L> {
         let next = self
             .engine
             .name_next(resource, release.token(), waiting_here);
+        self.engine.handle_turn_began(resource, now);
         release.naming(next)
     }
 
@@ -758,7 +769,14 @@ impl<P: Promise, L: Links> Hub<P, L> {
         };
         // Its give-up timer is the subscription's (or the wait's) now.
         self.timers.cancel(running);
-        if wait_held_here(&self.engine, running, resource, now) {
+        if wait_held_or_turn(
+            &self.engine,
+            &self.config,
+            &mut self.jitter,
+            running,
+            resource,
+            now,
+        ) {
             self.advance(head, now);
         } else {
             let until = now.checked_add(self.config.connect_timeout).unwrap_or(now);
@@ -884,7 +902,9 @@ impl<P: Promise, L: Links> Hub<P, L> {
                         links.prepare(engine, now);
                     }
                     if engine.head(&resource) == Some(index) {
-                        if wait_held_here(engine, running, &resource, now) {
+                        if wait_held_or_turn(
+                            engine, ctx.config, ctx.jitter, running, &resource, now,
+                        ) {
                             continue;
                         }
                         if is_listening(engine, running, now) {
@@ -1041,9 +1061,6 @@ fn place<T>(table: &mut Vec<Option<T>>, free: &mut Vec<usize>, item: Option<T>) 
     }
 }
 
-/// A waiting acquire at the head of `resource`'s queue waits for the lock
-/// held here to be released (see [`Job::handle_held_here`]), if it is
-/// held here and the subscriptions are in place; returns whether it does.
 /// The releases seen of what `running` waits for: its queue's resource,
 /// or the sum over the resources it listens to; none when it waits for
 /// none.
@@ -1069,18 +1086,53 @@ fn is_listening<P>(engine: &Engine, running: &Running<P>, now: Instant) -> bool 
             .all(|k| engine.is_listening(k, now))
 }
 
-fn wait_held_here<P>(
+/// A waiting acquire at the head of `resource`'s queue waits for the lock
+/// held here to be released (see [`Job::handle_held_here`]), if it is
+/// held here and the subscriptions are in place; or, if it has not tried
+/// yet, for the turn of the process the last release named, under way
+/// (see [`their_turn_since`] and [`Job::handle_turn`]). Returns whether
+/// it waits.
+fn wait_held_or_turn<P>(
     engine: &Engine,
+    config: &Config,
+    jitter: &mut SplitMix64,
     running: &mut Running<P>,
     resource: &[u8],
     now: Instant,
 ) -> bool {
-    let Some(until) = engine.held_here(resource, now) else {
-        return false;
+    let waits = match engine.held_here(resource, now) {
+        Some(until) => engine.is_listening(resource, now) && running.job.handle_held_here(until),
+        None => {
+            // Listening or not: the wait is short, and ends with a try.
+            their_turn_since(engine, config, resource, now).is_some_and(|since| {
+                // As the waiters its release woke (see `turn_at`).
+                let at =
+                    since + patience(config) + jitter.between(Duration::ZERO, config.wake_spread);
+                running.job.handle_turn(at.max(now))
+            })
+        }
     };
-    if !engine.is_listening(resource, now) || !running.job.handle_held_here(until) {
-        return false;
+    if waits {
+        running.tried_at = engine.epoch(resource);
     }
-    running.tried_at = engine.epoch(resource);
-    true
+    waits
+}
+
+/// When another process's turn at the lock on `resource` began, if it
+/// is under way at `now`: the last release named that process, and the
+/// waiters that release woke here may wait for it still (the
+/// [`patience`] they give it, and up to a wake spread more). A new waiter
+/// here waits for it too, rather than try at once, ahead of that
+/// process: the releasing process's own callers, coming back, took the
+/// lock after 28% of the releases that named another process (4 x 2
+/// processes and threads, hold 0, read off a master's MONITOR).
+fn their_turn_since(
+    engine: &Engine,
+    config: &Config,
+    resource: &[u8],
+    now: Instant,
+) -> Option<Instant> {
+    engine
+        .theirs_since(resource)
+        .filter(|&since| since + patience(config) + config.wake_spread > now)
 }

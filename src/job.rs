@@ -259,6 +259,25 @@ impl Job {
         }
     }
 
+    /// A new waiting acquire at the head of its queue while another
+    /// process's turn at the lock is under way (named by the last
+    /// release): instead of trying at once, ahead of that process, it
+    /// waits, as the waiters that release woke do, until `until` or the
+    /// next release. Whether it waits so (only a queued acquire that has
+    /// not tried does).
+    pub(crate) fn handle_turn(&mut self, until: Instant) -> bool {
+        match self {
+            Job::Acquire(job)
+                if job.stage == Stage::Subscribe && job.attempt == 0 && !job.abandoned =>
+            {
+                let until = job.wait_until.map_or(until, |w| w.min(until));
+                job.stage = Stage::Await(until);
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// The resource of the single-resource lock this job took, until when
     /// it is valid at `now`, and its token, if it took one.
     pub(crate) fn granted(&self, now: Stamp) -> Option<(&Bytes, Instant, Token)> {

@@ -182,6 +182,11 @@ struct Channel {
     /// waits for its release instead of trying (see
     /// [`Channels::held_here`]).
     held: Option<(Instant, Token)>,
+    /// With nobody waiting here, the subscription is kept until then
+    /// after this client's release named another process, for that
+    /// process's turn: a new local waiter, waiting for it, hears its
+    /// release (see [`Channels::let_go`]).
+    kept: Option<Instant>,
     /// The lock passed between two of this client's callers (handed
     /// over) since a release last waited for a local caller in vain:
     /// several callers here take it in turn (see
@@ -220,6 +225,10 @@ struct Channel {
     /// heard, or a release last named it: it is seated in the turns of
     /// the processes listening, as far as it knows.
     seated: Option<u64>,
+    /// The count of releases when the last one was made or first heard
+    /// here, and that instant: when the turn it named began (see
+    /// [`Channels::theirs_since`]).
+    turn_began: Option<(u64, Instant)>,
 }
 
 impl Channel {
@@ -407,6 +416,7 @@ impl Channels {
                 links: vec![Link::default(); subs.len()],
                 subscribed: false,
                 held: None,
+                kept: None,
                 company: false,
                 contended: true,
                 handing: None,
@@ -415,6 +425,7 @@ impl Channels {
                 counted: [None; 2],
                 named: None,
                 seated: None,
+                turn_began: None,
             });
         add(channel);
         if std::mem::replace(&mut channel.subscribed, true) {
@@ -585,14 +596,24 @@ impl Channels {
 
     /// The lock on `resource` is let go through this client (released,
     /// or handed over): it is no longer held here, and with nobody
-    /// waiting the subscription ends.
-    pub(crate) fn let_go(&mut self, subs: &mut [Conn], resource: &Bytes, now: Instant) {
+    /// waiting the subscription ends, or is kept until `keep` (another
+    /// process's turn, see `kept`).
+    pub(crate) fn let_go(
+        &mut self,
+        subs: &mut [Conn],
+        resource: &Bytes,
+        keep: Option<Instant>,
+        now: Instant,
+    ) {
         let Some(channel) = self.table.get_mut(resource) else {
             return;
         };
         channel.held = None;
         if channel.is_lingering() {
-            self.unsubscribe(subs, resource, now);
+            match keep.filter(|&until| until > now) {
+                Some(until) => channel.kept = Some(until),
+                None => self.unsubscribe(subs, resource, now),
+            }
         }
     }
 
@@ -606,7 +627,11 @@ impl Channels {
         done.extend(
             self.table
                 .iter()
-                .filter(|(_, c)| c.is_lingering() && c.held.is_none_or(|(t, _)| t <= now))
+                .filter(|(_, c)| {
+                    c.is_lingering()
+                        && c.held.is_none_or(|(t, _)| t <= now)
+                        && c.kept.is_none_or(|t| t <= now)
+                })
                 .map(|(resource, _)| resource.clone()),
         );
         for resource in done.drain(..) {
@@ -624,7 +649,10 @@ impl Channels {
         self.table
             .values()
             .filter(|c| c.is_lingering())
-            .filter_map(|c| c.held.map(|(until, _)| until))
+            .filter_map(|c| match (c.held.map(|(until, _)| until), c.kept) {
+                (Some(a), Some(b)) => Some(a.max(b)),
+                (a, b) => a.or(b),
+            })
             .min()
     }
 
@@ -639,6 +667,7 @@ impl Channels {
             self.subscribed -= 1;
         }
         channel.held = None;
+        channel.kept = None;
         let mut dropped = false;
         for (i, (link, conn)) in channel.links.iter_mut().zip(subs.iter_mut()).enumerate() {
             if self.refused.get(i).copied().unwrap_or(false) {
@@ -759,6 +788,35 @@ impl Channels {
             (Some(_), _) => Turn::Theirs,
             (None, _) => Turn::Open,
         }
+    }
+
+    /// The last release of the lock on `resource` was made or heard here
+    /// at `now`, unless it was already: the turn it named began then.
+    pub(crate) fn handle_turn_began(&mut self, resource: &[u8], now: Instant) {
+        if self.table.is_empty() {
+            return;
+        }
+        if let Some(channel) = self.table.get_mut(resource)
+            && channel
+                .turn_began
+                .is_none_or(|(count, _)| count != channel.count)
+        {
+            channel.turn_began = Some((channel.count, now));
+        }
+    }
+
+    /// When the turn of the process the last release of the lock on
+    /// `resource` named began here, if that is another process
+    /// ([`Turn::Theirs`]).
+    pub(crate) fn theirs_since(&self, resource: &[u8]) -> Option<Instant> {
+        if self.turn(resource) != Turn::Theirs {
+            return None;
+        }
+        let channel = self.table.get(resource)?;
+        channel
+            .turn_began
+            .filter(|&(count, _)| count == channel.count)
+            .map(|(_, at)| at)
     }
 
     /// Whether this client's waiting attempts on `resource`, refused,
@@ -1228,6 +1286,37 @@ mod tests {
     }
 
     #[test]
+    fn a_lock_let_go_for_another_process_turn_keeps_the_subscription_until_the_turn_is_over() {
+        let now = Instant::now();
+        let valid = now + Duration::from_secs(2);
+        let turn = now + Duration::from_millis(4);
+        let (mut subs, mut channels, mut ours) = own_client(now);
+        let resource = Bytes::from_static(R);
+        channels.join(&mut subs, &resource, 7, now);
+        confirm(&mut channels, 3, "subscribe");
+        for conn in &mut subs {
+            sent(conn);
+        }
+        channels.handle_granted(R, valid, ours.next_token());
+        assert_eq!(channels.leave(&mut subs, &resource, 7, now), None);
+        // Let go for another process's turn: kept, nothing sent, and no
+        // longer held here.
+        channels.let_go(&mut subs, &resource, Some(turn), now);
+        assert!(subs.iter_mut().all(|c| sent(c).is_empty()), "kept");
+        assert_eq!(channels.held_here(R, now), None);
+        assert_eq!(channels.next_sweep(), Some(turn));
+        // Not swept before the turn is over; then ended.
+        channels.sweep(&mut subs, turn - Duration::from_micros(1));
+        assert!(subs.iter_mut().all(|c| sent(c).is_empty()), "kept");
+        channels.sweep(&mut subs, turn);
+        for conn in &mut subs {
+            assert_eq!(sent(conn), ["UNSUBSCRIBE redlock:released:orders:42"]);
+        }
+        confirm(&mut channels, 3, "unsubscribe");
+        assert_eq!(channels.len(), 0);
+    }
+
+    #[test]
     fn a_lock_a_waiter_took_keeps_the_subscription_until_let_go_heard_released_or_no_longer_valid()
     {
         let now = Instant::now();
@@ -1253,7 +1342,7 @@ mod tests {
         assert!(subs.iter_mut().all(|c| sent(c).is_empty()), "kept");
         assert_eq!(channels.held_here(R, now), Some(valid));
         assert!(channels.is_wanted());
-        channels.let_go(&mut subs, &resource, now);
+        channels.let_go(&mut subs, &resource, None, now);
         unsubscribed(&mut subs);
         assert_eq!(channels.held_here(R, now), None);
         confirm(&mut channels, 3, "unsubscribe");
@@ -1523,6 +1612,45 @@ mod tests {
             .handle_push(0, message(R, &a.next_token()))
             .unwrap();
         assert_eq!(channels.turn(R), Turn::Open);
+    }
+
+    #[test]
+    fn another_process_turn_begins_once_per_release_when_it_is_first_heard() {
+        let now = Instant::now();
+        let ms = std::time::Duration::from_millis;
+        let (mut channels, mut ours) = waiting_client(now);
+        let mut a = TokenSource::from_seed([2; 16]);
+        let a_id = process_id(&a.next_token()).unwrap();
+        let own_id = process_id(&ours.next_token()).unwrap();
+        let named = |token: Token, id: i64| text(&format!("{}:{id}", token.as_str()));
+        // No release yet: nobody's turn.
+        channels.handle_turn_began(R, now);
+        assert_eq!(channels.theirs_since(R), None);
+        // A waits; this client's release names it at `now`.
+        let refused = format!("?{}", a.next_token().as_str());
+        channels.handle_push(0, text(&refused)).unwrap();
+        assert_eq!(channels.name_next(R, ours.next_token(), true), a_id);
+        channels.handle_turn_began(R, now);
+        assert_eq!(channels.theirs_since(R), Some(now));
+        // Every master's message of that release, heard later, is the
+        // same release: A's turn began when it was made.
+        channels.handle_turn_began(R, now + ms(1));
+        assert_eq!(channels.theirs_since(R), Some(now));
+        // A's release, heard at +5 ms, names this client: its own turn.
+        channels
+            .handle_push(1, named(a.next_token(), own_id))
+            .unwrap();
+        channels.handle_turn_began(R, now + ms(5));
+        assert_eq!(channels.theirs_since(R), None, "this client's turn");
+        // This client's next release names A again: a new turn, at +9 ms.
+        assert_eq!(channels.name_next(R, ours.next_token(), true), a_id);
+        assert_eq!(
+            channels.theirs_since(R),
+            None,
+            "not told when this turn began yet"
+        );
+        channels.handle_turn_began(R, now + ms(9));
+        assert_eq!(channels.theirs_since(R), Some(now + ms(9)));
     }
 
     #[test]

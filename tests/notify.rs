@@ -1612,8 +1612,15 @@ fn row_of_hand_overs_then_announced(handovers: u32, window: Duration) {
     );
     // b's next waiter waits for the lock held here (it sends nothing: no
     // refusal to wait for); the row is at its end, so the release is
-    // announced to every process.
-    let own = Waiter::shared(&b);
+    // announced to every process. The waiter's order is submitted here,
+    // so that the loop takes it before the release: a waiter started on a
+    // thread of its own could come after the release, find the lock free
+    // and race the other process, its refused attempt publishing a second
+    // message (seen once in ten runs on a loaded machine).
+    let own = {
+        let pending = b.acquire_with_async(R, HOLD_TTL, &waiting());
+        Waiter::spawn(move || block_on(pending, MAX_WAIT + HUNG))
+    };
     if handovers > 1 {
         // Not a timed assertion: the row must have lasted its window.
         while row_began.elapsed() <= window {
@@ -1664,6 +1671,55 @@ fn row_of_hand_overs_then_announced(handovers: u32, window: Duration) {
         .release(&last)
         .unwrap_or_else(|e| panic!("{}'s release: {e}", names.1));
     released_everywhere(servers, &last);
+}
+
+/// Issue 23: a new acquire does not race the process a release named.
+/// C takes the lock and releases it while B's waiter waits, so B knows C
+/// (seated in B's turns); then C goes away. B's waiter's lock, released
+/// with nobody else waiting in B, is announced naming C, whose turn it
+/// is; an acquire through B right after waits what B's woken waiters
+/// would give C (four wake spreads and a row's window), rather than take
+/// at once the lock C was named to take: the releasing process's callers
+/// coming back did so after 28% of such releases (4 x 2 processes and
+/// threads, hold 0, read off a master's MONITOR). C being gone, B's
+/// acquire then takes the lock. Not a timed assertion: the wait has that
+/// lower bound on any machine. Fails with new acquires trying at once
+/// (they took the lock within milliseconds).
+#[test]
+fn a_new_acquire_gives_the_process_a_release_named_its_turn() {
+    let masters = cluster(3);
+    let (servers, urls) = (masters.servers(), masters.urls());
+    let mut config = config(&urls);
+    config.wake_spread = Duration::from_millis(250);
+    let patience = config.wake_spread * 4;
+    let b = SharedRedlock::new(config).unwrap_or_else(|e| panic!("{e}"));
+    let lock = {
+        let c = shared(&urls);
+        let held = c
+            .try_acquire(R, HOLD_TTL)
+            .unwrap_or_else(|e| panic!("C takes {R}: {e}"));
+        let waiter = refused_waiter(servers, &b);
+        c.release(&held)
+            .unwrap_or_else(|e| panic!("C's release: {e}"));
+        waiter
+            .outcome()
+            .unwrap_or_else(|e| panic!("B's waiter, after C's release: {e}"))
+    };
+    let released_at = Instant::now();
+    b.release(&lock)
+        .unwrap_or_else(|e| panic!("B's release, naming C: {e}"));
+    let fresh = Waiter::shared(&b)
+        .outcome()
+        .unwrap_or_else(|e| panic!("B's new acquire, C gone: {e}"));
+    let waited = released_at.elapsed();
+    assert!(
+        waited >= patience,
+        "B's new acquire took the lock {waited:?} after B's release named C, \
+         within the {patience:?} C's turn lasts at least"
+    );
+    b.release(&fresh)
+        .unwrap_or_else(|e| panic!("the new lock's release: {e}"));
+    released_everywhere(servers, &fresh);
 }
 
 /// Issue 23, item 3: a multi-resource waiter listens to every one of its

@@ -49,6 +49,16 @@ impl<P: Promise, L: Drive> Hub<P, L> {
     /// [`SharedRedlock`](crate::SharedRedlock) call when it is alone.
     pub(crate) fn run_inline(&mut self, mut job: Job) -> Ran {
         let span = job.span();
+        // Another process's turn at the lock under way: the job waits for
+        // it as a queued waiter, not try ahead of that process.
+        let now = self.links.now().mono;
+        if job
+            .resource()
+            .is_some_and(|r| super::their_turn_since(&self.engine, &self.config, r, now).is_some())
+        {
+            let _ = job.queue_first();
+            return Ran::Waiting(job, span);
+        }
         let ended = {
             let _entered = span.enter();
             self.run_rounds(&mut job)

@@ -186,6 +186,7 @@ impl<P: Promise, L: Links> Hub<P, L> {
     /// epochs when the attempt ends).
     pub(super) fn wake_waiters(&mut self, now: Instant) {
         while let Some(resource) = self.engine.poll_notified() {
+            self.engine.handle_turn_began(&resource, now);
             if let Some(head) = self.engine.head(&resource) {
                 let turn = self.engine.turn(&resource);
                 self.wake(head, turn, now);
