@@ -224,6 +224,13 @@ impl Job {
     pub(crate) fn handle_handover(&mut self, cohort: Cohort) {
         if let Job::Acquire(job) = self {
             job.handed = Some(cohort);
+            // Right behind this client's release of the key, the attempt
+            // is a plain SET NX, not the script that reports the holder:
+            // no Lua for the masters to run, and a refusal (the release
+            // freed nothing) is rare.
+            if job.request.op == Op::AcquireWait {
+                job.request.op = Op::Acquire;
+            }
             if matches!(job.stage, Stage::Await(_) | Stage::Sleep(_)) {
                 job.stage = Stage::Round;
             }
@@ -755,6 +762,10 @@ impl Acquire {
     }
 
     fn handle_round(&mut self, ctx: &mut Ctx<'_>, round: &Round, started: Stamp, ended: Stamp) {
+        // A hand-over's plain attempt is over: later ones wait again.
+        if self.subscribed && self.request.op == Op::Acquire {
+            self.request.op = Op::AcquireWait;
+        }
         match self.stage {
             Stage::Waiting => {
                 self.phase_one = Some(started);

@@ -1282,6 +1282,26 @@ fn a_release_with_a_waiter_in_the_same_client_hands_the_lock_over_unannounced() 
         let published = published_since(servers, &before);
         if handovers > 0 {
             assert_eq!(published, [0, 0, 0], "handed over unannounced");
+            // Right behind the release (its one script), the attempt is a
+            // plain SET NX, not the waiting script: no Lua to run for it.
+            let plain = || {
+                servers.iter().zip(&before).all(|(s, b)| {
+                    let now = calls(s);
+                    (now.scripts - b.scripts, now.set - b.set) == (1, 1)
+                })
+            };
+            assert!(
+                eventually(SETTLE, plain),
+                "the release's script and a plain SET on every master: {:?}",
+                servers
+                    .iter()
+                    .zip(&before)
+                    .map(|(s, b)| {
+                        let now = calls(s);
+                        (now.scripts - b.scripts, now.set - b.set)
+                    })
+                    .collect::<Vec<_>>()
+            );
         } else {
             // Without hand-overs the release is announced; the last
             // master's reply may come after the release returns.
