@@ -635,7 +635,7 @@ impl<P: Promise, L: Links> Hub<P, L> {
         // (see `their_turn_since`) and hears its release.
         if current {
             let keep = their_turn_since(&self.engine, &self.config, &resource, now)
-                .map(|since| since + patience(&self.config) + self.config.wake_spread);
+                .map(|since| turn_over_at(&self.config, since));
             self.engine.let_go(&resource, keep, now);
         }
         planned
@@ -1105,9 +1105,8 @@ fn wait_held_or_turn<P>(
         None => {
             // Listening or not: the wait is short, and ends with a try.
             their_turn_since(engine, config, resource, now).is_some_and(|since| {
-                // As the waiters its release woke (see `turn_at`).
-                let at =
-                    since + patience(config) + jitter.between(Duration::ZERO, config.wake_spread);
+                // When the waiters its release woke here try.
+                let at = turn_at(jitter, config, Turn::Theirs, None, since);
                 running.job.handle_turn(at.max(now))
             })
         }
@@ -1134,5 +1133,11 @@ fn their_turn_since(
 ) -> Option<Instant> {
     engine
         .theirs_since(resource)
-        .filter(|&since| since + patience(config) + config.wake_spread > now)
+        .filter(|&since| turn_over_at(config, since) > now)
+}
+
+/// When a turn begun at `since` is over: the latest the waiters its
+/// release woke give the named process (see `turn_at`).
+fn turn_over_at(config: &Config, since: Instant) -> Instant {
+    since + patience(config) + config.wake_spread
 }

@@ -809,7 +809,7 @@ impl Channels {
     /// `resource` named began here, if that is another process
     /// ([`Turn::Theirs`]).
     pub(crate) fn theirs_since(&self, resource: &[u8]) -> Option<Instant> {
-        if self.turn(resource) != Turn::Theirs {
+        if self.table.is_empty() || self.turn(resource) != Turn::Theirs {
             return None;
         }
         let channel = self.table.get(resource)?;

@@ -50,11 +50,12 @@ impl<P: Promise, L: Drive> Hub<P, L> {
     pub(crate) fn run_inline(&mut self, mut job: Job) -> Ran {
         let span = job.span();
         // Another process's turn at the lock under way: the job waits for
-        // it as a queued waiter, not try ahead of that process.
-        let now = self.links.now().mono;
+        // it as a queued waiter, not try ahead of that process. The clock
+        // is read only when a turn is known.
         if job
             .resource()
-            .is_some_and(|r| super::their_turn_since(&self.engine, &self.config, r, now).is_some())
+            .and_then(|r| self.engine.theirs_since(r))
+            .is_some_and(|since| super::turn_over_at(&self.config, since) > self.links.now().mono)
         {
             let _ = job.queue_first();
             return Ran::Waiting(job, span);
