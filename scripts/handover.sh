@@ -33,6 +33,13 @@
 # build, built first); BINS="a b" runs every shape with each binary in
 # turn (labelled by basename), to compare builds in one interleaved run.
 #
+# PIN=M:C pins the masters to CPU list M and the bench processes to CPU
+# list C (taskset), e.g. PIN=0:1 on two cores: the masters then take no
+# CPU time from the client, as on a deployment whose masters are other
+# hosts; unpinned, on a machine with few cores, a hand-over between two
+# of the client's threads competes with the masters for a core, and its
+# thread wake-ups cost about what a round trip does.
+#
 # Each run's figures also go to handover.jsonl in HANDOVER_OUT (default:
 # the scratch directory, removed on exit). On a machine other builds share,
 # compare counts (rounds, att, cln, cs, cpu) rather than rates, and rates
@@ -67,14 +74,27 @@ for b in $BINS; do
     [[ -x $b ]] || die "no $b"
 done
 
+if [[ -n ${PIN:-} ]]; then
+    [[ $PIN == ?*:?* ]] || die "PIN is M:C (CPU lists for the masters and the clients)"
+    command -v taskset >/dev/null || die "taskset not found (util-linux)"
+fi
+
 masters_init redlock-handover
 start_consecutive_masters "$N"
 echo "masters: $(servers "$N")" >&2
+CLIENT_CPUS=""
+if [[ -n ${PIN:-} ]]; then
+    for pid in "${pids[@]}"; do
+        taskset -p -c "${PIN%%:*}" "$pid" >/dev/null || die "cannot pin master $pid to CPUs ${PIN%%:*}"
+    done
+    CLIENT_CPUS=${PIN#*:}
+    echo "masters pinned to CPUs ${PIN%%:*}, clients to CPUs $CLIENT_CPUS" >&2
+fi
 
 python3 - "$ROUNDS" "$SECS" "$TIMEOUT" "$work" "$(servers "$N")" "$(
     IFS=,
     echo "${pids[*]}"
-)" "$SHAPES" "$BINS" <<'EOF'
+)" "$SHAPES" "$BINS" "$CLIENT_CPUS" <<'EOF'
 import json, os, statistics, subprocess, sys, time
 
 rounds, secs, timeout, work = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
@@ -82,6 +102,7 @@ urls = sys.argv[5].split(",")
 mpids = [int(p) for p in sys.argv[6].split(",")]
 shapes = sys.argv[7].split()
 bins = sys.argv[8].split()
+pin = ["taskset", "-c", sys.argv[9]] if sys.argv[9] else []
 
 def cli(url, *args):
     return subprocess.run(["redis-cli", "-u", url, *args], capture_output=True, text=True, check=True).stdout
@@ -129,7 +150,7 @@ def run(shape, binary):
         cli(url, "flushall")
         cli(url, "config", "resetstat")
     before = [proc_cpu(p) for p in mpids[:n]]
-    cmd = [binary, "bench", "--servers", ",".join(servers), "--no-quarantine", "--timeout", timeout,
+    cmd = [*pin, binary, "bench", "--servers", ",".join(servers), "--no-quarantine", "--timeout", timeout,
            "--threads", str(threads), "--resources", "1", "--hold", f"{hold}ms",
            "--wait-mode", mode, "-d", f"{secs}s", "--json", *flags]
     children = []
