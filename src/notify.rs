@@ -782,7 +782,11 @@ impl Channels {
     /// Whose turn it is to try for the lock on `resource`: the process
     /// the last release named, if it named one.
     pub(crate) fn turn(&self, resource: &[u8]) -> Turn {
-        let named = self.table.get(resource).and_then(|c| c.named);
+        self.turn_named(self.table.get(resource).and_then(|c| c.named))
+    }
+
+    /// Whose turn a release naming `named` gave (see [`Channels::turn`]).
+    fn turn_named(&self, named: Option<i64>) -> Turn {
         match (named, self.own_id) {
             (Some(named), Some(own)) if named == own => Turn::Mine,
             (Some(_), _) => Turn::Theirs,
@@ -793,9 +797,6 @@ impl Channels {
     /// The last release of the lock on `resource` was made or heard here
     /// at `now`, unless it was already: the turn it named began then.
     pub(crate) fn handle_turn_began(&mut self, resource: &[u8], now: Instant) {
-        if self.table.is_empty() {
-            return;
-        }
         if let Some(channel) = self.table.get_mut(resource)
             && channel
                 .turn_began
@@ -809,10 +810,11 @@ impl Channels {
     /// `resource` named began here, if that is another process
     /// ([`Turn::Theirs`]).
     pub(crate) fn theirs_since(&self, resource: &[u8]) -> Option<Instant> {
-        if self.table.is_empty() || self.turn(resource) != Turn::Theirs {
+        // An empty table answers without hashing the key.
+        let channel = self.table.get(resource)?;
+        if self.turn_named(channel.named) != Turn::Theirs {
             return None;
         }
-        let channel = self.table.get(resource)?;
         channel
             .turn_began
             .filter(|&(count, _)| count == channel.count)
