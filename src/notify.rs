@@ -286,6 +286,14 @@ impl Channel {
     fn is_lingering(&self) -> bool {
         self.subscribed && self.waiters.is_empty() && self.listeners.is_empty()
     }
+
+    /// Until when a subscription kept with nobody waiting stays: the later
+    /// of the lock's validity while held here and the turn it is `kept`
+    /// for; none when neither holds it ([`Channels::sweep`] ends it then).
+    fn kept_until(&self) -> Option<Instant> {
+        // `None` orders before any `Some`: the later of the two, or the one.
+        self.held.map(|(until, _)| until).max(self.kept)
+    }
 }
 
 /// The resources local waiters wait for, and their subscriptions.
@@ -627,11 +635,7 @@ impl Channels {
         done.extend(
             self.table
                 .iter()
-                .filter(|(_, c)| {
-                    c.is_lingering()
-                        && c.held.is_none_or(|(t, _)| t <= now)
-                        && c.kept.is_none_or(|t| t <= now)
-                })
+                .filter(|(_, c)| c.is_lingering() && c.kept_until().is_none_or(|t| t <= now))
                 .map(|(resource, _)| resource.clone()),
         );
         for resource in done.drain(..) {
@@ -649,10 +653,7 @@ impl Channels {
         self.table
             .values()
             .filter(|c| c.is_lingering())
-            .filter_map(|c| match (c.held.map(|(until, _)| until), c.kept) {
-                (Some(a), Some(b)) => Some(a.max(b)),
-                (a, b) => a.or(b),
-            })
+            .filter_map(Channel::kept_until)
             .min()
     }
 
