@@ -15,8 +15,10 @@
 //! (the first seed), `--clients`, `--masters`, `--ops`, and
 //! `--bug quorum-off-by-one|drift-dropped|extend-not-shortened|
 //! failure-counted-as-split|resend-decided|release-notice-dropped|
-//! handover-budget-ignored|contention-unheard|cleanup-skips-granted` to put
-//! a bug in on purpose (the run should then stop at a seed that shows it).
+//! handover-budget-ignored|contention-unheard|cleanup-skips-granted|
+//! admission-bypassed|handover-to-attempt|abandoned-stays-held|
+//! dropped-waiter-tries|script-loaded-per-noscript` to put a bug in on
+//! purpose (the run should then stop at a seed that shows it).
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -60,6 +62,11 @@ fn main() -> ExitCode {
                 "handover-budget-ignored" => Bug::HandoverBudgetIgnored,
                 "contention-unheard" => Bug::ContentionUnheard,
                 "cleanup-skips-granted" => Bug::CleanupSkipsGranted,
+                "admission-bypassed" => Bug::AdmissionBypassed,
+                "handover-to-attempt" => Bug::HandoverToAttempt,
+                "abandoned-stays-held" => Bug::AbandonedStaysHeld,
+                "dropped-waiter-tries" => Bug::DroppedWaiterTries,
+                "script-loaded-per-noscript" => Bug::ScriptLoadedPerNoscript,
                 _ => {
                     eprintln!("simulate: unknown bug {value}");
                     return ExitCode::from(2);

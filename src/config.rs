@@ -384,6 +384,7 @@ impl Config {
             ("quarantine", self.quarantine),
             ("wake_spread", Some(self.wake_spread)),
             ("local_handover_linger", Some(self.local_handover_linger)),
+            ("local_handover_window", Some(self.local_handover_window)),
         ];
         for (setting, duration) in durations {
             check_duration(setting, duration)?;
@@ -565,13 +566,14 @@ mod tests {
     #[test]
     fn every_duration_the_loop_adds_to_the_clock_is_bounded() {
         type Set = fn(&mut Config, Duration);
-        let settings: [(&str, Set); 8] = [
+        let settings: [(&str, Set); 9] = [
             ("per_instance_timeout", |c, d| c.per_instance_timeout = d),
             ("connect_timeout", |c, d| c.connect_timeout = d),
             ("reconnect_backoff_max", |c, d| c.reconnect_backoff_max = d),
             ("quarantine", |c, d| c.quarantine = Some(d)),
             ("wake_spread", |c, d| c.wake_spread = d),
             ("local_handover_linger", |c, d| c.local_handover_linger = d),
+            ("local_handover_window", |c, d| c.local_handover_window = d),
             ("retry delay", |c, d| c.retry.delay = d),
             ("retry max_wait", |c, d| c.retry.max_wait = Some(d)),
         ];

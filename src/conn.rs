@@ -494,6 +494,8 @@ enum Expect {
     /// consumed here, never a request's.
     Load {
         sent_at: Instant,
+        /// The script loaded (see `Conn::loading`).
+        script: ScriptId,
     },
 }
 
@@ -586,6 +588,13 @@ pub(crate) struct Conn {
     script_load_refused: bool,
     /// `-NOSCRIPT`s recovered from since [`Conn::take_recoveries`].
     recoveries: Recoveries,
+    /// The scripts a `SCRIPT LOAD` is in flight for (bit `id` for
+    /// [`ScriptId`] `id`): a request answered `-NOSCRIPT` behind one is
+    /// sent again behind it, without another. After a `SCRIPT FLUSH`
+    /// every request in flight comes back `-NOSCRIPT`: one load each
+    /// would about double what the connection holds, past the in-flight
+    /// bound the admission gate keeps it under.
+    loading: u32,
 }
 
 impl Conn {
@@ -645,6 +654,7 @@ impl Conn {
             refused: None,
             script_load_refused: false,
             recoveries: Recoveries::default(),
+            loading: 0,
         }
     }
 
@@ -717,6 +727,7 @@ impl Conn {
         self.inbuf.clear();
         self.scan.reset();
         self.in_flight.clear();
+        self.loading = 0;
         self.set_oldest(None);
         self.heard = false;
         self.refused = None;
@@ -796,6 +807,7 @@ impl Conn {
         self.inbuf.clear();
         self.scan.reset();
         self.in_flight.clear();
+        self.loading = 0;
         self.set_oldest(None);
         self.handshake_left = 0;
     }
@@ -861,7 +873,7 @@ impl Conn {
         self.in_flight.iter().find_map(|e| match e {
             Expect::Reply { sent_at, .. }
             | Expect::Confirm { sent_at, .. }
-            | Expect::Load { sent_at } => Some(*sent_at),
+            | Expect::Load { sent_at, .. } => Some(*sent_at),
             Expect::Handshake(_) => None,
         })
     }
@@ -1186,9 +1198,18 @@ impl Conn {
         }
     }
 
-    /// Queues `SCRIPT LOAD <source>`, whose reply [`Conn::poll_reply`]
-    /// consumes (a refusal turns later recoveries to EVAL).
-    fn load_script(&mut self, source: &str, now: Instant) {
+    /// Queues `SCRIPT LOAD` of script `id`, whose reply
+    /// [`Conn::poll_reply`] consumes (a refusal turns later recoveries to
+    /// EVAL), unless one is in flight already (see `loading`).
+    fn load_script(&mut self, id: ScriptId, now: Instant) {
+        let bit = 1u32 << (id as u32);
+        if self.loading & bit != 0
+            && !crate::knobs::injected(crate::knobs::Bug::ScriptLoadedPerNoscript)
+        {
+            return;
+        }
+        self.loading |= bit;
+        let source = self.scripts.get(id).source();
         resp::encode_command(
             &mut self.out,
             &[
@@ -1197,7 +1218,10 @@ impl Conn {
                 Arg::Bytes(source.as_bytes()),
             ],
         );
-        self.in_flight.push_back(Expect::Load { sent_at: now });
+        self.in_flight.push_back(Expect::Load {
+            sent_at: now,
+            script: id,
+        });
         self.handle_timed(now);
     }
 
@@ -1278,7 +1302,8 @@ impl Conn {
                     }
                     self.handshake_left = self.handshake_left.saturating_sub(1);
                 }
-                Some(Expect::Load { .. }) => {
+                Some(Expect::Load { script, .. }) => {
+                    self.loading &= !(1u32 << (script as u32));
                     // The sha, or a refusal: EVAL from now on.
                     if matches!(reply, Reply::Error(_)) {
                         self.script_load_refused = true;
@@ -1296,9 +1321,10 @@ impl Conn {
                         Resent::Loaded => Resent::Eval,
                         Resent::Eval => return Ok(Some((tag, reply))),
                     };
-                    let Some(script) = request.op.script().map(|id| *self.scripts.get(id)) else {
+                    let Some(id) = request.op.script() else {
                         return Ok(Some((tag, reply)));
                     };
+                    let script = *self.scripts.get(id);
                     if !reply.is_error_code(b"NOSCRIPT") {
                         return Ok(Some((tag, reply)));
                     }
@@ -1310,12 +1336,12 @@ impl Conn {
                         // Decided: not run again, but loaded, so that the
                         // next use of the script here pays no NOSCRIPT.
                         if next == Resent::Loaded {
-                            self.load_script(script.source(), now);
+                            self.load_script(id, now);
                         }
                         return Ok(Some((tag, reply)));
                     }
                     if next == Resent::Loaded {
-                        self.load_script(script.source(), now);
+                        self.load_script(id, now);
                         self.recoveries.script_load += 1;
                     } else {
                         self.recoveries.eval += 1;

@@ -309,9 +309,10 @@ impl Engine {
         self.channels.let_go(&mut self.subs, resource, keep, now);
     }
 
-    /// A lock was released through this client.
-    pub(crate) fn handle_released(&mut self, resource: &[u8]) {
-        self.channels.handle_released(resource);
+    /// A lock (`token`'s) was released through this client (see
+    /// [`Channels::handle_released`]).
+    pub(crate) fn handle_released(&mut self, resource: &[u8], token: Token) {
+        self.channels.handle_released(resource, token);
     }
 
     /// See [`Channels::needs_notice`].

@@ -144,11 +144,9 @@ struct Running<P> {
     deferred: bool,
     /// Waiting for a round's outcome: nothing else may move it on.
     in_round: bool,
-    /// For a waiting acquire whose attempt was under way when this client
-    /// released the lock to it unannounced: the row of hand-overs its
-    /// next attempt, made at once if this one is refused, carries (0:
-    /// none).
-    handed: Option<Cohort>,
+    /// Waiting for room in the connections' in-flight queues, in
+    /// [`Hub::ready`]: nothing else may move it on.
+    blocked: bool,
     /// The operation's span, open until it ends.
     span: OpSpan,
 }
@@ -166,7 +164,7 @@ impl<P: Promise> Running<P> {
             timer: 0,
             deferred: false,
             in_round: false,
-            handed: None,
+            blocked: false,
         })
     }
 }
@@ -178,13 +176,15 @@ enum Waiter<P> {
     Caller(P),
     /// The kept lock in this slot of the loop's table (an extension).
     Keeper(usize),
+    /// Nobody: the release of a lock whose caller went away.
+    Nobody,
 }
 
 impl<P: Promise> Waiter<P> {
     fn is_abandoned(&self) -> bool {
         match self {
             Waiter::Caller(completion) => completion.is_abandoned(),
-            Waiter::Keeper(_) => false,
+            Waiter::Keeper(_) | Waiter::Nobody => false,
         }
     }
 }
@@ -214,6 +214,11 @@ pub(crate) struct Hub<P, L> {
     /// Kept locks whose extension waits for room: (slot, generation).
     /// They go before the orders: an extension is due.
     kept_admitting: VecDeque<(usize, u64)>,
+    /// Jobs under way whose next step waits for room (a retry, a wake-up,
+    /// a hand-over's attempt, a cleanup, a fence's write-back), oldest
+    /// first. After the kept locks, before new orders: they were admitted
+    /// once already.
+    ready: VecDeque<usize>,
     /// Set once two masters turned out to be one server.
     same_server: Option<ConfigError>,
     /// Kept locks, by slot.
@@ -266,6 +271,7 @@ impl<P: Promise, L: Links> Hub<P, L> {
             subscribing: Vec::new(),
             admitting: VecDeque::with_capacity(256),
             kept_admitting: VecDeque::new(),
+            ready: VecDeque::new(),
             same_server: None,
             kept: Vec::new(),
             free_kept: Vec::new(),
@@ -473,6 +479,7 @@ impl<P: Promise, L: Links> Hub<P, L> {
         self.jobs.len() == self.free_jobs.len()
             && self.admitting.is_empty()
             && self.kept_admitting.is_empty()
+            && self.ready.is_empty()
             && self.parked.is_empty()
     }
 
@@ -493,6 +500,20 @@ impl<P: Promise, L: Links> Hub<P, L> {
             {
                 kept.admitting = false;
                 self.drive_kept(slot, now);
+            }
+        }
+        while let Some(&index) = self.ready.front() {
+            let k = match self.jobs.get(index) {
+                Some(Some(running)) => running.job.round_size().min(limit),
+                _ => 0,
+            };
+            if k > 0 && !self.engine.has_room(k, limit, now) {
+                return;
+            }
+            self.ready.pop_front();
+            if let Some(Some(running)) = self.jobs.get_mut(index) {
+                running.blocked = false;
+                self.advance(index, now);
             }
         }
         while let Some(submission) = self.admitting.front() {
@@ -518,6 +539,15 @@ impl<P: Promise, L: Links> Hub<P, L> {
         let order = match order {
             Order::Keep { keeper } => return self.keep(*keeper, now),
             Order::Unkeep { shared } => return self.unkeep(&shared, completion, now),
+            // Dropped while its order waited for admission: no attempt.
+            order @ (Order::Acquire { .. } | Order::AcquireBatch { .. })
+                if completion.is_abandoned()
+                    && !crate::knobs::injected(crate::knobs::Bug::DroppedWaiterTries) =>
+            {
+                let error = crate::job::untried(self.names.len(), now, 0, now);
+                let _ = completion.complete(order.refused(error));
+                return;
+            }
             order => order,
         };
         match self.make_job(order, now) {
@@ -565,15 +595,12 @@ impl<P: Promise, L: Links> Hub<P, L> {
         // The head's attempt follows the release in the same write.
         if let Some((head, cohort)) = head
             && let Some(Some(running)) = self.jobs.get_mut(head)
+            && !running.in_round
         {
-            if running.in_round {
-                running.handed = Some(cohort);
-            } else {
-                self.timers.cancel(running);
-                running.awaiting = false;
-                running.job.handle_handover(cohort);
-                self.advance(head, now);
-            }
+            self.timers.cancel(running);
+            running.awaiting = false;
+            running.job.handle_handover(cohort);
+            self.advance(head, now);
         }
     }
 
@@ -602,7 +629,7 @@ impl<P: Promise, L: Links> Hub<P, L> {
                 // Several callers here take this lock in turn.
                 self.engine.handle_company(&resource, true);
                 let next = Cohort {
-                    row: cohort.row + 1,
+                    row: cohort.row.saturating_add(1),
                     since: cohort.since,
                 };
                 self.engine.handle_handed_over(&resource, next);
@@ -672,17 +699,22 @@ impl<P: Promise, L: Links> Hub<P, L> {
     }
 
     /// The waiter here that a release of `resource` would hand its lock
-    /// to: the head of its queue, between attempts (it tries right behind
-    /// the release) or in one (handed the lock when the attempt ends: the
-    /// masters refuse it, the lock still ours there when it arrives, sent
-    /// before the release on every connection). A fenced waiter is handed
-    /// the lock as a plain one is: its attempt is its whole two-phase
-    /// acquire, whose fence, read from a quorum after the release, is new
-    /// and larger.
+    /// to: the head of its queue, between attempts (its attempt goes right
+    /// behind the release, in the same write). Not one whose attempt is
+    /// under way: that attempt, sent before the release, is refused, and
+    /// if it is its last (its wait over, its caller gone, attempts used
+    /// up) nobody would try the lock the unannounced release freed, nor
+    /// would any other process hear of it; it is announced instead, and
+    /// the head, refused, hears of it as any waiter does. A fenced waiter
+    /// is handed the lock as a plain one is: its attempt is its whole
+    /// two-phase acquire, whose fence, read from a quorum after the
+    /// release, is new and larger.
     fn handover_head(&self, resource: &[u8]) -> Option<usize> {
+        let to_attempt = crate::knobs::injected(crate::knobs::Bug::HandoverToAttempt);
         self.engine.head(resource).filter(|&head| {
             matches!(self.jobs.get(head), Some(Some(r))
-                if ((r.in_round && r.job.is_attempting()) || r.job.is_between_attempts())
+                if (r.job.is_between_attempts() || (to_attempt && r.in_round && r.job.is_attempting()))
+                    && !r.blocked
                     && !r.waiter.is_abandoned())
         })
     }
@@ -805,12 +837,29 @@ impl<P: Promise, L: Links> Hub<P, L> {
                 return;
             };
             // A timer or a promotion that comes while the job's round is
-            // out waits for the round's outcome.
-            if running.in_round {
+            // out waits for the round's outcome; one that comes while it
+            // waits for room, for the room.
+            if running.in_round || running.blocked {
+                return;
+            }
+            // Every request goes through the gate new orders go through
+            // (see `admit`): a burst of waiters woken together, say by a
+            // batch of releases, waits here for room instead of pushing
+            // connections others use past their bound.
+            let limit = config.max_in_flight / 2;
+            let k = running.job.round_size().min(limit);
+            if k > 0
+                && !engine.has_room(k, limit, now)
+                && !crate::knobs::injected(crate::knobs::Bug::AdmissionBypassed)
+            {
+                timers.cancel(running);
+                running.awaiting = false;
+                running.blocked = true;
+                self.ready.push_back(index);
                 return;
             }
             if running.waiter.is_abandoned() {
-                running.job.abandon();
+                running.job.cancel();
             }
             let mut ctx = Ctx {
                 config,
@@ -862,12 +911,6 @@ impl<P: Promise, L: Links> Hub<P, L> {
                     }
                     links.prepare(engine, now);
                     engine.send(requests, now, skip);
-                }
-                Step::Await { .. } | Step::Sleep(_) if running.handed.is_some() => {
-                    // Refused while this client released the lock to it.
-                    if let Some(cohort) = running.handed.take() {
-                        running.job.handle_handover(cohort);
-                    }
                 }
                 Step::Sleep(at) => {
                     timers.set(running, index, at);
@@ -950,11 +993,11 @@ impl<P: Promise, L: Links> Hub<P, L> {
                 Step::Done => {
                     running
                         .job
-                        .for_each_released(|key| engine.handle_released(key));
+                        .for_each_released(|key, token| engine.handle_released(key, token));
                     if let Some((resource, token)) = running.job.yielded_release()
                         && !engine.heard_release(resource, token)
                     {
-                        engine.handle_released(resource);
+                        engine.handle_released(resource, token);
                     }
                     for key in running.listening.take().iter().flat_map(Keys::as_slice) {
                         engine.unlisten(key, index, now);
@@ -1002,6 +1045,7 @@ impl<P: Promise, L: Links> Hub<P, L> {
                             }
                         }
                         Waiter::Keeper(slot) => self.handle_extended(slot, output, now),
+                        Waiter::Nobody => {}
                     }
                     return;
                 }
@@ -1009,9 +1053,45 @@ impl<P: Promise, L: Links> Hub<P, L> {
         }
     }
 
-    /// An acquire whose caller went away took locks: release them on every
-    /// master, nobody waiting for the answers.
+    /// An acquire whose caller went away took locks: each is released as
+    /// any release is, nobody waiting for the answer: through the
+    /// admission gate, let go here (no longer "held here": a local waiter
+    /// is handed it or told, and other processes by the masters).
     pub(crate) fn release_abandoned(&mut self, output: Output, now: Instant) {
+        if crate::knobs::injected(crate::knobs::Bug::AbandonedStaysHeld) {
+            return self.send_unclaimed(output, now);
+        }
+        let job = {
+            let ctx = Ctx {
+                config: &self.config,
+                names: &self.names,
+                tokens: &mut self.tokens,
+                jitter: &mut self.jitter,
+            };
+            match &output {
+                Output::Lock(Ok(lock)) => {
+                    metrics::released_unclaimed(1);
+                    Job::Release(Release::new(&ctx, lock, now))
+                }
+                Output::Locks(results) => {
+                    let locks: Vec<Lock> = results.iter().flatten().cloned().collect();
+                    if locks.is_empty() {
+                        return;
+                    }
+                    metrics::released_unclaimed(locks.len());
+                    let spare = std::mem::take(&mut self.spare);
+                    Job::ReleaseBatch(Batch::release(&ctx, spare, &locks, now))
+                }
+                _ => return,
+            }
+        };
+        self.launch(job, Waiter::Nobody, now);
+    }
+
+    /// Releases the locks in `output` on every master at once, nobody
+    /// waiting for the answers: for locks whose future was dropped after
+    /// the loop ended, which runs no job any more.
+    pub(crate) fn send_unclaimed(&mut self, output: Output, now: Instant) {
         let release = |lock: &Lock| Request {
             op: release_op(&lock.keys),
             keys: lock.keys.clone(),

@@ -191,11 +191,46 @@ impl Job {
         }
     }
 
-    /// Stops a job whose caller went away at its next wait instead of
-    /// retrying.
+    /// The most requests the job's next step may send (a round's, or a
+    /// cleanup's): what the admission gate makes room for; 0 when it
+    /// sends nothing more (its round is out, or it is done).
+    pub(crate) fn round_size(&self) -> usize {
+        let sends = match self {
+            Job::Acquire(job) => !matches!(
+                job.stage,
+                Stage::Waiting | Stage::FenceWaiting | Stage::Done
+            ),
+            Job::Extend(Extend { stage, .. }) | Job::Release(Release { stage, .. }) => {
+                *stage == Stage::Round
+            }
+            Job::AcquireBatch(batch) | Job::ReleaseBatch(batch) => {
+                matches!(batch.stage, Stage::Round | Stage::Cleanup)
+            }
+        };
+        match self {
+            _ if !sends => 0,
+            Job::AcquireBatch(batch) | Job::ReleaseBatch(batch) => batch.requests.len(),
+            _ => 1,
+        }
+    }
+
+    /// Stops a job at its next wait instead of retrying (the last handle
+    /// went): an acquire queued before any attempt still makes one, which
+    /// says why it ends.
     pub(crate) fn abandon(&mut self) {
         if let Job::Acquire(job) = self {
             job.abandoned = true;
+        }
+    }
+
+    /// Ends a job whose caller went away at its next wait, with no further
+    /// attempt: not even the one a queued acquire that has not tried makes
+    /// when it is [abandoned](Job::abandon) (SAFETY.md, *Cancellation and
+    /// shutdown*). A round under way runs to its decision.
+    pub(crate) fn cancel(&mut self) {
+        if let Job::Acquire(job) = self {
+            job.abandoned = true;
+            job.cancelled = !crate::knobs::injected(crate::knobs::Bug::DroppedWaiterTries);
         }
     }
 
@@ -400,13 +435,14 @@ impl Job {
     }
 
     /// What a finished release (or batch of releases) freed, to tell this
-    /// client's waiters at once: each key, where a quorum confirmed it;
+    /// client's waiters at once: each key and its token, where a quorum
+    /// confirmed it;
     /// nothing for a release handed over or yielded (see
     /// [`Release::unannounced`], [`Release::yielded`]).
-    pub(crate) fn for_each_released(&self, mut freed: impl FnMut(&[u8])) {
+    pub(crate) fn for_each_released(&self, mut freed: impl FnMut(&[u8], Token)) {
         let mut each = |request: &Request| {
             for key in request.keys.as_slice() {
-                freed(key);
+                freed(key, request.token);
             }
         };
         match self {
@@ -535,6 +571,9 @@ pub(crate) struct Acquire {
     last_error: Option<Error>,
     result: Option<Result<Lock, Error>>,
     abandoned: bool,
+    /// Its caller went away: it ends at its next wait, with no attempt
+    /// more (see [`Job::cancel`]).
+    cancelled: bool,
     /// Waits for a held lock by release notification and key expiry
     /// ([`Config::wake_on_release`]); only a single resource's plain
     /// acquire with retries does.
@@ -659,6 +698,7 @@ impl Acquire {
             last_error: None,
             result: None,
             abandoned: false,
+            cancelled: false,
         })
     }
 
@@ -677,8 +717,18 @@ impl Acquire {
         let waiting = matches!(
             self.stage,
             Stage::Sleep(_) | Stage::Await(_) | Stage::Subscribe
-        ) || (self.stage == Stage::Round && self.attempt > 0);
+        ) || (self.stage == Stage::Round && (self.attempt > 0 || self.subscribed));
         let out_of_time = self.wait_until.is_some_and(|w| now >= w);
+        if waiting && self.cancelled {
+            // Its caller is gone: nobody needs to hear why it ends.
+            let error = self
+                .last_error
+                .take()
+                .unwrap_or_else(|| untried(ctx.names.len(), self.first, self.attempt, now));
+            self.result = Some(Err(error));
+            self.stage = Stage::Done;
+            return Step::Done;
+        }
         if waiting && (self.abandoned || (out_of_time && self.stage == Stage::Subscribe)) {
             if self.last_error.is_some() {
                 self.result = self.last_error.take().map(Err);
@@ -1537,6 +1587,20 @@ fn failure(
         elapsed: ended.mono.saturating_duration_since(first),
         attempts,
     }
+}
+
+/// Why an acquire whose caller went away ends before it tried (again):
+/// it was waiting for the lock, held or wanted by others, and made no
+/// attempt since (no votes).
+pub(crate) fn untried(masters: usize, first: Instant, attempts: u32, now: Instant) -> Error {
+    Error::Held(Failure {
+        quorum: crate::quorum::quorum(masters),
+        granted: 0,
+        refused: 0,
+        votes: Vec::new(),
+        elapsed: now.saturating_duration_since(first),
+        attempts,
+    })
 }
 
 /// The release that undoes what `keys` took.

@@ -39,6 +39,26 @@ pub enum Bug {
     /// as well as those that refused it: its keys stay there until their
     /// TTL.
     CleanupSkipsGranted,
+    /// Retries, wake-ups, hand-over attempts and cleanups go straight to
+    /// the wire, past the admission gate new orders wait at (as before
+    /// issue 39): a burst of woken waiters drops connections at the
+    /// in-flight bound.
+    AdmissionBypassed,
+    /// A release hands the lock over to a head waiter whose attempt is
+    /// under way, unannounced (as before issue 39): if that attempt is
+    /// its last, the lock sits free, nobody told, until the old key's TTL.
+    HandoverToAttempt,
+    /// A lock won after its caller went away is released without letting
+    /// go of its "held here" mark (as before issue 39): without channel
+    /// rights no message clears it, and local waiters wait out its TTL.
+    AbandonedStaysHeld,
+    /// A waiting acquire whose caller went away while it was queued still
+    /// makes an attempt (as before issue 39).
+    DroppedWaiterTries,
+    /// Every `-NOSCRIPT` is answered with a `SCRIPT LOAD` of its own (as
+    /// before issue 39): after a `SCRIPT FLUSH` a connection holds about
+    /// twice what it held, past the in-flight bound.
+    ScriptLoadedPerNoscript,
 }
 
 #[cfg(any(test, feature = "test-knobs"))]

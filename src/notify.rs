@@ -767,15 +767,20 @@ impl Channels {
             .map(|(i, _)| i)
     }
 
-    /// A lock on `resource` was released through this client: its local
-    /// waiters are woken without waiting for the masters' messages (each
-    /// of which still counts: see [`Channels::handle_push`]).
-    pub(crate) fn handle_released(&mut self, resource: &[u8]) {
+    /// A lock on `resource` (`token`'s) was released through this client:
+    /// its local waiters are woken without waiting for the masters'
+    /// messages (each of which still counts: see [`Channels::handle_push`]).
+    /// It is no longer held here, unless another lock of this client's
+    /// holds it now (the released one lapsed, its caller releasing it
+    /// late): that one's mark stays.
+    pub(crate) fn handle_released(&mut self, resource: &[u8], token: Token) {
         if self.table.is_empty() {
             return;
         }
         if let Some(channel) = self.table.get_mut(resource) {
-            channel.held = None;
+            if channel.held.is_some_and(|(_, held)| held == token) {
+                channel.held = None;
+            }
             release(&mut self.notified, resource, channel);
         }
     }
@@ -1277,7 +1282,8 @@ mod tests {
             assert!(sent(conn).is_empty(), "still listened to");
         }
         // A release is queued once, for the head and the listeners alike.
-        channels.handle_released(R);
+        let token = TokenSource::from_seed([2; 16]).next_token();
+        channels.handle_released(R, token);
         assert_eq!(channels.poll_notified().as_deref(), Some(R));
         assert_eq!(channels.epoch(R), 1);
         channels.unlisten(&mut subs, &resource, 4, now);
@@ -1493,7 +1499,7 @@ mod tests {
             tokens.next_token(),
             tokens.next_token(),
         );
-        channels.handle_released(R);
+        channels.handle_released(R, local);
         assert_eq!(channels.epoch(R), 1);
         // The release reaches the masters one by one: a waiter that tried
         // after the first must hear of each later one.

@@ -1171,7 +1171,7 @@ impl EventLoop {
         }
         let now = Instant::now();
         let output = Output::Locks(locks.into_iter().map(Ok).collect());
-        self.hub.release_abandoned(output, now);
+        self.hub.send_unclaimed(output, now);
         let (engine, driver) = self.hub.io();
         driver.send(engine);
     }

@@ -77,7 +77,7 @@ impl<P: Promise, L: Drive> Hub<P, L> {
     }
 
     /// [`Hub::run_inline`]'s rounds: the instant `job` was done, or none
-    /// when it waits.
+    /// when it waits (to retry, for a release, or for room).
     fn run_rounds(&mut self, job: &mut Job) -> Option<Instant> {
         let spin = self.config.spin;
         loop {
@@ -87,6 +87,16 @@ impl<P: Promise, L: Drive> Hub<P, L> {
                 mut ctx,
             } = self.split();
             let now = links.now().mono;
+            // The gate every request goes through (see `Hub::admit`): with
+            // no room the job waits for it, taken over by the hub.
+            let limit = ctx.config.max_in_flight / 2;
+            let k = job.round_size().min(limit);
+            if k > 0
+                && !engine.has_room(k, limit, now)
+                && !crate::knobs::injected(crate::knobs::Bug::AdmissionBypassed)
+            {
+                return None;
+            }
             match job.poll(&mut ctx, now) {
                 Step::Round {
                     requests,

@@ -2474,6 +2474,11 @@ mod tests {
             Some(Bug::HandoverBudgetIgnored) => " --bug handover-budget-ignored",
             Some(Bug::ContentionUnheard) => " --bug contention-unheard",
             Some(Bug::CleanupSkipsGranted) => " --bug cleanup-skips-granted",
+            Some(Bug::AdmissionBypassed) => " --bug admission-bypassed",
+            Some(Bug::HandoverToAttempt) => " --bug handover-to-attempt",
+            Some(Bug::AbandonedStaysHeld) => " --bug abandoned-stays-held",
+            Some(Bug::DroppedWaiterTries) => " --bug dropped-waiter-tries",
+            Some(Bug::ScriptLoadedPerNoscript) => " --bug script-loaded-per-noscript",
         };
         format!(
             "cargo run --release --features test-knobs --example simulate -- --seed {seed} \
