@@ -715,6 +715,12 @@ impl Conn {
             + self.in_flight.capacity() * std::mem::size_of::<Expect>()
     }
 
+    /// Whether one more command may be queued within half the in-flight
+    /// bound (the share the shared client's admission leaves new work).
+    pub(crate) fn has_room_for_command(&self) -> bool {
+        self.in_flight.len() < (self.timing.max_in_flight / 2).max(1)
+    }
+
     /// How many requests (handshake included) await a reply.
     pub(crate) fn in_flight(&self) -> usize {
         self.in_flight.len()
@@ -1359,6 +1365,20 @@ impl Conn {
                     self.handle_timed(now);
                 }
             }
+        }
+    }
+}
+
+/// What the simulator's checkers read of a connection (a test probe, not
+/// API): none of it decides anything.
+#[cfg(any(test, feature = "test-knobs"))]
+impl Conn {
+    /// Why the connection is down, while it is: a drop at the in-flight
+    /// bound reads [`Cause::TooFarBehind`] until the next connect.
+    pub(crate) fn down_cause(&self) -> Option<&Cause> {
+        match &self.state {
+            State::Down { cause, .. } => Some(cause),
+            _ => None,
         }
     }
 }

@@ -286,6 +286,12 @@ impl Engine {
         self.channels.is_wanted()
     }
 
+    /// Sends the subscriptions made and ended since the last call (see
+    /// [`Channels::flush`]).
+    pub(crate) fn flush_subscriptions(&mut self, now: Instant) {
+        self.channels.flush(&mut self.subs, now);
+    }
+
     /// Ends the subscriptions kept for locks no longer held here (see
     /// [`Channels::sweep`]).
     pub(crate) fn sweep(&mut self, now: Instant) {

@@ -370,6 +370,7 @@ impl<P: Promise, L: Links> Hub<P, L> {
         self.engine.sweep(now);
         self.fire_keep_timers(now);
         self.unpark(now);
+        self.engine.flush_subscriptions(now);
     }
 
     /// After the engine's inputs: each completed round goes to its job,
@@ -405,6 +406,7 @@ impl<P: Promise, L: Links> Hub<P, L> {
             self.advance(index, now.mono);
         }
         self.admit(now.mono);
+        self.engine.flush_subscriptions(now.mono);
     }
 
     /// The soonest instant the hub needs to run again: a round's limit, a
@@ -433,6 +435,7 @@ impl<P: Promise, L: Links> Hub<P, L> {
     pub(crate) fn handle_waiting_job(&mut self, job: Job, completion: P, span: OpSpan, now: Stamp) {
         self.stamp = now;
         self.spawn_with(job, Waiter::Caller(completion), span, now.mono);
+        self.engine.flush_subscriptions(now.mono);
     }
 
     /// Ends every job, every order waiting for room and every kept lock

@@ -320,6 +320,10 @@ pub(crate) struct Channels {
     warned: Vec<bool>,
     /// The resources a sweep unsubscribes, reused.
     swept: Vec<Bytes>,
+    /// Per subscriber connection: the SUBSCRIBEs (`true`) and UNSUBSCRIBEs
+    /// that found no room on it (see [`Channels::flush`]), in order, each
+    /// already counted in its link's `pending`.
+    outbox: Vec<Vec<(bool, Bytes)>>,
     /// How many channels are subscribed: the common case, none, costs
     /// no walk of the table (see [`Channels::is_wanted`]).
     subscribed: usize,
@@ -440,21 +444,21 @@ impl Channels {
             return;
         }
         self.subscribed += 1;
-        let mut dropped = false;
         for (i, (link, conn)) in channel.links.iter_mut().zip(subs.iter_mut()).enumerate() {
-            if self.refused.get(i).copied().unwrap_or(false) {
+            if self.refused.get(i).copied().unwrap_or(false) || conn.is_down() {
                 continue;
             }
-            match send(&mut self.name, conn, b"SUBSCRIBE", resource, now) {
-                Ok(()) => {
-                    link.pending += 1;
-                    link.renewed = false;
-                }
-                Err(cause) => dropped |= matches!(cause, Cause::TooFarBehind),
-            }
-        }
-        if dropped {
-            self.handle_links_down(subs);
+            link.renewed = false;
+            post(
+                &mut self.outbox,
+                &mut self.name,
+                i,
+                conn,
+                true,
+                resource,
+                now,
+                link,
+            );
         }
     }
 
@@ -669,18 +673,20 @@ impl Channels {
         }
         channel.held = None;
         channel.kept = None;
-        let mut dropped = false;
         for (i, (link, conn)) in channel.links.iter_mut().zip(subs.iter_mut()).enumerate() {
-            if self.refused.get(i).copied().unwrap_or(false) {
+            if self.refused.get(i).copied().unwrap_or(false) || conn.is_down() {
                 continue;
             }
-            match send(&mut self.name, conn, b"UNSUBSCRIBE", resource, now) {
-                Ok(()) => link.pending += 1,
-                Err(cause) => dropped |= matches!(cause, Cause::TooFarBehind),
-            }
-        }
-        if dropped {
-            self.handle_links_down(subs);
+            post(
+                &mut self.outbox,
+                &mut self.name,
+                i,
+                conn,
+                false,
+                resource,
+                now,
+                link,
+            );
         }
         if self
             .table
@@ -882,6 +888,62 @@ impl Channels {
         Some(resource)
     }
 
+    /// Sends the SUBSCRIBEs and UNSUBSCRIBEs that found no room when they
+    /// were made, on each subscriber connection that has room now (fewer
+    /// than half its in-flight bound unconfirmed): one command naming
+    /// every channel of each run of one verb, in order. A subscription is
+    /// sent at once while its connection has room; a burst of waiters on
+    /// many resources past that waits here, to go as one command, rather
+    /// than drop the connection as too far behind (a `release_batch`
+    /// waking a thousand waiters did, for every subscriber connection of
+    /// their client; found by the simulation's bounds checker). The hub
+    /// calls it at the end of each of its turns.
+    pub(crate) fn flush(&mut self, subs: &mut [Conn], now: Instant) {
+        let mut dropped = false;
+        for (i, conn) in subs.iter_mut().enumerate() {
+            let Some(outbox) = self.outbox.get_mut(i) else {
+                break;
+            };
+            if outbox.is_empty() || !conn.has_room_for_command() {
+                continue;
+            }
+            let mut start = 0;
+            while let Some(&(subscribe, _)) = outbox.get(start) {
+                let end = outbox[start..]
+                    .iter()
+                    .position(|(verb, _)| *verb != subscribe)
+                    .map_or(outbox.len(), |run| start + run);
+                self.name.clear();
+                for (_, resource) in &outbox[start..end] {
+                    self.name.extend_from_slice(RELEASE_CHANNEL_PREFIX);
+                    self.name.extend_from_slice(resource);
+                }
+                let verb: &[u8] = if subscribe {
+                    b"SUBSCRIBE"
+                } else {
+                    b"UNSUBSCRIBE"
+                };
+                let mut args = Vec::with_capacity(end - start + 1);
+                args.push(Arg::Bytes(verb));
+                let mut at = 0;
+                for (_, resource) in &outbox[start..end] {
+                    let len = RELEASE_CHANNEL_PREFIX.len() + resource.len();
+                    args.push(Arg::Bytes(&self.name[at..at + len]));
+                    at += len;
+                }
+                if let Err(cause) = conn.queue_command(&args, now) {
+                    dropped |= matches!(cause, Cause::TooFarBehind);
+                    break;
+                }
+                start = end;
+            }
+            outbox.clear();
+        }
+        if dropped {
+            self.handle_links_down(subs);
+        }
+    }
+
     /// Subscriber connection `link` started connecting: every resource
     /// waited for is subscribed on it (after its AUTH, in the same write),
     /// by one SUBSCRIBE naming them all, so that a new connection starts
@@ -890,6 +952,10 @@ impl Channels {
         if let Some(refused) = self.refused.get_mut(link) {
             // A new connection tries once more.
             *refused = false;
+        }
+        // Made for the old connection: the new one subscribes afresh.
+        if let Some(outbox) = self.outbox.get_mut(link) {
+            outbox.clear();
         }
         // The channels' names one after another in `name`, and where each
         // ends: the arguments borrow them.
@@ -935,6 +1001,9 @@ impl Channels {
             self.warned.resize(link + 1, false);
         }
         self.refused[link] = true;
+        if let Some(outbox) = self.outbox.get_mut(link) {
+            outbox.clear();
+        }
         let first = !std::mem::replace(&mut self.warned[link], true);
         crate::metrics::subscribe_refused(first, reply);
         for channel in self.table.values_mut() {
@@ -949,6 +1018,9 @@ impl Channels {
     /// Subscriber connection `link` dropped: its subscriptions are gone
     /// with it.
     pub(crate) fn handle_link_down(&mut self, link: usize) {
+        if let Some(outbox) = self.outbox.get_mut(link) {
+            outbox.clear();
+        }
         for channel in self.table.values_mut() {
             if let Some(state) = channel.links.get_mut(link) {
                 *state = Link::default();
@@ -1112,23 +1184,53 @@ fn release(notified: &mut VecDeque<Bytes>, resource: &[u8], channel: &mut Channe
     }
 }
 
-/// Queues `verb` (SUBSCRIBE or UNSUBSCRIBE) for `resource`'s channel on a
-/// subscriber connection.
-///
-/// # Errors
-/// As [`Conn::queue_command`]: down, or too far behind (then dropped).
-fn send(
+/// Queues a SUBSCRIBE (`subscribe`) or UNSUBSCRIBE of `resource`'s
+/// channel on subscriber connection `i` (`conn`, up; `link`, the channel's
+/// view of it, counts it unconfirmed): at once while the connection has
+/// room and nothing waits before it, else into its outbox for
+/// [`Channels::flush`]. One that undoes the resource's last command still
+/// in the outbox takes it out instead: neither is sent. Waiters coming and
+/// going on ever new resources while a master does not answer then leave
+/// the outbox as it was, not one pair each.
+#[allow(clippy::too_many_arguments)]
+fn post(
+    outbox: &mut Vec<Vec<(bool, Bytes)>>,
     name: &mut Vec<u8>,
+    i: usize,
     conn: &mut Conn,
-    verb: &[u8],
-    resource: &[u8],
+    subscribe: bool,
+    resource: &Bytes,
     now: Instant,
-) -> Result<(), Cause> {
+    link: &mut Link,
+) {
     debug_assert_eq!(conn.role(), Role::Subscriber);
-    name.clear();
-    name.extend_from_slice(RELEASE_CHANNEL_PREFIX);
-    name.extend_from_slice(resource);
-    conn.queue_command(&[Arg::Bytes(verb), Arg::Bytes(name)], now)
+    if outbox.len() <= i {
+        outbox.resize_with(i + 1, Vec::new);
+    }
+    let waiting = &mut outbox[i];
+    if let Some(at) = waiting.iter().rposition(|(_, r)| r == resource)
+        && waiting[at].0 != subscribe
+    {
+        waiting.remove(at);
+        link.pending = link.pending.saturating_sub(1);
+        return;
+    }
+    link.pending += 1;
+    if waiting.is_empty() && conn.has_room_for_command() {
+        let verb: &[u8] = if subscribe {
+            b"SUBSCRIBE"
+        } else {
+            b"UNSUBSCRIBE"
+        };
+        name.clear();
+        name.extend_from_slice(RELEASE_CHANNEL_PREFIX);
+        name.extend_from_slice(resource);
+        // Room was checked: only a connection down refuses it, and its
+        // subscriptions are made again when it connects.
+        let _ = conn.queue_command(&[Arg::Bytes(verb), Arg::Bytes(name)], now);
+        return;
+    }
+    waiting.push((subscribe, resource.clone()));
 }
 
 #[cfg(test)]

@@ -510,6 +510,12 @@ impl Master {
             .then(|| entry.expires_at.map(|at| u64::try_from(at).unwrap_or(0)))
     }
 
+    /// The connections subscribed to `channel`, in the order they
+    /// subscribed: who a PUBLISH there would reach now (for checkers).
+    pub fn subscribers(&self, channel: &[u8]) -> &[ConnId] {
+        self.channels.get(channel).map_or(&[], Vec::as_slice)
+    }
+
     /// Runs one command sent on connection `conn` at `now_ms` by the
     /// master's clock, and returns its reply: the first frame the master
     /// writes to `conn` for it. A connection is known from its first

@@ -1,10 +1,11 @@
 //! The waiting checker: a waiting acquire waiting while the lock it wants
 //! is free must get it, or another caller must, within a bound (see
 //! [`Waiting`]). It owns what it needs to decide that, fed by the world:
-//! each master's key of each resource as the masters change them, the
-//! clients' waiting acquires, the release messages each client read, and
-//! how long each client has been unable to reach every master. It reads
-//! no model and no hub itself, and changes nothing in the run.
+//! each master's key of each resource as the masters change them (and
+//! which release deleted a key), the clients' waiting acquires, the
+//! release messages each client read, and how long each client has been
+//! unable to reach every master. It reads no model and no hub itself,
+//! and changes nothing in the run.
 
 use super::{Micros, TokenKey};
 
@@ -18,6 +19,80 @@ struct Key {
     /// The virtual time from which the key has expired (`Micros::MAX`:
     /// never).
     until: Micros,
+}
+
+/// A release command, as the waiting checker weighs the keys it deletes.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Release {
+    /// The client that sent it.
+    pub(super) client: usize,
+    /// The token it releases: it deletes a key only of that token.
+    pub(super) token: TokenKey,
+    pub(super) kind: Kind,
+    /// When its client queued it.
+    pub(super) sent: Micros,
+}
+
+/// What a release is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Kind {
+    /// It publishes: a holder's release, the release of a lock won after
+    /// its caller went, a failed attempt's cleanup told to all.
+    Announced,
+    /// Quiet, of a lock a caller held: a hand-over, the head waiter's
+    /// attempt right behind it in the same write.
+    HandOver,
+    /// Quiet, of an attempt no caller was given: a failed attempt's
+    /// cleanup, which tells nobody (SAFETY.md: an attempt whose keys in
+    /// fact stood on a quorum is learnt of at their expiry).
+    Cleanup,
+}
+
+/// How a resource's lock last became free.
+#[derive(Debug, Clone, Copy, Default)]
+enum Freed {
+    /// Its keys expired (or it was never taken).
+    #[default]
+    Expired,
+    /// A master lost its keys (a restart without its data).
+    Lost,
+    /// A release deleted the key that freed it.
+    Released(Release),
+}
+
+impl Freed {
+    /// The client that freed the lock by a release of its own, which it
+    /// knows of, and when it queued that release: reaching every master
+    /// since, it owes the lock within the bound, whatever the old key's
+    /// TTL. (Cut off from a master meanwhile, its release may have been
+    /// lost with that connection, or its reply: the release, failed as
+    /// far as the client knows, tells its waiters nothing.)
+    fn releaser(self) -> Option<(usize, Micros)> {
+        match self {
+            Freed::Released(Release {
+                client,
+                kind: Kind::Announced | Kind::HandOver,
+                sent,
+                ..
+            }) => Some((client, sent)),
+            _ => None,
+        }
+    }
+
+    fn describe(self) -> String {
+        match self {
+            Freed::Expired => "by expiry".to_owned(),
+            Freed::Lost => "by a master's data loss".to_owned(),
+            Freed::Released(Release { client, kind, .. }) => {
+                let what = match kind {
+                    Kind::Announced => "announced release",
+                    Kind::HandOver => "hand-over (the quiet release of a lock a caller held)",
+                    Kind::Cleanup => "failed attempt's quiet cleanup",
+                };
+                format!("by client {client}'s {what}")
+            }
+        }
+    }
 }
 
 /// One resource's lock as the masters' keys make it.
@@ -34,6 +109,8 @@ struct Resource {
     /// Free (a quorum of masters with no live key: any caller can take
     /// it) since then.
     free_since: Option<Micros>,
+    /// How it became free, while it is.
+    freed: Freed,
 }
 
 impl Resource {
@@ -167,6 +244,7 @@ impl Waiting {
             keys: vec![None; masters],
             lapse: None,
             free_since: Some(0),
+            freed: Freed::Expired,
         };
         Waiting {
             quorum,
@@ -178,14 +256,17 @@ impl Waiting {
     }
 
     /// Master `master`'s key of resource `r` now: its token and the
-    /// virtual time from which it has expired, or none.
+    /// virtual time from which it has expired, or none; `release`, the
+    /// release command that ran there now, if one did. Returns whether that
+    /// release deleted a live key of its token.
     pub(super) fn handle_key(
         &mut self,
         r: usize,
         master: usize,
         key: Option<(&[u8], Micros)>,
         now: Micros,
-    ) {
+        release: Option<Release>,
+    ) -> bool {
         let slot = &mut self.resources[r].keys[master];
         let key = key.map(|(token, until)| Key {
             token: TokenKey::new(token),
@@ -199,15 +280,33 @@ impl Waiting {
             (None, None) => true,
             _ => false,
         };
+        let deleted = release.filter(|release| {
+            key.is_none()
+                && slot
+                    .as_ref()
+                    .is_some_and(|old| old.token == release.token && old.until > now)
+        });
         *slot = key;
         if !same {
-            self.update(r, now);
+            let freed = match deleted {
+                Some(release) => Freed::Released(release),
+                None => Freed::Lost,
+            };
+            self.update(r, now, freed);
         }
+        deleted.is_some()
+    }
+
+    /// Whether resource `r`'s lock is free at `now`.
+    pub(super) fn is_free(&mut self, r: usize, now: Micros) -> bool {
+        self.refresh(r, now);
+        self.resources[r].free_since.is_some()
     }
 
     /// Resource `r`'s state at `now`: held or blocked until when, or free
-    /// since when.
-    fn update(&mut self, r: usize, now: Micros) {
+    /// since when; `freed`: how the change seen now freed it, if it did
+    /// (it may have lapsed by expiry before).
+    fn update(&mut self, r: usize, now: Micros, freed: Freed) {
         let resource = &mut self.resources[r];
         let lapse = resource
             .holder(self.quorum, now)
@@ -221,8 +320,12 @@ impl Waiting {
             None => {
                 if resource.free_since.is_none() {
                     // Freed by the change seen now, or by expiry since.
-                    let since = resource.lapse.map_or(now, |lapse| lapse.min(now));
+                    let (since, freed) = match resource.lapse {
+                        Some(lapse) if lapse <= now => (lapse, Freed::Expired),
+                        _ => (now, freed),
+                    };
                     resource.free_since = Some(since);
+                    resource.freed = freed;
                     self.next_check = self.next_check.min(now);
                 }
                 resource.lapse = None;
@@ -277,7 +380,7 @@ impl Waiting {
     /// Resource `r` brought up to `now`: a hold that lapsed since.
     fn refresh(&mut self, r: usize, now: Micros) {
         if self.resources[r].lapse.is_some_and(|lapse| lapse <= now) {
-            self.update(r, now);
+            self.update(r, now, Freed::Expired);
         }
     }
 
@@ -292,14 +395,24 @@ impl Waiting {
         broken: Micros,
         slow: Micros,
     ) -> Option<(Micros, Micros)> {
-        let free = self.resources[r].free_since?;
+        let resource = &self.resources[r];
+        let free = resource.free_since?;
         let pair = &self.pairs[client][r];
         if pair.waiters == 0 || pair.reported == Some(free) {
             return None;
         }
         let owed_from = free.max(pair.since).max(broken);
         let latest = owed_from.saturating_add(self.bounds.timer);
+        // Freed by this client's own release (announced, or handed over),
+        // every master reachable since it queued it: it knows, and owes
+        // the lock from then on, whatever the old key's TTL; no message
+        // need reach it.
+        let strict = resource
+            .freed
+            .releaser()
+            .is_some_and(|(releaser, sent)| releaser == client && broken <= sent);
         let reason = match pair.notice {
+            _ if strict => owed_from,
             Some(n) if n >= owed_from => n.min(latest),
             _ => latest,
         };
@@ -348,13 +461,14 @@ impl Waiting {
                     continue;
                 }
                 let free = self.resources[r].free_since.unwrap_or(0);
+                let freed = self.resources[r].freed.describe();
                 let pair = &mut self.pairs[client][r];
                 pair.reported = Some(free);
                 found.push(format!(
                     "waiting: client {client}'s waiting acquire of {:?} still waits {:.3} ms \
-                     after a reason to try it (at {:.3} ms; the lock free since {:.3} ms, the \
-                     client waiting since {:.3} ms, reaching every master since {:.3} ms, slow \
-                     until {:.3} ms), over its bound",
+                     after a reason to try it (at {:.3} ms; the lock free since {:.3} ms, {freed}, \
+                     the client waiting since {:.3} ms, reaching every master since {:.3} ms, \
+                     slow until {:.3} ms), over its bound",
                     names.get(r).copied().unwrap_or("?"),
                     (now - reason) as f64 / 1e3,
                     reason as f64 / 1e3,
@@ -389,14 +503,26 @@ mod tests {
 
     fn hold(w: &mut Waiting, token: &[u8], until: Micros, now: Micros) {
         for m in 0..3 {
-            w.handle_key(0, m, Some((token, until)), now);
+            w.handle_key(0, m, Some((token, until)), now, None);
+        }
+    }
+
+    /// Every master's key of `r0` gone at `now`, deleted by `by`'s release
+    /// of `token`, or by nobody known.
+    fn delete(w: &mut Waiting, by: Option<(usize, &[u8], Kind)>, now: Micros) {
+        let release = by.map(|(client, token, kind)| Release {
+            client,
+            token: TokenKey::new(token),
+            kind,
+            sent: now - MS,
+        });
+        for m in 0..3 {
+            w.handle_key(0, m, None, now, release);
         }
     }
 
     fn release(w: &mut Waiting, now: Micros) {
-        for m in 0..3 {
-            w.handle_key(0, m, None, now);
-        }
+        delete(w, None, now);
     }
 
     fn check(w: &mut Waiting, now: Micros) -> Vec<String> {
@@ -425,7 +551,7 @@ mod tests {
         w.handle_waiter(1, 0, 10 * MS);
         // Handed over master by master: never free.
         for m in 0..3 {
-            w.handle_key(0, m, Some((b"b", 5_000 * MS)), 20 * MS);
+            w.handle_key(0, m, Some((b"b", 5_000 * MS)), 20 * MS, None);
         }
         w.handle_notice(1, 0, 21 * MS, 0);
         assert!(check(&mut w, 900 * MS).is_empty());
@@ -474,15 +600,96 @@ mod tests {
     #[test]
     fn a_quorum_of_one_token_holds_until_all_but_a_minority_expired() {
         let mut w = checker();
-        w.handle_key(0, 0, Some((b"a", 100 * MS)), 0);
-        w.handle_key(0, 1, Some((b"a", 300 * MS)), 0);
-        w.handle_key(0, 2, Some((b"b", 900 * MS)), 0);
+        w.handle_key(0, 0, Some((b"a", 100 * MS)), 0, None);
+        w.handle_key(0, 1, Some((b"a", 300 * MS)), 0, None);
+        w.handle_key(0, 2, Some((b"b", 900 * MS)), 0, None);
         assert_eq!(w.resources[0].lapse, Some(100 * MS));
-        w.handle_key(0, 2, Some((b"a", 200 * MS)), 0);
+        w.handle_key(0, 2, Some((b"a", 200 * MS)), 0, None);
         assert_eq!(w.resources[0].lapse, Some(200 * MS));
         w.handle_waiter(0, 0, 0);
         // Free from 200 ms, seen at the check.
         assert!(check(&mut w, 250 * MS).is_empty());
         assert_eq!(w.resources[0].free_since, Some(200 * MS));
+    }
+
+    /// Issue 39: the timer excused any wait up to the old key's TTL. A
+    /// lock its waiter's own client released (announced, or handed over)
+    /// is owed within the bound from the release, whatever that TTL was,
+    /// with no message needed.
+    #[test]
+    fn a_released_lock_is_owed_by_its_releaser_within_the_bound_whatever_its_old_ttl() {
+        for kind in [Kind::Announced, Kind::HandOver] {
+            let mut w = checker();
+            hold(&mut w, b"a", 5_000 * MS, 0);
+            w.handle_waiter(1, 0, 10 * MS);
+            delete(&mut w, Some((1, b"a", kind)), 20 * MS);
+            assert!(check(&mut w, 120 * MS).is_empty(), "{kind:?}");
+            let found = check(&mut w, 121 * MS);
+            assert_eq!(found.len(), 1, "{kind:?}: {found:?}");
+            assert!(found[0].contains("by client 1's"), "{found:?}");
+        }
+    }
+
+    /// Another client's release reaches this one only by a message: with
+    /// none read (its subscriptions refused, say), the timer still
+    /// excuses the wait, as it does for a lock freed by expiry, by a
+    /// master's data loss or by a failed attempt's quiet cleanup.
+    #[test]
+    fn a_lock_freed_unseen_by_the_waiter_keeps_the_timer_excuse() {
+        let others = [
+            Some((0, &b"a"[..], Kind::Announced)),
+            Some((0, &b"a"[..], Kind::HandOver)),
+            Some((1, &b"a"[..], Kind::Cleanup)),
+            None,
+        ];
+        for by in others {
+            let mut w = checker();
+            hold(&mut w, b"a", 5_000 * MS, 0);
+            w.handle_waiter(1, 0, 10 * MS);
+            delete(&mut w, by, 20 * MS);
+            assert!(check(&mut w, 1_120 * MS).is_empty(), "{by:?}");
+            assert_eq!(check(&mut w, 1_121 * MS).len(), 1, "{by:?}");
+        }
+    }
+
+    /// A release deletes only its own token's key: one that finds another
+    /// token's key, or none, frees nothing by itself.
+    #[test]
+    fn a_release_of_another_token_frees_nothing_of_its_own() {
+        let mut w = checker();
+        hold(&mut w, b"a", 300 * MS, 0);
+        w.handle_waiter(1, 0, 10 * MS);
+        let release = Release {
+            client: 1,
+            token: TokenKey::new(b"b"),
+            kind: Kind::Announced,
+            sent: 19 * MS,
+        };
+        assert!(!w.handle_key(0, 0, None, 20 * MS, Some(release)));
+        // Free since the expiry of "a" on the other two at 300 ms.
+        assert!(check(&mut w, 1_400 * MS).is_empty());
+        assert!(w.is_free(0, 1_400 * MS));
+        assert_eq!(check(&mut w, 1_401 * MS).len(), 1);
+    }
+
+    /// A releaser that could not reach every master after it queued its
+    /// release (its connections down when it went out, its reply lost)
+    /// has the timer, as any waiter after such a break: as far as it
+    /// knows, its release failed, and it tells its waiters nothing.
+    #[test]
+    fn a_releaser_cut_off_after_its_release_falls_back_to_the_timer() {
+        // Cut off after the free, or between queuing the release and the
+        // free: owed from the later of the free and the cut, with the
+        // timer.
+        for (cut, deadline) in [(50 * MS, 1_150 * MS), (19 * MS + 500, 1_120 * MS)] {
+            let mut w = checker();
+            hold(&mut w, b"a", 5_000 * MS, 0);
+            w.handle_waiter(1, 0, 10 * MS);
+            // Queued at 19 ms, deleting the keys at 20 ms.
+            delete(&mut w, Some((1, b"a", Kind::Announced)), 20 * MS);
+            let broken = move |_| Some((cut, 0));
+            assert!(w.check(deadline, broken, &["r0"]).is_empty(), "{cut}");
+            assert_eq!(w.check(deadline + 1, broken, &["r0"]).len(), 1, "{cut}");
+        }
     }
 }

@@ -253,6 +253,22 @@ pub(super) fn effect<'c, 'a>(args: &'c [&'a [u8]]) -> (Option<(Effect, &'a [u8])
     (effect.zip(argv.first().copied()), keys)
 }
 
+/// The TTL (ms) an acquire command `args` asks for: `SET`'s `PX`, an
+/// acquire script's second argument (after its token). Every attempt of
+/// one acquire carries the same; the world gives each unfinished acquire
+/// of a client its own (see `cancel.rs`).
+pub(super) fn acquire_ttl(args: &[&[u8]]) -> Option<u64> {
+    let name = args.first()?;
+    let ttl = if name.eq_ignore_ascii_case(b"SET") {
+        let px = args.iter().position(|a| a.eq_ignore_ascii_case(b"PX"))?;
+        args.get(px + 1)?
+    } else {
+        let keys = key_count(args.get(2)?)?;
+        args.get(3usize.checked_add(keys)?.checked_add(1)?)?
+    };
+    key_count(ttl).map(|ttl| ttl as u64)
+}
+
 /// A key count as `str::parse::<usize>` reads it (an optional `+`, then
 /// decimal digits, at most `usize::MAX`), without a UTF-8 check first.
 fn key_count(text: &[u8]) -> Option<usize> {
@@ -462,6 +478,18 @@ mod tests {
         // Fewer keys than it says: none.
         let args: [&[u8]; 4] = [b"EVALSHA", b"0123", b"2", b"r0"];
         assert_eq!(effect(&args), (None, &[][..]));
+    }
+
+    #[test]
+    fn an_acquires_ttl_is_read_from_set_and_from_the_scripts() {
+        let set: [&[u8]; 6] = [b"SET", b"r0", b"t", b"NX", b"PX", b"1234"];
+        assert_eq!(acquire_ttl(&set), Some(1_234));
+        let wait: [&[u8]; 7] = [b"EVALSHA", b"sha", b"1", b"r0", b"t", b"700", b"1"];
+        assert_eq!(acquire_ttl(&wait), Some(700));
+        let many: [&[u8]; 7] = [b"EVALSHA", b"sha", b"2", b"r0", b"r1", b"t", b"90"];
+        assert_eq!(acquire_ttl(&many), Some(90));
+        let short: [&[u8]; 5] = [b"EVALSHA", b"sha", b"1", b"r0", b"t"];
+        assert_eq!(acquire_ttl(&short), None);
     }
 
     #[test]
