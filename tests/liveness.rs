@@ -19,7 +19,7 @@ use std::time::Duration;
 use common::{block_on, cluster, command_calls, connect, connections_received, eventually};
 use redlock_mio::resp::{Arg, Reply};
 use redlock_mio::{Config, Error, Retry, SharedRedlock};
-use redlock_test::Server;
+use redlock_test::{Cluster, Server};
 
 /// The holders' TTL: far past any waiter's `max_wait`.
 const HOLD_TTL: Duration = Duration::from_secs(60);
@@ -73,8 +73,8 @@ fn channels(server: &Server, pattern: &str) -> usize {
 }
 
 /// Runs `args` on every one of `masters`, each answering `+OK`.
-fn on_every<'a>(masters: impl IntoIterator<Item = &'a Server>, args: &[Arg<'_>]) {
-    for m in masters {
+fn on_every(masters: &Cluster, args: &[Arg<'_>]) {
+    for m in masters.iter() {
         let reply = connect(m).cmd(args);
         assert!(
             matches!(&reply, Reply::Status(s) if &s[..] == b"OK"),
@@ -136,6 +136,35 @@ fn a_burst_of_woken_waiters_drops_no_connection() {
     }
 }
 
+/// Holds every write (and script) at each of `masters` until
+/// [`unpause`] (`CLIENT PAUSE WRITE`, for a minute at most).
+fn pause_writes(masters: &Cluster) {
+    on_every(
+        masters,
+        &[
+            Arg::Bytes(b"CLIENT"),
+            Arg::Bytes(b"PAUSE"),
+            Arg::Int(60_000),
+            Arg::Bytes(b"WRITE"),
+        ],
+    );
+}
+
+/// Ends [`pause_writes`].
+fn unpause(masters: &Cluster) {
+    on_every(masters, &[Arg::Bytes(b"CLIENT"), Arg::Bytes(b"UNPAUSE")]);
+}
+
+/// Whether a write reached every one of the paused `masters` (within
+/// [`SETTLE`]): a client postponed by the pause counts as blocked.
+fn write_waits_everywhere(masters: &Cluster) -> bool {
+    eventually(SETTLE, || {
+        masters
+            .iter()
+            .all(|m| info_field(m, "clients", "blocked_clients") >= 1)
+    })
+}
+
 /// Whether some client of `server` has bytes waiting in its query buffer
 /// (`CLIENT LIST`'s `qbuf`): a client postponed by `CLIENT PAUSE` has its
 /// pipelined commands behind the paused one there.
@@ -193,29 +222,14 @@ fn a_release_behind_a_waiters_last_attempt_is_heard_by_other_processes() {
             .all(|m| command_calls(m, "evalsha") >= 2)),
         "the waiter here never made its waiting attempt"
     );
-    on_every(
-        masters.iter(),
-        &[
-            Arg::Bytes(b"CLIENT"),
-            Arg::Bytes(b"PAUSE"),
-            Arg::Int(60_000),
-            Arg::Bytes(b"WRITE"),
-        ],
-    );
+    pause_writes(&masters);
     // Its last attempt waits at every master...
-    let attempting = eventually(SETTLE, || {
-        masters
-            .iter()
-            .all(|m| info_field(m, "clients", "blocked_clients") >= 1)
-    });
+    let attempting = write_waits_everywhere(&masters);
     // ...and the release goes out behind it.
     let release = here.release_async(&lock);
     let behind =
         attempting && eventually(SETTLE, || masters.iter().all(commands_behind_a_paused_one));
-    on_every(
-        masters.iter(),
-        &[Arg::Bytes(b"CLIENT"), Arg::Bytes(b"UNPAUSE")],
-    );
+    unpause(&masters);
     assert!(
         attempting,
         "the waiter's last attempt never reached every master"
@@ -276,27 +290,12 @@ fn a_lock_won_for_a_dropped_future_goes_to_the_next_local_waiter_without_channel
             Reply::Integer(1)
         );
     }
-    on_every(
-        masters.iter(),
-        &[
-            Arg::Bytes(b"CLIENT"),
-            Arg::Bytes(b"PAUSE"),
-            Arg::Int(60_000),
-            Arg::Bytes(b"WRITE"),
-        ],
-    );
+    pause_writes(&masters);
     // One attempt, joining no queue: its `SET NX` waits at every master.
     let dropped = client.acquire_with_async(R, HOLD_TTL, &once());
-    let paused = eventually(SETTLE, || {
-        masters
-            .iter()
-            .all(|m| info_field(m, "clients", "blocked_clients") >= 1)
-    });
+    let paused = write_waits_everywhere(&masters);
     drop(dropped);
-    on_every(
-        masters.iter(),
-        &[Arg::Bytes(b"CLIENT"), Arg::Bytes(b"UNPAUSE")],
-    );
+    unpause(&masters);
     assert!(
         paused,
         "the dropped acquire's SET never reached every master"
@@ -313,13 +312,12 @@ fn a_lock_won_for_a_dropped_future_goes_to_the_next_local_waiter_without_channel
 }
 
 /// Hole 4: SAFETY.md says a waiting acquire dropped while it is queued
-/// behind a local waiter ends with no further attempt, but it made one:
-/// a waiting script on every master (and, refused, its cleanup's
-/// bookkeeping). Here the second of two local waiters for a held lock is
+/// behind a local waiter ends with no further attempt, but it made one
+/// on every master. Here the second of two local waiters for a held lock is
 /// dropped; then the client takes and releases another lock, which goes
 /// out after anything the drop set off. The masters ran that lock's `SET`
-/// and release, and nothing else. Before issue 39 each ran one more
-/// `EVALSHA`: the dropped waiter's attempt.
+/// and release, and nothing else. Before issue 39 each ran one more `SET`:
+/// the dropped waiter's attempt.
 #[test]
 fn a_waiter_dropped_while_queued_makes_no_attempt() {
     const R: &str = "queued:r";
