@@ -26,6 +26,12 @@
 //! most that many such resources behind, and for no longer. Nothing here
 //! touches a socket or reads a clock.
 //!
+//! Each resource's [`Channel`] is five parts, one per concern, each plain
+//! data with unit tests of its own: the waiter queue and the releases that
+//! wake it ([`Queue`]), the subscription per master ([`Subscription`]),
+//! the "held here" marks ([`Marks`]), the row of in-process hand-overs
+//! ([`Row`]) and the turns across processes ([`Turns`]).
+//!
 //! Across processes, turns ([`Turn`]): a refused waiting attempt publishes
 //! a notice with its token ([`WAITING_MARK`]), which seats its process
 //! (by [`process_id`]) in every listening client's turns for the lock,
@@ -147,9 +153,23 @@ struct Link {
     renewed: bool,
 }
 
-/// A resource that local waiters wait for.
+/// A resource that local waiters wait for, in five parts, one per concern:
+/// who waits and what wakes them ([`Queue`]), the subscription on each
+/// master ([`Subscription`]), whether the lock is held here ([`Marks`]),
+/// the row of in-process hand-overs ([`Row`]) and the turns across
+/// processes ([`Turns`]). Each part is plain data with its own unit tests.
 #[derive(Debug)]
 struct Channel {
+    queue: Queue,
+    sub: Subscription,
+    marks: Marks,
+    row: Row,
+    turns: Turns,
+}
+
+/// Who waits for a resource here, and the releases that wake them.
+#[derive(Debug, Default)]
+struct Queue {
     /// Waiters in arrival order; the head races.
     waiters: VecDeque<usize>,
     /// Waiters for this resource among others (multi-resource acquires):
@@ -157,24 +177,43 @@ struct Channel {
     listeners: Vec<usize>,
     /// Moved on by each release seen.
     epoch: u64,
+    /// In [`Channels::notified`].
+    queued: bool,
     /// The token of this client's last cleanup of a waiter's failed
     /// attempt: the masters' messages for it wake nobody.
     cleanup: Option<Token>,
     /// The token of the last release message read (see
     /// [`Channels::heard_release`]).
     heard: Option<Token>,
-    /// The token of the last lock this client took on the resource (see
-    /// [`Channels::is_current`]). Unlike `held`, no message clears it: a
-    /// message of another client's key deleted on a master this client's
-    /// lock did not hold says nothing of which of its locks is current.
-    latest: Option<Token>,
-    /// In [`Channels::notified`].
-    queued: bool,
+}
+
+impl Queue {
+    /// Nobody here waits: no queue, no listener.
+    fn is_empty(&self) -> bool {
+        self.waiters.is_empty() && self.listeners.is_empty()
+    }
+}
+
+/// The resource's subscription, per subscriber connection.
+#[derive(Debug)]
+struct Subscription {
     /// Per subscriber connection.
     links: Vec<Link>,
     /// Subscribed (or subscribing) on every subscriber connection: from
     /// the first waiter's join until the UNSUBSCRIBEs are sent.
     subscribed: bool,
+}
+
+impl Subscription {
+    /// No SUBSCRIBE or UNSUBSCRIBE of it is unconfirmed anywhere.
+    fn is_settled(&self) -> bool {
+        self.links.iter().all(|l| l.pending == 0)
+    }
+}
+
+/// Whether the lock is held here, and by which of this client's locks.
+#[derive(Debug, Default)]
+struct Marks {
     /// This client took the lock (this token, valid until then), and it
     /// has not been let go through this client (nor heard released): the
     /// lock is held here. The subscription stays with no waiter left
@@ -182,11 +221,39 @@ struct Channel {
     /// waits for its release instead of trying (see
     /// [`Channels::held_here`]).
     held: Option<(Instant, Token)>,
+    /// The token of the last lock this client took on the resource (see
+    /// [`Channels::is_current`]). Unlike `held`, no message clears it: a
+    /// message of another client's key deleted on a master this client's
+    /// lock did not hold says nothing of which of its locks is current.
+    latest: Option<Token>,
     /// With nobody waiting here, the subscription is kept until then
     /// after this client's release named another process, for that
     /// process's turn: a new local waiter, waiting for it, hears its
     /// release (see [`Channels::let_go`]).
     kept: Option<Instant>,
+}
+
+impl Marks {
+    /// Until when a subscription kept with nobody waiting stays: the later
+    /// of the lock's validity while held here and the turn it is `kept`
+    /// for; none when neither holds it ([`Channels::sweep`] ends it then).
+    fn kept_until(&self) -> Option<Instant> {
+        // `None` orders before any `Some`: the later of the two, or the one.
+        self.held.map(|(until, _)| until).max(self.kept)
+    }
+
+    /// The lock of `token` is no longer held here, if it was the one held
+    /// here: another lock's mark stays.
+    fn let_go_of(&mut self, token: Token) {
+        if self.held.is_some_and(|(_, held)| held == token) {
+            self.held = None;
+        }
+    }
+}
+
+/// The row of in-process hand-overs of the lock.
+#[derive(Debug)]
+struct Row {
     /// The lock passed between two of this client's callers (handed
     /// over) since a release last waited for a local caller in vain:
     /// several callers here take it in turn (see
@@ -212,7 +279,22 @@ struct Channel {
     /// failed (the lock went elsewhere), the next lock taken here goes on
     /// with the old row too: that row ends sooner, never later.
     handing: Option<Cohort>,
-    /// The processes heard waiting for this lock, for turns.
+}
+
+impl Default for Row {
+    fn default() -> Row {
+        Row {
+            company: false,
+            contended: true,
+            handing: None,
+        }
+    }
+}
+
+/// The turns across processes at the lock.
+#[derive(Debug, Default)]
+struct Turns {
+    /// The processes heard waiting for this lock.
     seats: Vec<Seat>,
     /// Releases counted.
     count: u64,
@@ -231,7 +313,7 @@ struct Channel {
     turn_began: Option<(u64, Instant)>,
 }
 
-impl Channel {
+impl Turns {
     /// `id`'s process waits for the lock: seated, if it was not, as served
     /// before every other (its turn comes next).
     fn seat(&mut self, id: i64) -> &mut Seat {
@@ -260,7 +342,7 @@ impl Channel {
 
     /// A release of `token`'s naming `named` to try next: counted once
     /// however many masters tell of it (and told here first, for one of
-    /// this client's).
+    /// this client's); `own` is this client's process id.
     fn count_release(&mut self, token: Token, named: Option<i64>, own: Option<i64>) {
         if self.counted.contains(&Some(token)) {
             return;
@@ -277,22 +359,54 @@ impl Channel {
         self.seat(by).served = self.count;
     }
 
-    fn is_settled(&self) -> bool {
-        self.links.iter().all(|l| l.pending == 0)
+    /// The process a release should name to try next: the seat served
+    /// longest ago, `own` aside; `own` when no other waits and
+    /// `waiting_here`; else none.
+    fn next(&self, own: Option<i64>, waiting_here: bool) -> Option<i64> {
+        (self.seats.iter())
+            .filter(|s| Some(s.id) != own)
+            .min_by_key(|s| (s.served, s.id))
+            .map(|s| s.id)
+            .or(own.filter(|_| waiting_here))
+    }
+
+    /// Whether this client should publish its notice that it waits: unless
+    /// its own notice was heard, or a release named it, within the last
+    /// round of turns (as many releases as seats, and one more).
+    fn needs_notice(&self) -> bool {
+        let round = u64::try_from(self.seats.len()).unwrap_or(u64::MAX) + 1;
+        self.seated
+            .is_none_or(|at| self.count.saturating_sub(at) > round)
+    }
+
+    /// When the turn the last release counted named began here, if it is
+    /// known.
+    fn began(&self) -> Option<Instant> {
+        self.turn_began
+            .filter(|&(count, _)| count == self.count)
+            .map(|(_, at)| at)
+    }
+}
+
+impl Channel {
+    /// A channel with nobody in it yet, for `links` subscriber connections.
+    fn new(links: usize) -> Channel {
+        Channel {
+            queue: Queue::default(),
+            sub: Subscription {
+                links: vec![Link::default(); links],
+                subscribed: false,
+            },
+            marks: Marks::default(),
+            row: Row::default(),
+            turns: Turns::default(),
+        }
     }
 
     /// Subscribed with nobody waiting, for a lock held here (or until
     /// swept, see [`Channels::sweep`]).
     fn is_lingering(&self) -> bool {
-        self.subscribed && self.waiters.is_empty() && self.listeners.is_empty()
-    }
-
-    /// Until when a subscription kept with nobody waiting stays: the later
-    /// of the lock's validity while held here and the turn it is `kept`
-    /// for; none when neither holds it ([`Channels::sweep`] ends it then).
-    fn kept_until(&self) -> Option<Instant> {
-        // `None` orders before any `Some`: the later of the two, or the one.
-        self.held.map(|(until, _)| until).max(self.kept)
+        self.sub.subscribed && self.queue.is_empty()
     }
 }
 
@@ -358,7 +472,7 @@ impl Channels {
         now: Instant,
     ) {
         self.enter(subs, resource, now, |channel| {
-            channel.waiters.push_back(waiter)
+            channel.queue.waiters.push_back(waiter)
         });
     }
 
@@ -373,7 +487,7 @@ impl Channels {
         now: Instant,
     ) {
         self.enter(subs, resource, now, |channel| {
-            channel.listeners.push(waiter)
+            channel.queue.listeners.push(waiter)
         });
     }
 
@@ -389,8 +503,8 @@ impl Channels {
         let Some(channel) = self.table.get_mut(resource) else {
             return;
         };
-        channel.listeners.retain(|&w| w != waiter);
-        if channel.is_lingering() && channel.held.is_none() {
+        channel.queue.listeners.retain(|&w| w != waiter);
+        if channel.is_lingering() && channel.marks.held.is_none() {
             self.unsubscribe(subs, resource, now);
         }
     }
@@ -402,7 +516,7 @@ impl Channels {
         }
         self.table
             .get(resource)
-            .map_or(&[], |c| c.listeners.as_slice())
+            .map_or(&[], |c| c.queue.listeners.as_slice())
     }
 
     /// `resource`'s channel, made if new, passed to `add` (which adds a
@@ -417,34 +531,19 @@ impl Channels {
         let channel = self
             .table
             .entry(resource.clone())
-            .or_insert_with(|| Channel {
-                waiters: VecDeque::new(),
-                listeners: Vec::new(),
-                epoch: 0,
-                cleanup: None,
-                heard: None,
-                latest: None,
-                queued: false,
-                links: vec![Link::default(); subs.len()],
-                subscribed: false,
-                held: None,
-                kept: None,
-                company: false,
-                contended: true,
-                handing: None,
-                seats: Vec::new(),
-                count: 0,
-                counted: [None; 2],
-                named: None,
-                seated: None,
-                turn_began: None,
-            });
+            .or_insert_with(|| Channel::new(subs.len()));
         add(channel);
-        if std::mem::replace(&mut channel.subscribed, true) {
+        if std::mem::replace(&mut channel.sub.subscribed, true) {
             return;
         }
         self.subscribed += 1;
-        for (i, (link, conn)) in channel.links.iter_mut().zip(subs.iter_mut()).enumerate() {
+        for (i, (link, conn)) in channel
+            .sub
+            .links
+            .iter_mut()
+            .zip(subs.iter_mut())
+            .enumerate()
+        {
             if self.refused.get(i).copied().unwrap_or(false) || conn.is_down() {
                 continue;
             }
@@ -474,12 +573,17 @@ impl Channels {
         now: Instant,
     ) -> Option<usize> {
         let channel = self.table.get_mut(resource)?;
-        let position = channel.waiters.iter().position(|&w| w == waiter)?;
-        channel.waiters.remove(position);
-        if !channel.waiters.is_empty() {
-            return channel.waiters.front().copied().filter(|_| position == 0);
+        let position = channel.queue.waiters.iter().position(|&w| w == waiter)?;
+        channel.queue.waiters.remove(position);
+        if !channel.queue.waiters.is_empty() {
+            return channel
+                .queue
+                .waiters
+                .front()
+                .copied()
+                .filter(|_| position == 0);
         }
-        if channel.listeners.is_empty() && channel.held.is_none() {
+        if channel.queue.listeners.is_empty() && channel.marks.held.is_none() {
             self.unsubscribe(subs, resource, now);
         }
         None
@@ -500,17 +604,17 @@ impl Channels {
     ) -> Option<Cohort> {
         let own = self.own_id;
         let channel = self.table.get_mut(resource)?;
-        channel.held = Some((until, token));
-        channel.latest = Some(token);
+        channel.marks.held = Some((until, token));
+        channel.marks.latest = Some(token);
         // Taken here though the last release named another process: that
         // one did not come for its turn (it is seated again if it still
         // waits, by its next refusal).
-        if let Some(named) = channel.named.take()
+        if let Some(named) = channel.turns.named.take()
             && Some(named) != own
         {
-            channel.seats.retain(|s| s.id != named);
+            channel.turns.seats.retain(|s| s.id != named);
         }
-        channel.handing.take()
+        channel.row.handing.take()
     }
 
     /// This client released the lock on `resource` unannounced, handing
@@ -519,7 +623,7 @@ impl Channels {
     /// [`Channels::handle_granted`]).
     pub(crate) fn handle_handed_over(&mut self, resource: &[u8], next: Cohort) {
         if let Some(channel) = self.table.get_mut(resource) {
-            channel.handing = Some(next);
+            channel.row.handing = Some(next);
         }
     }
 
@@ -529,9 +633,9 @@ impl Channels {
     /// changes when another lock holds it here (the extended one lapsed).
     pub(crate) fn handle_extended(&mut self, resource: &[u8], until: Instant, token: Token) {
         if let Some(channel) = self.table.get_mut(resource)
-            && channel.held.is_some_and(|(_, held)| held == token)
+            && channel.marks.held.is_some_and(|(_, held)| held == token)
         {
-            channel.held = Some((until, token));
+            channel.marks.held = Some((until, token));
         }
     }
 
@@ -539,7 +643,7 @@ impl Channels {
     /// (`true`), or a release waited for a caller here in vain (`false`).
     pub(crate) fn handle_company(&mut self, resource: &[u8], company: bool) {
         if let Some(channel) = self.table.get_mut(resource) {
-            channel.company = company;
+            channel.row.company = company;
         }
     }
 
@@ -555,8 +659,8 @@ impl Channels {
     /// for it is told by their releases heard from now on.
     pub(crate) fn handle_yield(&mut self, resource: &[u8]) {
         if let Some(channel) = self.table.get_mut(resource) {
-            channel.contended = false;
-            channel.handing = None;
+            channel.row.contended = false;
+            channel.row.handing = None;
             self.contention_epoch += 1;
         }
     }
@@ -571,13 +675,13 @@ impl Channels {
     /// their releases (or cleanups) was heard since this client last
     /// ended a row of hand-overs, or no row has ended yet.
     pub(crate) fn is_contended(&self, resource: &[u8]) -> bool {
-        self.table.is_empty() || self.table.get(resource).is_none_or(|c| c.contended)
+        self.table.is_empty() || self.table.get(resource).is_none_or(|c| c.row.contended)
     }
 
     /// Whether the lock on `resource` passes between several callers here
     /// (see [`Channels::handle_company`]).
     pub(crate) fn has_company(&self, resource: &[u8]) -> bool {
-        !self.table.is_empty() && self.table.get(resource).is_some_and(|c| c.company)
+        !self.table.is_empty() && self.table.get(resource).is_some_and(|c| c.row.company)
     }
 
     /// Until when a lock on `resource` taken by a local waiter is held
@@ -589,9 +693,10 @@ impl Channels {
         }
         let channel = self.table.get(resource)?;
         channel
+            .marks
             .held
             .map(|(until, _)| until)
-            .filter(|&until| until > now && channel.subscribed)
+            .filter(|&until| until > now && channel.sub.subscribed)
     }
 
     /// Whether a release of `token` lets go of the lock on `resource`
@@ -602,7 +707,7 @@ impl Channels {
     pub(crate) fn is_current(&self, resource: &[u8], token: Token) -> bool {
         self.table
             .get(resource)
-            .and_then(|c| c.latest)
+            .and_then(|c| c.marks.latest)
             .is_none_or(|latest| latest == token)
     }
 
@@ -620,10 +725,10 @@ impl Channels {
         let Some(channel) = self.table.get_mut(resource) else {
             return;
         };
-        channel.held = None;
+        channel.marks.held = None;
         if channel.is_lingering() {
             match keep.filter(|&until| until > now) {
-                Some(until) => channel.kept = Some(until),
+                Some(until) => channel.marks.kept = Some(until),
                 None => self.unsubscribe(subs, resource, now),
             }
         }
@@ -639,7 +744,7 @@ impl Channels {
         done.extend(
             self.table
                 .iter()
-                .filter(|(_, c)| c.is_lingering() && c.kept_until().is_none_or(|t| t <= now))
+                .filter(|(_, c)| c.is_lingering() && c.marks.kept_until().is_none_or(|t| t <= now))
                 .map(|(resource, _)| resource.clone()),
         );
         for resource in done.drain(..) {
@@ -657,7 +762,7 @@ impl Channels {
         self.table
             .values()
             .filter(|c| c.is_lingering())
-            .filter_map(Channel::kept_until)
+            .filter_map(|c| c.marks.kept_until())
             .min()
     }
 
@@ -668,12 +773,18 @@ impl Channels {
         let Some(channel) = self.table.get_mut(resource) else {
             return;
         };
-        if std::mem::take(&mut channel.subscribed) {
+        if std::mem::take(&mut channel.sub.subscribed) {
             self.subscribed -= 1;
         }
-        channel.held = None;
-        channel.kept = None;
-        for (i, (link, conn)) in channel.links.iter_mut().zip(subs.iter_mut()).enumerate() {
+        channel.marks.held = None;
+        channel.marks.kept = None;
+        for (i, (link, conn)) in channel
+            .sub
+            .links
+            .iter_mut()
+            .zip(subs.iter_mut())
+            .enumerate()
+        {
             if self.refused.get(i).copied().unwrap_or(false) || conn.is_down() {
                 continue;
             }
@@ -691,7 +802,7 @@ impl Channels {
         if self
             .table
             .get(resource)
-            .is_some_and(|c| !c.subscribed && c.is_settled())
+            .is_some_and(|c| !c.sub.subscribed && c.sub.is_settled())
         {
             self.table.remove(resource);
             self.contention_epoch += 1;
@@ -704,12 +815,12 @@ impl Channels {
         if self.table.is_empty() {
             return None;
         }
-        self.table.get(resource)?.waiters.front().copied()
+        self.table.get(resource)?.queue.waiters.front().copied()
     }
 
     /// How many releases of `resource` were seen while someone waited.
     pub(crate) fn epoch(&self, resource: &[u8]) -> u64 {
-        self.table.get(resource).map_or(0, |c| c.epoch)
+        self.table.get(resource).map_or(0, |c| c.queue.epoch)
     }
 
     /// Whether the subscriptions for `resource` are in place as far as
@@ -731,7 +842,7 @@ impl Channels {
         };
         let mut confirmed = 0;
         let mut settled = true;
-        for (i, (link, conn)) in channel.links.iter().zip(subs).enumerate() {
+        for (i, (link, conn)) in channel.sub.links.iter().zip(subs).enumerate() {
             if self.refused.get(i).copied().unwrap_or(false) {
                 // Refused for good: nothing to wait for there.
                 continue;
@@ -753,7 +864,7 @@ impl Channels {
     pub(crate) fn heard_release(&self, resource: &[u8], token: Token) -> bool {
         self.table
             .get(resource)
-            .is_some_and(|channel| channel.heard == Some(token))
+            .is_some_and(|channel| channel.queue.heard == Some(token))
     }
 
     /// The subscriber connections on which `channel`'s subscription is in
@@ -764,7 +875,7 @@ impl Channels {
         channel: &'a Channel,
         subs: &'a [Conn],
     ) -> impl Iterator<Item = usize> + 'a {
-        (channel.links.iter().zip(subs).enumerate())
+        (channel.sub.links.iter().zip(subs).enumerate())
             .filter(|(i, (link, conn))| {
                 !self.refused.get(*i).copied().unwrap_or(false)
                     && !conn.is_down()
@@ -784,9 +895,7 @@ impl Channels {
             return;
         }
         if let Some(channel) = self.table.get_mut(resource) {
-            if channel.held.is_some_and(|(_, held)| held == token) {
-                channel.held = None;
-            }
+            channel.marks.let_go_of(token);
             release(&mut self.notified, resource, channel);
         }
     }
@@ -794,7 +903,7 @@ impl Channels {
     /// Whose turn it is to try for the lock on `resource`: the process
     /// the last release named, if it named one.
     pub(crate) fn turn(&self, resource: &[u8]) -> Turn {
-        self.turn_named(self.table.get(resource).and_then(|c| c.named))
+        self.turn_named(self.table.get(resource).and_then(|c| c.turns.named))
     }
 
     /// Whose turn a release naming `named` gave (see [`Channels::turn`]).
@@ -811,10 +920,11 @@ impl Channels {
     pub(crate) fn handle_turn_began(&mut self, resource: &[u8], now: Instant) {
         if let Some(channel) = self.table.get_mut(resource)
             && channel
+                .turns
                 .turn_began
-                .is_none_or(|(count, _)| count != channel.count)
+                .is_none_or(|(count, _)| count != channel.turns.count)
         {
-            channel.turn_began = Some((channel.count, now));
+            channel.turns.turn_began = Some((channel.turns.count, now));
         }
     }
 
@@ -824,13 +934,10 @@ impl Channels {
     pub(crate) fn theirs_since(&self, resource: &[u8]) -> Option<Instant> {
         // An empty table answers without hashing the key.
         let channel = self.table.get(resource)?;
-        if self.turn_named(channel.named) != Turn::Theirs {
+        if self.turn_named(channel.turns.named) != Turn::Theirs {
             return None;
         }
-        channel
-            .turn_began
-            .filter(|&(count, _)| count == channel.count)
-            .map(|(_, at)| at)
+        channel.turns.began()
     }
 
     /// Whether this client's waiting attempts on `resource`, refused,
@@ -840,13 +947,9 @@ impl Channels {
     /// another client unseats it (it did not come when named), it then
     /// sends the notice again once a round of turns has passed it by.
     pub(crate) fn needs_notice(&self, resource: &[u8]) -> bool {
-        let Some(channel) = self.table.get(resource) else {
-            return true;
-        };
-        let round = u64::try_from(channel.seats.len()).unwrap_or(u64::MAX) + 1;
-        channel
-            .seated
-            .is_none_or(|at| channel.count.saturating_sub(at) > round)
+        self.table
+            .get(resource)
+            .is_none_or(|channel| channel.turns.needs_notice())
     }
 
     /// This client releases the lock on `resource` (`token`), announced:
@@ -859,12 +962,8 @@ impl Channels {
         let Some(channel) = self.table.get_mut(resource) else {
             return 0;
         };
-        let next = (channel.seats.iter())
-            .filter(|s| Some(s.id) != own)
-            .min_by_key(|s| (s.served, s.id))
-            .map(|s| s.id)
-            .or(own.filter(|_| waiting_here));
-        channel.count_release(token, next, own);
+        let next = channel.turns.next(own, waiting_here);
+        channel.turns.count_release(token, next, own);
         next.unwrap_or(0)
     }
 
@@ -875,7 +974,7 @@ impl Channels {
     /// once, into the same refusal, for as long as the lock is held).
     pub(crate) fn handle_cleanup(&mut self, resource: &[u8], token: Token) {
         if let Some(channel) = self.table.get_mut(resource) {
-            channel.cleanup = Some(token);
+            channel.queue.cleanup = Some(token);
         }
     }
 
@@ -883,7 +982,7 @@ impl Channels {
     pub(crate) fn poll_notified(&mut self) -> Option<Bytes> {
         let resource = self.notified.pop_front()?;
         if let Some(channel) = self.table.get_mut(&resource) {
-            channel.queued = false;
+            channel.queue.queued = false;
         }
         Some(resource)
     }
@@ -962,7 +1061,7 @@ impl Channels {
         self.name.clear();
         let mut ends = Vec::new();
         for (resource, channel) in &self.table {
-            if channel.subscribed {
+            if channel.sub.subscribed {
                 self.name.extend_from_slice(RELEASE_CHANNEL_PREFIX);
                 self.name.extend_from_slice(resource);
                 ends.push(self.name.len());
@@ -982,8 +1081,8 @@ impl Channels {
             return;
         }
         for channel in self.table.values_mut() {
-            if let Some(state) = channel.links.get_mut(link)
-                && channel.subscribed
+            if let Some(state) = channel.sub.links.get_mut(link)
+                && channel.sub.subscribed
             {
                 state.pending = 1;
                 state.renewed = true;
@@ -1007,11 +1106,12 @@ impl Channels {
         let first = !std::mem::replace(&mut self.warned[link], true);
         crate::metrics::subscribe_refused(first, reply);
         for channel in self.table.values_mut() {
-            if let Some(state) = channel.links.get_mut(link) {
+            if let Some(state) = channel.sub.links.get_mut(link) {
                 *state = Link::default();
             }
         }
-        self.table.retain(|_, c| c.subscribed || !c.is_settled());
+        self.table
+            .retain(|_, c| c.sub.subscribed || !c.sub.is_settled());
         self.contention_epoch += 1;
     }
 
@@ -1022,11 +1122,12 @@ impl Channels {
             outbox.clear();
         }
         for channel in self.table.values_mut() {
-            if let Some(state) = channel.links.get_mut(link) {
+            if let Some(state) = channel.sub.links.get_mut(link) {
                 *state = Link::default();
             }
         }
-        self.table.retain(|_, c| c.subscribed || !c.is_settled());
+        self.table
+            .retain(|_, c| c.sub.subscribed || !c.sub.is_settled());
         self.contention_epoch += 1;
     }
 
@@ -1089,15 +1190,15 @@ impl Channels {
                     // and gets a seat in the turns. Nothing was freed.
                     if let Some(t) = token {
                         if let Some(id) = process_id(&t) {
-                            channel.seat(id);
+                            channel.turns.seat(id);
                             if Some(id) == own_id {
-                                channel.seated = Some(channel.count);
+                                channel.turns.seated = Some(channel.turns.count);
                             }
                         }
                         if !own.is_some_and(|p| t.has_prefix(&p))
                             && !crate::knobs::injected(crate::knobs::Bug::ContentionUnheard)
                         {
-                            channel.contended = true;
+                            channel.row.contended = true;
                             self.contention_epoch += 1;
                         }
                     }
@@ -1107,13 +1208,13 @@ impl Channels {
                 // another process competes for this lock.
                 let ours = token.is_some_and(|t| own.is_some_and(|p| t.has_prefix(&p)));
                 if let Some(t) = token
-                    && token != channel.cleanup
+                    && token != channel.queue.cleanup
                 {
-                    channel.count_release(t, named, own_id);
+                    channel.turns.count_release(t, named, own_id);
                 }
-                channel.heard = token;
+                channel.queue.heard = token;
                 if !ours && !crate::knobs::injected(crate::knobs::Bug::ContentionUnheard) {
-                    channel.contended = true;
+                    channel.row.contended = true;
                     self.contention_epoch += 1;
                 }
                 if crate::knobs::injected(crate::knobs::Bug::ReleaseNoticeDropped) {
@@ -1126,27 +1227,27 @@ impl Channels {
                 // later masters' messages can then tell it to try again
                 // (counted once per release, they were dropped, and the
                 // waiter waited for the holder's expiry).
-                if token.is_none() || token != channel.cleanup {
+                if token.is_none() || token != channel.queue.cleanup {
                     // No longer held here, if it was: the lingering
                     // subscription ends at the next sweep. Not for a late
                     // message (a slower master's) of an earlier release of
                     // this client's: the lock a waiter took since is
                     // still held here, and its subscription stays.
-                    if !ours || token == channel.held.map(|(_, held)| held) {
-                        channel.held = None;
+                    if !ours || token == channel.marks.held.map(|(_, held)| held) {
+                        channel.marks.held = None;
                     }
                     release(&mut self.notified, resource, channel);
                 }
             }
             b"subscribe" | b"unsubscribe" => {
-                let Some(state) = channel.links.get_mut(link) else {
+                let Some(state) = channel.sub.links.get_mut(link) else {
                     return Ok(());
                 };
                 state.pending = state.pending.saturating_sub(1);
                 if kind[..] == b"subscribe"[..] && std::mem::take(&mut state.renewed) {
                     release(&mut self.notified, resource, channel);
                 }
-                if !channel.subscribed && channel.is_settled() {
+                if !channel.sub.subscribed && channel.sub.is_settled() {
                     self.table.remove(resource);
                     self.contention_epoch += 1;
                 }
@@ -1177,9 +1278,9 @@ impl Channels {
 /// Moves `channel`'s epoch on for a release and queues `resource` for
 /// [`Channels::poll_notified`], once.
 fn release(notified: &mut VecDeque<Bytes>, resource: &[u8], channel: &mut Channel) {
-    channel.epoch += 1;
-    if !channel.queued {
-        channel.queued = true;
+    channel.queue.epoch += 1;
+    if !channel.queue.queued {
+        channel.queue.queued = true;
         notified.push_back(Bytes::copy_from_slice(resource));
     }
 }
@@ -1661,6 +1762,109 @@ mod tests {
     /// A message with `payload` on `R`'s channel.
     fn text(payload: &str) -> Reply {
         push("message", R, Reply::Bulk(Bytes::from(payload.to_owned())))
+    }
+
+    // The parts of a channel, each alone: no engine, no connection.
+
+    #[test]
+    fn turns_seat_each_process_once_count_each_release_once_and_name_the_longest_unserved() {
+        let mut a = TokenSource::from_seed([1; 16]);
+        let mut b = TokenSource::from_seed([2; 16]);
+        let (id_a, id_b) = (
+            process_id(&a.next_token()).unwrap(),
+            process_id(&b.next_token()).unwrap(),
+        );
+        let mut turns = Turns::default();
+        assert!(turns.needs_notice(), "never heard: not seated");
+        turns.seat(id_a);
+        turns.seat(id_b);
+        turns.seat(id_a);
+        assert_eq!(turns.seats.len(), 2, "one seat a process");
+        // B releases, naming A; each master's message of it counts once.
+        let released = b.next_token();
+        for _ in 0..3 {
+            turns.count_release(released, Some(id_a), Some(id_a));
+        }
+        assert_eq!((turns.count, turns.named), (1, Some(id_a)));
+        assert_eq!(turns.seated, Some(1), "named: A knows itself seated");
+        assert!(!turns.needs_notice());
+        // A has never released: it goes first, unless it is the releaser.
+        assert_eq!(turns.next(None, false), Some(id_a));
+        assert_eq!(turns.next(Some(id_a), false), Some(id_b));
+        // Alone, a releaser names itself only with a caller waiting.
+        let mut alone = Turns::default();
+        alone.seat(id_a);
+        assert_eq!(alone.next(Some(id_a), false), None);
+        assert_eq!(alone.next(Some(id_a), true), Some(id_a));
+        // A round of turns past its seat, a process asks again.
+        for _ in 0..4 {
+            turns.count_release(b.next_token(), None, Some(id_a));
+        }
+        assert!(turns.needs_notice());
+        // The turn began when first made or heard, for the last release.
+        let now = Instant::now();
+        assert_eq!(turns.began(), None);
+        turns.turn_began = Some((turns.count, now));
+        assert_eq!(turns.began(), Some(now));
+        turns.count_release(b.next_token(), None, None);
+        assert_eq!(
+            turns.began(),
+            None,
+            "a later release's turn is not known yet"
+        );
+    }
+
+    #[test]
+    fn seats_are_bounded_and_the_one_served_last_makes_room() {
+        let mut turns = Turns::default();
+        for id in 1..=MAX_SEATS as i64 {
+            turns.seat(id).served = id as u64;
+        }
+        turns.seat(1_000);
+        assert_eq!(turns.seats.len(), MAX_SEATS);
+        assert!(turns.seats.iter().all(|s| s.id != MAX_SEATS as i64));
+        assert!(turns.seats.iter().any(|s| s.id == 1_000));
+    }
+
+    #[test]
+    fn marks_let_go_only_of_their_own_lock_and_keep_until_the_later_of_lock_and_turn() {
+        let now = Instant::now();
+        let mut tokens = TokenSource::from_seed([3; 16]);
+        let (held, lapsed) = (tokens.next_token(), tokens.next_token());
+        let mut marks = Marks::default();
+        assert_eq!(marks.kept_until(), None);
+        marks.held = Some((now + Duration::from_secs(1), held));
+        marks.let_go_of(lapsed);
+        assert!(
+            marks.held.is_some(),
+            "a lapsed lock's release keeps the mark"
+        );
+        marks.kept = Some(now + Duration::from_secs(2));
+        assert_eq!(marks.kept_until(), Some(now + Duration::from_secs(2)));
+        marks.kept = Some(now);
+        assert_eq!(marks.kept_until(), Some(now + Duration::from_secs(1)));
+        marks.let_go_of(held);
+        assert_eq!(marks.held, None);
+        assert_eq!(marks.kept_until(), Some(now));
+    }
+
+    #[test]
+    fn a_new_channel_waits_for_nobody_is_settled_and_takes_others_to_compete() {
+        let mut channel = Channel::new(3);
+        assert!(channel.queue.is_empty());
+        assert!(channel.sub.is_settled());
+        assert!(!channel.is_lingering(), "not subscribed");
+        assert!(
+            channel.row.contended,
+            "until a row ends with nobody else heard"
+        );
+        channel.sub.subscribed = true;
+        assert!(channel.is_lingering(), "subscribed with nobody waiting");
+        channel.queue.listeners.push(4);
+        assert!(!channel.queue.is_empty());
+        assert!(!channel.is_lingering());
+        channel.sub.links[1].pending = 1;
+        assert!(!channel.sub.is_settled());
     }
 
     /// [`own_client`] with a caller waiting for `R`, subscribed on every
