@@ -852,6 +852,12 @@ impl Conn {
         self.patient_until.is_some_and(|until| now > until)
     }
 
+    /// The instant after which [`Conn::is_unresponsive`] says so, if
+    /// nothing is answered before: none with nothing awaited.
+    pub(crate) fn unresponsive_after(&self) -> Option<Instant> {
+        self.patient_until
+    }
+
     /// A request that awaits an answer in time was queued at `now`.
     fn handle_timed(&mut self, now: Instant) {
         if self.oldest.is_none() {

@@ -729,6 +729,21 @@ impl Engine {
         fits >= crate::quorum::quorum(self.n) || self.in_flight() == 0
     }
 
+    /// When [`Engine::has_room`] may turn true with no reply coming, after
+    /// `now`: just after the soonest instant a master holding `limit` or
+    /// more turns unresponsive (it then holds nobody back). A job waiting
+    /// for room behind a master that stopped answering waits that long,
+    /// not for the stall limit.
+    pub(crate) fn room_at(&self, limit: usize, now: Instant) -> Option<Instant> {
+        self.conns
+            .iter()
+            .filter(|c| !c.is_down() && c.in_flight() >= limit)
+            .filter_map(Conn::unresponsive_after)
+            .filter(|&at| at >= now)
+            .min()
+            .and_then(|at| at.checked_add(Duration::from_micros(1)))
+    }
+
     /// Looks for two masters that are one server, once a connection read a
     /// new `run_id`: the first such pair, in master order.
     pub(crate) fn poll_same_server(&mut self) -> Option<(usize, usize)> {

@@ -417,8 +417,16 @@ impl<P: Promise, L: Links> Hub<P, L> {
         if self.engine.has_completed() {
             return Some(self.stamp.mono);
         }
+        let waits_for_room =
+            !(self.ready.is_empty() && self.admitting.is_empty() && self.kept_admitting.is_empty());
         [
             self.engine.poll_timeout(),
+            waits_for_room
+                .then(|| {
+                    let limit = self.config.max_in_flight / 2;
+                    self.engine.room_at(limit, self.stamp.mono)
+                })
+                .flatten(),
             self.timers.next(),
             self.subscribing.iter().map(|(_, at)| *at).min(),
             self.next_keep(),
@@ -628,7 +636,10 @@ impl<P: Promise, L: Links> Hub<P, L> {
         let cohort = release.cohort(now);
         let within = self.is_within_budget(&resource, cohort, now);
         let planned = match self.handover_head(&resource) {
-            Some(head) if within && self.closing_since.is_none() => {
+            // Not for a lapsed lock released late, another of this
+            // client's holding it now: its release frees nothing, and the
+            // head's attempt behind it would go into that lock, refused.
+            Some(head) if within && current && self.closing_since.is_none() => {
                 // Several callers here take this lock in turn.
                 self.engine.handle_company(&resource, true);
                 let next = Cohort {

@@ -379,3 +379,70 @@ fn a_waiter_dropped_while_queued_makes_no_attempt() {
         Err(e) => panic!("{e}"),
     }
 }
+
+/// A blocking try of `key` through `client`, waited for until every master
+/// holds it: everything `client`'s loop wrote before it has run on every
+/// master (one command connection per master, in order).
+fn sync_through(client: &SharedRedlock, masters: &Cluster, key: &str) {
+    // Left to expire with the masters: nothing else takes it.
+    let _left = client
+        .try_acquire(key.to_owned(), HOLD_TTL)
+        .unwrap_or_else(|e| panic!("{key}: {e}"));
+    assert!(
+        eventually(SETTLE, || masters.iter().all(|m| connect(m)
+            .cmd(&[Arg::Bytes(b"EXISTS"), key.into()])
+            == Reply::Integer(1))),
+        "{key} not on every master within {SETTLE:?}"
+    );
+}
+
+/// The review's aside (found by a test of its own, `tests/liveness.rs` as
+/// first written for issue 39): a caller's lock X lapsed, another caller
+/// took the lock since (Y, held here), a third (Z) waits for Y's. X's
+/// release, late, releases nothing: it must hand nothing over. Before,
+/// the hand-over did not ask whether the lock released was the current
+/// one, and Z's `SET NX` went right behind it into Y's lock, refused: one
+/// SET per master more than the two tries that follow.
+#[test]
+fn a_late_release_of_a_lapsed_lock_sends_no_local_waiter_into_a_refusal() {
+    const R: &str = "lapsed:r";
+    let masters = cluster(3);
+    common::hold_elsewhere(masters.iter(), R, 500);
+    let client = shared(common::shared_config(&masters.urls()));
+    let x = client.acquire_with_async(R, Duration::from_secs(1), &waiting());
+    let lapsed = common::within(SETTLE, move || block_on(x))
+        .unwrap_or_else(|| panic!("X never took {R} once the other key expired"))
+        .unwrap_or_else(|e| panic!("X: {e}"));
+    let y = client.acquire_with_async(R, HOLD_TTL, &waiting());
+    let current = common::within(SETTLE, move || block_on(y))
+        .unwrap_or_else(|| panic!("Y never took {R} once X's lock lapsed"))
+        .unwrap_or_else(|e| panic!("Y: {e}"));
+    let z = client.acquire_with_async(R, HOLD_TTL, &waiting());
+    // Once this returns, the loop has taken Z's order (submitted first):
+    // Z waits for Y's lock, held here.
+    sync_through(&client, &masters, "sync:0");
+    let sets: Vec<u64> = masters.iter().map(|m| command_calls(m, "set")).collect();
+    // It finds no key of its own: what it returns is not the point here.
+    let _ = client.release(&lapsed);
+    sync_through(&client, &masters, "sync:1");
+    sync_through(&client, &masters, "sync:2");
+    let since: Vec<u64> = masters
+        .iter()
+        .zip(&sets)
+        .map(|(m, before)| command_calls(m, "set") - before)
+        .collect();
+    let token = Reply::Bulk(current.token().as_str().to_owned().into());
+    assert!(
+        masters
+            .iter()
+            .all(|m| connect(m).cmd(&[Arg::Bytes(b"GET"), R.into()]) == token),
+        "Y's lock is no longer on every master"
+    );
+    assert_eq!(
+        since,
+        vec![2; 3],
+        "SETs per master since X's late release of its lapsed lock: the two tries' and any \
+         attempt of Z's, sent into Y's lock"
+    );
+    drop(z);
+}
