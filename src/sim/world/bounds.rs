@@ -47,9 +47,12 @@ pub(super) struct Dropped {
 
 impl Watch {
     /// Looks at the client's links (`links`, by index) at `now`: each one
-    /// up (or connecting) notes whether it is unresponsive. Done before the
-    /// hub's turn and whenever the hub gets connections ready, before it
-    /// queues anything: the state a drop in between is weighed by.
+    /// up (or connecting) notes whether it is unresponsive. Done before each
+    /// turn of the hub (and each input to a round run inline): within a
+    /// turn the time stands still and no reply is read, so a connection
+    /// turns unresponsive only between turns, and the state a drop within
+    /// the turn is weighed by is this one (or a fresh connection's, see
+    /// [`Watch::handle_reconnect`]).
     pub(super) fn look<'a>(&mut self, links: impl Iterator<Item = Option<&'a Conn>>, now: Instant) {
         for (i, conn) in links.enumerate().take(64) {
             let Some(conn) = conn.filter(|c| !c.is_down()) else {
@@ -76,14 +79,15 @@ impl Watch {
 
     /// Link `link`, down with `cause`, is connected again: a drop the world
     /// has not seen (one made and followed by this reconnect within one turn
-    /// of the hub) is weighed now; one it has seen, not again.
+    /// of the hub) is weighed now; one it has seen, not again. The new
+    /// connection has nothing unanswered.
     pub(super) fn handle_reconnect(&mut self, link: usize, cause: Option<&Cause>) {
         let bit = if link < 64 { 1 << link } else { 0 };
-        if self.seen_down & bit != 0 {
-            self.seen_down &= !bit;
-            return;
+        if self.seen_down & bit == 0 {
+            self.weigh(link, cause);
         }
-        self.weigh(link, cause);
+        self.seen_down &= !bit;
+        self.unresponsive &= !bit;
     }
 
     fn weigh(&mut self, link: usize, cause: Option<&Cause>) {
@@ -208,6 +212,24 @@ mod tests {
                 lagging: true
             }]
         );
+    }
+
+    #[test]
+    fn a_connection_made_again_after_a_lagging_one_is_weighed_afresh() {
+        let then = Instant::now();
+        let now = then + Duration::from_millis(51);
+        let mut watch = Watch::default();
+        let mut conn = subscriber(5, then);
+        watch.look([Some(&conn)].into_iter(), now);
+        overflow(&mut conn, now);
+        watch.handle_reconnect(0, conn.down_cause());
+        assert!(watch.take_drops()[0].lagging);
+        // The new connection fills within the same turn: its master keeps
+        // up, as far as anyone can tell.
+        let mut conn = subscriber(0, now);
+        overflow(&mut conn, now);
+        watch.handle_down(0, conn.down_cause());
+        assert!(!watch.take_drops()[0].lagging);
     }
 
     #[test]

@@ -69,12 +69,12 @@ impl World {
                 c.wake = None;
                 c.inline_wake = None;
                 self.inline_active = Some(client);
-                self.inline_call = Some(Call {
+                self.inline_call = Some(Box::new(Call {
                     client,
                     hub,
                     job,
                     completion,
-                });
+                }));
             }
             Err(output) => {
                 let _ = completion.complete(output);
@@ -84,13 +84,13 @@ impl World {
 
     /// Runs `call` on the run's stack, the world shared with the client's
     /// links, which drive its rounds; then hands the hub back.
-    pub(super) fn run_inline(world: &Rc<RefCell<World>>, call: Call) {
+    pub(super) fn run_inline(world: &Rc<RefCell<World>>, call: Box<Call>) {
         let Call {
             client,
             mut hub,
             job,
             completion,
-        } = call;
+        } = *call;
         hub.io().1.world = Rc::downgrade(world);
         let ran = hub.run_inline(job);
         world.borrow_mut().outcome.inline += 1;
@@ -117,6 +117,10 @@ impl World {
             if self.now >= self.waiting.next_check {
                 self.check_waiting();
             }
+            // As the hub's turn does (see `Watch::look`).
+            let now = self.clients[client].clock.stamp(self.now).mono;
+            let links = (0..engine.links()).map(|i| engine.link(i));
+            self.clients[client].watch.borrow_mut().look(links, now);
             self.handle_inline(client, engine, event);
         }
     }

@@ -36,9 +36,12 @@ pub(super) struct Release {
 /// What a release is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Kind {
-    /// It publishes: a holder's release, the release of a lock won after
-    /// its caller went, a failed attempt's cleanup told to all.
+    /// It publishes, of a lock a caller held: a holder's release.
     Announced,
+    /// It publishes, of an attempt no caller was given: the release of a
+    /// lock won after its caller went, or a failed attempt's cleanup told
+    /// to all.
+    Unclaimed,
     /// Quiet, of a lock a caller held: a hand-over, the head waiter's
     /// attempt right behind it in the same write.
     HandOver,
@@ -71,7 +74,7 @@ impl Freed {
         match self {
             Freed::Released(Release {
                 client,
-                kind: Kind::Announced | Kind::HandOver,
+                kind: Kind::Announced | Kind::Unclaimed | Kind::HandOver,
                 sent,
                 ..
             }) => Some((client, sent)),
@@ -86,6 +89,10 @@ impl Freed {
             Freed::Released(Release { client, kind, .. }) => {
                 let what = match kind {
                     Kind::Announced => "announced release",
+                    Kind::Unclaimed => {
+                        "announced release of a lock no caller was given (won after its \
+                         caller went, say)"
+                    }
                     Kind::HandOver => "hand-over (the quiet release of a lock a caller held)",
                     Kind::Cleanup => "failed attempt's quiet cleanup",
                 };
@@ -111,6 +118,9 @@ struct Resource {
     free_since: Option<Micros>,
     /// How it became free, while it is.
     freed: Freed,
+    /// The token of the release that last deleted a live key of it, and on
+    /// how many masters it has.
+    deletions: Option<(TokenKey, usize)>,
 }
 
 impl Resource {
@@ -245,6 +255,7 @@ impl Waiting {
             lapse: None,
             free_since: Some(0),
             freed: Freed::Expired,
+            deletions: None,
         };
         Waiting {
             quorum,
@@ -287,6 +298,13 @@ impl Waiting {
                     .is_some_and(|old| old.token == release.token && old.until > now)
         });
         *slot = key;
+        if let Some(release) = deleted {
+            let deletions = &mut self.resources[r].deletions;
+            *deletions = match *deletions {
+                Some((token, n)) if token == release.token => Some((token, n + 1)),
+                _ => Some((release.token, 1)),
+            };
+        }
         if !same {
             let freed = match deleted {
                 Some(release) => Freed::Released(release),
@@ -403,14 +421,26 @@ impl Waiting {
         }
         let owed_from = free.max(pair.since).max(broken);
         let latest = owed_from.saturating_add(self.bounds.timer);
-        // Freed by this client's own release (announced, or handed over),
-        // every master reachable since it queued it: it knows, and owes
-        // the lock from then on, whatever the old key's TTL; no message
-        // need reach it.
-        let strict = resource
-            .freed
-            .releaser()
-            .is_some_and(|(releaser, sent)| releaser == client && broken <= sent);
+        // Freed by this client's own release (announced, or handed over)
+        // of a lock that stood, which deleted its keys on a quorum of
+        // masters (as far as the client can tell, a release that worked;
+        // a late release of a lapsed lock, its keys mostly expired, tells
+        // it nothing), every master reachable since it queued it: it
+        // knows, and owes the lock from then on, whatever the old key's
+        // TTL; no message need reach it.
+        let worked = |token| {
+            resource
+                .deletions
+                .is_some_and(|(deleted, n)| deleted == token && n >= self.quorum)
+        };
+        let strict = match resource.freed {
+            Freed::Released(release) => {
+                resource.freed.releaser().is_some_and(|(releaser, sent)| {
+                    releaser == client && broken <= sent && worked(release.token)
+                })
+            }
+            _ => false,
+        };
         let reason = match pair.notice {
             _ if strict => owed_from,
             Some(n) if n >= owed_from => n.min(latest),
@@ -618,7 +648,7 @@ mod tests {
     /// with no message needed.
     #[test]
     fn a_released_lock_is_owed_by_its_releaser_within_the_bound_whatever_its_old_ttl() {
-        for kind in [Kind::Announced, Kind::HandOver] {
+        for kind in [Kind::Announced, Kind::Unclaimed, Kind::HandOver] {
             let mut w = checker();
             hold(&mut w, b"a", 5_000 * MS, 0);
             w.handle_waiter(1, 0, 10 * MS);
@@ -650,6 +680,36 @@ mod tests {
             assert!(check(&mut w, 1_120 * MS).is_empty(), "{by:?}");
             assert_eq!(check(&mut w, 1_121 * MS).len(), 1, "{by:?}");
         }
+    }
+
+    /// A release that deletes its keys on fewer than a quorum of masters
+    /// (a late release of a lapsed lock, its other keys expired or taken
+    /// since) does not work as far as its client can tell, even when the
+    /// key it deletes is the one that frees the lock: the timer excuses
+    /// the wait.
+    #[test]
+    fn a_release_that_deleted_no_quorum_of_keys_keeps_the_timer_excuse() {
+        let mut w = checker();
+        w.handle_key(0, 0, Some((b"a", 30 * MS)), 0, None);
+        w.handle_key(0, 1, Some((b"b", 5_000 * MS)), 0, None);
+        w.handle_key(0, 2, Some((b"a", 19 * MS)), 0, None);
+        w.handle_waiter(1, 0, 10 * MS);
+        let release = Release {
+            client: 1,
+            token: TokenKey::new(b"a"),
+            kind: Kind::Announced,
+            sent: 18 * MS,
+        };
+        // Held by "a" until its key on master 2 expires at 19 ms (the world
+        // checks then), then blocked ("a" on one master, "b" on another)
+        // until master 0's key of "a" is deleted at 20 ms.
+        assert!(check(&mut w, 19 * MS).is_empty());
+        assert!(!w.is_free(0, 19 * MS));
+        assert!(w.handle_key(0, 0, None, 20 * MS, Some(release)));
+        assert!(w.is_free(0, 20 * MS));
+        assert!(check(&mut w, 200 * MS).is_empty());
+        assert!(check(&mut w, 1_120 * MS).is_empty());
+        assert_eq!(check(&mut w, 1_121 * MS).len(), 1);
     }
 
     /// A release deletes only its own token's key: one that finds another
