@@ -537,28 +537,17 @@ impl Channels {
             return;
         }
         self.subscribed += 1;
-        for (i, (link, conn)) in channel
-            .sub
-            .links
-            .iter_mut()
-            .zip(subs.iter_mut())
-            .enumerate()
-        {
-            if self.refused.get(i).copied().unwrap_or(false) || conn.is_down() {
-                continue;
-            }
-            link.renewed = false;
-            post(
-                &mut self.outbox,
-                &mut self.name,
-                i,
-                conn,
-                true,
-                resource,
-                now,
-                link,
-            );
-        }
+        let links = &mut channel.sub.links;
+        post_everywhere(
+            &mut self.outbox,
+            &mut self.name,
+            &self.refused,
+            links,
+            subs,
+            true,
+            resource,
+            now,
+        );
     }
 
     /// Waiter `waiter` stops waiting for `resource`. The last one
@@ -778,27 +767,17 @@ impl Channels {
         }
         channel.marks.held = None;
         channel.marks.kept = None;
-        for (i, (link, conn)) in channel
-            .sub
-            .links
-            .iter_mut()
-            .zip(subs.iter_mut())
-            .enumerate()
-        {
-            if self.refused.get(i).copied().unwrap_or(false) || conn.is_down() {
-                continue;
-            }
-            post(
-                &mut self.outbox,
-                &mut self.name,
-                i,
-                conn,
-                false,
-                resource,
-                now,
-                link,
-            );
-        }
+        let links = &mut channel.sub.links;
+        post_everywhere(
+            &mut self.outbox,
+            &mut self.name,
+            &self.refused,
+            links,
+            subs,
+            false,
+            resource,
+            now,
+        );
         if self
             .table
             .get(resource)
@@ -1282,6 +1261,30 @@ fn release(notified: &mut VecDeque<Bytes>, resource: &[u8], channel: &mut Channe
     if !channel.queue.queued {
         channel.queue.queued = true;
         notified.push_back(Bytes::copy_from_slice(resource));
+    }
+}
+
+/// [`post`] on every subscriber connection (`subs`, the channel's view of
+/// each in `links`) that is up and has not refused this client.
+#[allow(clippy::too_many_arguments)]
+fn post_everywhere(
+    outbox: &mut Vec<Vec<(bool, Bytes)>>,
+    name: &mut Vec<u8>,
+    refused: &[bool],
+    links: &mut [Link],
+    subs: &mut [Conn],
+    subscribe: bool,
+    resource: &Bytes,
+    now: Instant,
+) {
+    for (i, (link, conn)) in links.iter_mut().zip(subs.iter_mut()).enumerate() {
+        if refused.get(i).copied().unwrap_or(false) || conn.is_down() {
+            continue;
+        }
+        if subscribe {
+            link.renewed = false;
+        }
+        post(outbox, name, i, conn, subscribe, resource, now, link);
     }
 }
 
