@@ -514,11 +514,9 @@ impl<P: Promise, L: Links> Hub<P, L> {
             }
         }
         while let Some(&index) = self.ready.front() {
-            let k = match self.jobs.get(index) {
-                Some(Some(running)) => running.job.round_size().min(limit),
-                _ => 0,
-            };
-            if k > 0 && !self.engine.has_room(k, limit, now) {
+            if let Some(Some(running)) = self.jobs.get(index)
+                && !has_room_for(&self.engine, &self.config, &running.job, now)
+            {
                 return;
             }
             self.ready.pop_front();
@@ -860,10 +858,7 @@ impl<P: Promise, L: Links> Hub<P, L> {
             // (see `admit`): a burst of waiters woken together, say by a
             // batch of releases, waits here for room instead of pushing
             // connections others use past their bound.
-            let limit = config.max_in_flight / 2;
-            let k = running.job.round_size().min(limit);
-            if k > 0
-                && !engine.has_room(k, limit, now)
+            if !has_room_for(engine, config, &running.job, now)
                 && !crate::knobs::injected(crate::knobs::Bug::AdmissionBypassed)
             {
                 timers.cancel(running);
@@ -1075,31 +1070,25 @@ impl<P: Promise, L: Links> Hub<P, L> {
         if crate::knobs::injected(crate::knobs::Bug::AbandonedStaysHeld) {
             return self.send_unclaimed(output, now);
         }
-        let job = {
-            let ctx = Ctx {
-                config: &self.config,
-                names: &self.names,
-                tokens: &mut self.tokens,
-                jitter: &mut self.jitter,
-            };
-            match &output {
-                Output::Lock(Ok(lock)) => {
-                    metrics::released_unclaimed(1);
-                    Job::Release(Release::new(&ctx, lock, now))
-                }
-                Output::Locks(results) => {
-                    let locks: Vec<Lock> = results.iter().flatten().cloned().collect();
-                    if locks.is_empty() {
-                        return;
-                    }
-                    metrics::released_unclaimed(locks.len());
-                    let spare = std::mem::take(&mut self.spare);
-                    Job::ReleaseBatch(Batch::release(&ctx, spare, &locks, now))
-                }
-                _ => return,
+        let order = match output {
+            Output::Lock(Ok(lock)) => {
+                metrics::released_unclaimed(1);
+                Order::Release { lock }
             }
+            Output::Locks(results) => {
+                let locks: Vec<Lock> = results.into_iter().flatten().collect();
+                if locks.is_empty() {
+                    return;
+                }
+                metrics::released_unclaimed(locks.len());
+                Order::ReleaseBatch { locks }
+            }
+            _ => return,
         };
-        self.launch(job, Waiter::Nobody, now);
+        // A release is always made a job (nothing refuses it).
+        if let Ok(job) = self.make_job(order, now) {
+            self.launch(job, Waiter::Nobody, now);
+        }
     }
 
     /// Releases the locks in `output` on every master at once, nobody
@@ -1138,6 +1127,17 @@ impl<P: Promise, L: Links> Hub<P, L> {
             });
         }
     }
+}
+
+/// Whether `job`'s next step fits in the connections' in-flight queues
+/// (see [`Engine::has_room`]), within the half of
+/// [`Config::max_in_flight`] that admission leaves new work: the one gate
+/// for new orders' jobs and every later step of a job under way. A step
+/// that sends nothing always fits.
+fn has_room_for(engine: &Engine, config: &Config, job: &Job, now: Instant) -> bool {
+    let limit = config.max_in_flight / 2;
+    let k = job.round_size().min(limit);
+    k == 0 || engine.has_room(k, limit, now)
 }
 
 /// Puts `item` in a free slot of `table` (from `free`), or a new one at
