@@ -19,7 +19,8 @@
 //! failure-counted-as-split|resend-decided|release-notice-dropped|
 //! handover-budget-ignored|contention-unheard|cleanup-skips-granted|
 //! admission-bypassed|handover-to-attempt|abandoned-stays-held|
-//! dropped-waiter-tries|script-loaded-per-noscript` to put a bug in on purpose (the run should then
+//! dropped-waiter-tries|script-loaded-per-noscript|
+//! extend-drops-px` to put a bug in on purpose (the run should then
 //! stop at a seed that shows it; the last four are issue 39's holes, put
 //! back by knobs that come with their fixes).
 
@@ -75,6 +76,7 @@ fn main() -> ExitCode {
                 "abandoned-stays-held" => Bug::AbandonedStaysHeld,
                 "dropped-waiter-tries" => Bug::DroppedWaiterTries,
                 "script-loaded-per-noscript" => Bug::ScriptLoadedPerNoscript,
+                "extend-drops-px" => Bug::ExtendDropsPx,
                 _ => {
                     eprintln!("simulate: unknown bug {value}");
                     return ExitCode::from(2);

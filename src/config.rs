@@ -85,6 +85,23 @@ pub struct TlsConfig {
     pub key_file: Option<PathBuf>,
 }
 
+/// Which commands release and extend locks (see [`Config::lock_commands`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LockCommands {
+    /// Each master's own compare-and-delete (`DELIFEQ` on Valkey 9.0+,
+    /// `DELEX` on Redis 8.4+) and compare-and-set (`SET ... IFEQ` on Valkey
+    /// 8.1+ and Redis 8.4+), where the handshake finds them (one
+    /// `COMMAND DOCS`, pipelined); the scripts elsewhere, and wherever a
+    /// master refuses a command it advertised, until it reconnects. Masters
+    /// of different servers in one client each go their own way.
+    #[default]
+    Auto,
+    /// The scripts on every master, and no `COMMAND DOCS` in the
+    /// handshake: for a proxy that refuses commands it does not know.
+    Scripts,
+}
+
 /// Settings of a [`Redlock`](crate::Redlock) client. Build one with [`Config::new`] and
 /// change the public fields; the defaults follow the spec.
 #[derive(Debug, Clone, PartialEq)]
@@ -244,6 +261,9 @@ pub struct Config {
     /// TLS settings for the `rediss://` masters. Default: the system's
     /// root certificates, no client certificate.
     pub tls: TlsConfig,
+    /// Which commands release and extend locks. Default
+    /// [`LockCommands::Auto`]: each master's own where it has them.
+    pub lock_commands: LockCommands,
     /// Test knob, present only with the `test-knobs` feature (not in
     /// `default`; the crate's tests turn it on): added to every validity the
     /// client computes, so that a lock claims to outlive its keys.
@@ -317,6 +337,7 @@ impl Config {
             local_handover_window: Duration::from_millis(2),
             local_handover_linger: Duration::from_micros(100),
             tls: TlsConfig::default(),
+            lock_commands: LockCommands::Auto,
             #[cfg(feature = "test-knobs")]
             overstate_validity: Duration::ZERO,
             #[cfg(feature = "test-knobs")]

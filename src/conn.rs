@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 
 use crate::addr::ServerAddr;
+use crate::native::{self, Capabilities, Delete};
 use crate::resp::{self, Arg, FrameScan, Limits, ProtocolError, Reply};
 use crate::script::{ScriptId, Scripts};
 use crate::token::Token;
@@ -107,6 +108,17 @@ impl Op {
         )
     }
 
+    /// How this operation goes to a master offering `caps` (see
+    /// [`Request::form`]).
+    pub(crate) fn form(self, caps: Capabilities) -> Form {
+        match self {
+            Op::Release | Op::Cleanup if caps.delifeq => Form::Delete(Delete::DelIfEq),
+            Op::Release | Op::Cleanup if caps.delex => Form::Delete(Delete::DelEx),
+            Op::Extend if caps.set_ifeq => Form::Extend,
+            _ => Form::Script,
+        }
+    }
+
     /// Whether the request's `arg` goes on the wire after the token.
     fn takes_arg(self) -> bool {
         !self.releases()
@@ -152,10 +164,37 @@ pub(crate) struct Request {
 }
 
 impl Request {
-    /// Appends the request to `dst` as the command sent in the common case:
-    /// `SET ... NX PX` or `EVALSHA`.
+    /// Appends the request to `dst` as the command sent where a master has
+    /// no command of its own for it: `SET ... NX PX` or `EVALSHA`.
     pub(crate) fn encode(&self, scripts: &Scripts, dst: &mut BytesMut) {
         self.encode_as(scripts, dst, false);
+    }
+
+    /// How the request goes to a master offering `caps`: one of its own
+    /// commands where it has one for this operation, else the script. A
+    /// key of one resource only: a multi-resource lock's scripts act on
+    /// every key at once, and the waiting and fenced acquires read what a
+    /// refusal leaves (the holder's time, the fence) atomically with it.
+    pub(crate) fn form(&self, caps: Capabilities) -> Form {
+        self.op.form(caps)
+    }
+
+    /// Appends the request in `form` to `dst`. A native release is two
+    /// commands: the compare-and-delete, then the release message the
+    /// script would have published ([`Form::commands`]).
+    pub(crate) fn encode_form(&self, form: Form, scripts: &Scripts, dst: &mut BytesMut) {
+        let key = self.keys.as_slice().first().map_or(&[][..], |k| &k[..]);
+        let token = self.token.as_bytes();
+        match form {
+            Form::Script => self.encode(scripts, dst),
+            Form::Delete(how) => {
+                native::encode_delete(dst, how, key, token);
+                if self.op == Op::Release {
+                    native::encode_notice(dst, key, token, self.arg);
+                }
+            }
+            Form::Extend => native::encode_extend(dst, key, token, self.arg),
+        }
     }
 
     fn encode_as(&self, scripts: &Scripts, dst: &mut BytesMut, eval: bool) {
@@ -207,6 +246,96 @@ impl Request {
                 resp::encode_command_iter(dst, args);
             }
         }
+    }
+}
+
+/// How one request is written on one master: the script, or the master's
+/// own command (see [`Request::form`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Form {
+    /// `SET ... NX PX` or the operation's script.
+    Script,
+    /// A release or quiet cleanup by `DELIFEQ` or `DELEX`; a release is
+    /// followed by its `PUBLISH`.
+    Delete(Delete),
+    /// An extend by `SET ... IFEQ ... GET PX`.
+    Extend,
+}
+
+impl Form {
+    /// How many of the forms there are: [`Form::index`] is below it.
+    pub(crate) const COUNT: usize = 4;
+
+    /// A number per form, for a round's encodings of one request.
+    pub(crate) fn index(self) -> usize {
+        match self {
+            Form::Script => 0,
+            Form::Delete(Delete::DelIfEq) => 1,
+            Form::Delete(Delete::DelEx) => 2,
+            Form::Extend => 3,
+        }
+    }
+
+    /// The names of how requests go, as metrics label them: the plain
+    /// acquire's `SET NX`, a script, and the native commands.
+    pub(crate) const LABELS: [&'static str; 5] =
+        ["set_nx", "script", "delifeq", "delex", "set_ifeq"];
+
+    /// The index in [`Form::LABELS`] of `op` sent in this form.
+    pub(crate) fn label_index(self, op: Op) -> usize {
+        match self {
+            Form::Script if op.script().is_none() => 0,
+            Form::Script => 1,
+            Form::Delete(Delete::DelIfEq) => 2,
+            Form::Delete(Delete::DelEx) => 3,
+            Form::Extend => 4,
+        }
+    }
+
+    /// How many commands of `op` in this form go on the wire: two for a
+    /// native release (the delete and its message), else one.
+    fn commands(self, op: Op) -> usize {
+        match (self, op) {
+            (Form::Delete(_), Op::Release) => 2,
+            _ => 1,
+        }
+    }
+}
+
+/// One request encoded once per form, for every master of a round: most
+/// rounds write one form to all of them, masters of different servers
+/// two.
+#[derive(Debug)]
+pub(crate) struct Wires {
+    bufs: [BytesMut; Form::COUNT],
+    /// Bit [`Form::index`] set when that form of the request is in `bufs`.
+    encoded: u8,
+}
+
+impl Wires {
+    /// Empty buffers, sized for a lock request.
+    pub(crate) fn new() -> Wires {
+        Wires {
+            bufs: std::array::from_fn(|_| BytesMut::with_capacity(256)),
+            encoded: 0,
+        }
+    }
+
+    /// Forgets the request encoded: the next one is another.
+    pub(crate) fn clear(&mut self) {
+        self.encoded = 0;
+    }
+
+    /// `request` in `form`, encoded on first use.
+    pub(crate) fn get(&mut self, request: &Request, form: Form, scripts: &Scripts) -> &[u8] {
+        let i = form.index();
+        let buf = &mut self.bufs[i];
+        if self.encoded & (1 << i) == 0 {
+            buf.clear();
+            request.encode_form(form, scripts, buf);
+            self.encoded |= 1 << i;
+        }
+        buf
     }
 }
 
@@ -487,9 +616,20 @@ enum Expect {
         request: Request,
         sent_at: Instant,
         wire_len: usize,
+        /// How it went: the script or the master's own command.
+        form: Form,
         /// How it was re-sent after `-NOSCRIPT`, if it was.
         resent: Resent,
     },
+    /// The release message behind a native release: its reply (how many
+    /// heard it, or a refusal to a user without channel rights) is
+    /// consumed here, as the script's `redis.pcall` ignores it.
+    Notice {
+        sent_at: Instant,
+    },
+    /// The handshake's capability probe ([`native::PROBE`]): never a
+    /// reason to drop the connection or refuse anything.
+    Probe,
     /// A `SCRIPT LOAD` sent to recover from `-NOSCRIPT`: its reply is
     /// consumed here, never a request's.
     Load {
@@ -521,6 +661,11 @@ pub(crate) struct Recoveries {
     pub(crate) script_load: u64,
     /// By `EVAL`.
     pub(crate) eval: u64,
+    /// Native commands the master advertised and then refused, answered
+    /// by the script.
+    pub(crate) native_refused: u64,
+    /// Requests sent, by how they went ([`Form::label_index`]).
+    pub(crate) sent: [u64; Form::LABELS.len()],
 }
 
 /// What a connection carries.
@@ -588,6 +733,21 @@ pub(crate) struct Conn {
     script_load_refused: bool,
     /// `-NOSCRIPT`s recovered from since [`Conn::take_recoveries`].
     recoveries: Recoveries,
+    /// Whether the handshake asks the master for its own lock commands
+    /// ([`native::PROBE`]); off where the settings force the scripts.
+    probe: bool,
+    /// The probe's reply broke the parser's limits once: later handshakes
+    /// leave it out, and the connection runs the scripts.
+    probe_broke: bool,
+    /// The lock commands the master offers, as its last handshake told,
+    /// less any it then refused: until the next handshake, those go as
+    /// scripts again.
+    caps: Capabilities,
+    /// The master refused the handshake's `SCRIPT LOAD` for good (a user
+    /// without scripting rights): the requests that need a script fail
+    /// with this cause unsent, and so does a plain acquire where no
+    /// native release could undo it. Releases go (see `refused`).
+    scripts_refused: Option<Cause>,
     /// The scripts a `SCRIPT LOAD` is in flight for (bit `id` for
     /// [`ScriptId`] `id`): a request answered `-NOSCRIPT` behind one is
     /// sent again behind it, without another. After a `SCRIPT FLUSH`
@@ -654,8 +814,25 @@ impl Conn {
             refused: None,
             script_load_refused: false,
             recoveries: Recoveries::default(),
+            probe: true,
+            probe_broke: false,
+            caps: Capabilities::NONE,
+            scripts_refused: None,
             loading: 0,
         }
+    }
+
+    /// Turns the capability probe off from the next handshake: every lock
+    /// operation runs its script on this master (for proxies that refuse
+    /// commands they do not know; see
+    /// [`LockCommands`](crate::LockCommands)).
+    pub(crate) fn set_probe(&mut self, on: bool) {
+        self.probe = on;
+    }
+
+    /// How `request` goes to this master now.
+    pub(crate) fn form(&self, request: &Request) -> Form {
+        request.form(self.caps)
     }
 
     /// What the connection carries.
@@ -737,6 +914,8 @@ impl Conn {
         self.set_oldest(None);
         self.heard = false;
         self.refused = None;
+        self.scripts_refused = None;
+        self.caps = Capabilities::NONE;
         let deadline = now.checked_add(self.timing.connect).unwrap_or(now);
         self.state = State::Connecting { deadline };
         if let Some(password) = &self.addr.password {
@@ -775,6 +954,13 @@ impl Conn {
             );
             self.in_flight
                 .push_back(Expect::Handshake(HandshakeStep::ScriptLoad));
+        }
+        // Asked again on every connect: the address may reach another
+        // server now.
+        if self.probe && !self.probe_broke && native::probe_fits(&self.limits) {
+            let probe = native::PROBE.map(Arg::Bytes);
+            resp::encode_command(&mut self.out, &probe);
+            self.in_flight.push_back(Expect::Probe);
         }
         // Always: the run_id tells one server named twice (it must not vote
         // twice), and the uptime drives restart quarantine.
@@ -885,14 +1071,15 @@ impl Conn {
         self.in_flight.iter().find_map(|e| match e {
             Expect::Reply { sent_at, .. }
             | Expect::Confirm { sent_at, .. }
-            | Expect::Load { sent_at, .. } => Some(*sent_at),
-            Expect::Handshake(_) => None,
+            | Expect::Load { sent_at, .. }
+            | Expect::Notice { sent_at } => Some(*sent_at),
+            Expect::Handshake(_) | Expect::Probe => None,
         })
     }
 
-    /// Queues an encoded request. `wire` must be `request` encoded with
-    /// [`Request::encode`]; it is passed in so that a round encodes once for
-    /// all masters.
+    /// Queues a request, in the form this master takes it
+    /// ([`Conn::form`]), encoded in `wires` once per form for all the
+    /// round's masters.
     ///
     /// # Errors
     /// The cause of the last failure when the connection is down, or
@@ -902,26 +1089,46 @@ impl Conn {
         &mut self,
         tag: Tag,
         request: &Request,
-        wire: &[u8],
+        wires: &mut Wires,
         now: Instant,
     ) -> Result<(), Cause> {
-        if let Some(cause) = &self.refused
-            && !request.op.releases()
-        {
+        if let Some(cause) = self.refusal_for(request.op) {
             return Err(cause.clone());
         }
         self.admit(now)?;
+        let form = self.form(request);
+        let wire = wires.get(request, form, &self.scripts);
         self.make_room(wire.len());
         self.out.extend_from_slice(wire);
+        self.push_reply(tag, request.clone(), form, wire.len(), Resent::No, now);
+        Ok(())
+    }
+
+    /// Awaits the reply (or, for a native release, the two replies) of a
+    /// request just queued, `wire_len` bytes in `form`.
+    fn push_reply(
+        &mut self,
+        tag: Tag,
+        request: Request,
+        form: Form,
+        wire_len: usize,
+        resent: Resent,
+        now: Instant,
+    ) {
+        let commands = form.commands(request.op);
+        self.recoveries.sent[form.label_index(request.op)] += 1;
         self.in_flight.push_back(Expect::Reply {
             tag,
-            request: request.clone(),
+            request,
             sent_at: now,
-            wire_len: wire.len(),
-            resent: Resent::No,
+            wire_len,
+            form,
+            resent,
         });
+        if commands > 1 {
+            self.in_flight.push_back(Expect::Notice { sent_at: now });
+        }
         self.handle_timed(now);
-        Ok(())
     }
 
     /// Whether one more request or command may be queued: not while down,
@@ -989,7 +1196,11 @@ impl Conn {
             .iter()
             .map(|e| match e {
                 Expect::Reply { wire_len, .. } => *wire_len,
-                Expect::Handshake(_) | Expect::Confirm { .. } | Expect::Load { .. } => 0,
+                Expect::Handshake(_)
+                | Expect::Confirm { .. }
+                | Expect::Load { .. }
+                | Expect::Notice { .. }
+                | Expect::Probe => 0,
             })
             .sum()
     }
@@ -1047,10 +1258,22 @@ impl Conn {
         std::mem::take(&mut self.recoveries)
     }
 
-    /// Why the master refuses every request but releases on this
-    /// connection, if it does (see `refused`).
-    pub(crate) fn refusal(&self) -> Option<&Cause> {
-        self.refused.as_ref()
+    /// Why the master refuses requests of `op` on this connection, if it
+    /// does: every one but releases after a handshake step refused for
+    /// good (see `refused`); where scripts are refused, those that need
+    /// one here, and plain acquires where no native release could undo
+    /// them (see `scripts_refused`).
+    pub(crate) fn refusal_for(&self, op: Op) -> Option<&Cause> {
+        if op.releases() {
+            return None;
+        }
+        if let Some(cause) = &self.refused {
+            return Some(cause);
+        }
+        let cause = self.scripts_refused.as_ref()?;
+        let needs_script = op.script().is_some() && op.form(self.caps) == Form::Script;
+        let undoable = !op.sets_keys() || self.caps.deletes();
+        (needs_script || !undoable).then_some(cause)
     }
 
     /// The server's `run_id`, as last read in a handshake: the same for
@@ -1266,8 +1489,15 @@ impl Conn {
         resend: impl Fn(Tag, Op) -> bool,
     ) -> Result<Option<(Tag, Reply)>, Cause> {
         loop {
-            let Some(reply) = resp::decode_resumed(&mut self.inbuf, &mut self.scan, &self.limits)
-                .map_err(Cause::Protocol)?
+            let decoded = resp::decode_resumed(&mut self.inbuf, &mut self.scan, &self.limits);
+            let Some(reply) = decoded.map_err(|e| {
+                // Past the parser's limits: the next handshakes leave the
+                // probe out, rather than break every connection on it.
+                if matches!(self.in_flight.front(), Some(Expect::Probe)) {
+                    self.probe_broke = true;
+                }
+                Cause::Protocol(e)
+            })?
             else {
                 return Ok(None);
             };
@@ -1277,6 +1507,12 @@ impl Conn {
             match expect {
                 // A command connection queues no subscriber command.
                 None | Some(Expect::Confirm { .. }) => return Err(Cause::Unsolicited),
+                // An error too offers nothing: the scripts run.
+                Some(Expect::Probe) => {
+                    self.caps = Capabilities::from_docs(&reply);
+                    self.handshake_left = self.handshake_left.saturating_sub(1);
+                }
+                Some(Expect::Notice { .. }) => {}
                 Some(Expect::Handshake(step)) => {
                     match reply {
                         // INFO serves restart quarantine and one server,
@@ -1301,11 +1537,17 @@ impl Conn {
                             let cause = Cause::Handshake(step, msg);
                             // After AUTH, the requests behind the refused
                             // step run anyway: the connection stays, for
-                            // releases (see `refused`).
+                            // releases (see `refused`), and where scripts
+                            // are refused, for what the master's own
+                            // commands do (see `scripts_refused`).
                             if step == HandshakeStep::Auth || !cause.is_permanent() {
                                 return Err(cause);
                             }
-                            self.refused = Some(cause);
+                            if step == HandshakeStep::ScriptLoad {
+                                self.scripts_refused = Some(cause);
+                            } else {
+                                self.refused = Some(cause);
+                            }
                         }
                         Reply::Bulk(info) if step == HandshakeStep::Info => {
                             self.handle_info(&info, now)?
@@ -1324,9 +1566,38 @@ impl Conn {
                 Some(Expect::Reply {
                     tag,
                     request,
+                    form,
                     resent,
                     ..
                 }) => {
+                    if form != Form::Script {
+                        // Advertised, then refused (a proxy, an ACL, a
+                        // server that lied): the script from now on, and
+                        // this request again by it while it matters. The
+                        // refused command did nothing.
+                        if !is_unavailable(&reply) {
+                            return Ok(Some((tag, read_native(form, &request, reply))));
+                        }
+                        self.drop_capability(form);
+                        if !resend(tag, request.op) {
+                            return Ok(Some((tag, reply)));
+                        }
+                        self.recoveries.native_refused += 1;
+                        self.resend_as(tag, request, Form::Script, now);
+                        continue;
+                    }
+                    // Sent as a script before the probe was answered, to a
+                    // user without scripting rights: the master's own
+                    // command, now known, does it.
+                    let native = request.form(self.caps);
+                    if native != Form::Script
+                        && resent == Resent::No
+                        && reply.is_error_code(b"NOPERM")
+                        && resend(tag, request.op)
+                    {
+                        self.resend_as(tag, request, native, now);
+                        continue;
+                    }
                     let next = match resent {
                         Resent::No if self.script_load_refused => Resent::Eval,
                         Resent::No => Resent::Loaded,
@@ -1361,17 +1632,55 @@ impl Conn {
                     let before = self.out.len();
                     request.encode_as(&self.scripts, &mut self.out, next == Resent::Eval);
                     let wire_len = self.out.len() - before;
-                    self.in_flight.push_back(Expect::Reply {
-                        tag,
-                        request,
-                        sent_at: now,
-                        wire_len,
-                        resent: next,
-                    });
-                    self.handle_timed(now);
+                    self.push_reply(tag, request, Form::Script, wire_len, next, now);
                 }
             }
         }
+    }
+
+    /// Sends `request` again, in `form`, for the reply its first send did
+    /// not give: new bytes, so the stall limit counts from now.
+    fn resend_as(&mut self, tag: Tag, request: Request, form: Form, now: Instant) {
+        self.make_room(
+            256 + request
+                .keys
+                .as_slice()
+                .iter()
+                .map(|k| k.len())
+                .sum::<usize>(),
+        );
+        let before = self.out.len();
+        request.encode_form(form, &self.scripts, &mut self.out);
+        let wire_len = self.out.len() - before;
+        self.push_reply(tag, request, form, wire_len, Resent::No, now);
+    }
+
+    /// The master refused its own command in `form`: the script instead,
+    /// until the next handshake asks again.
+    fn drop_capability(&mut self, form: Form) {
+        match form {
+            Form::Script => {}
+            Form::Delete(Delete::DelIfEq) => self.caps.delifeq = false,
+            Form::Delete(Delete::DelEx) => self.caps.delex = false,
+            Form::Extend => self.caps.set_ifeq = false,
+        }
+    }
+}
+
+/// Whether an error reply to a native command says the master cannot run
+/// it (unknown, a syntax it does not take, an ACL denying it), rather
+/// than what it found: such a command did nothing, and the script can
+/// do it instead.
+fn is_unavailable(reply: &Reply) -> bool {
+    reply.is_error_code(b"ERR") || reply.is_error_code(b"NOPERM")
+}
+
+/// A native reply, read as its script's would be (see
+/// [`native::read_extend`]).
+fn read_native(form: Form, request: &Request, reply: Reply) -> Reply {
+    match form {
+        Form::Extend => native::read_extend(reply, request.token.as_bytes()),
+        _ => reply,
     }
 }
 
@@ -1431,7 +1740,11 @@ mod tests {
             .iter()
             .filter_map(|e| match e {
                 Expect::Reply { request, .. } => request.keys.as_slice().first().cloned(),
-                Expect::Handshake(_) | Expect::Confirm { .. } | Expect::Load { .. } => None,
+                Expect::Handshake(_)
+                | Expect::Confirm { .. }
+                | Expect::Load { .. }
+                | Expect::Notice { .. }
+                | Expect::Probe => None,
             })
             .collect()
     }
@@ -1517,13 +1830,12 @@ mod tests {
                         arg: 1000,
                         notice: false,
                     };
-                    let mut wire = BytesMut::new();
-                    request.encode(&scripts, &mut wire);
+                    let mut wires = Wires::new();
                     let tag = Tag {
                         round: next(6),
                         slot: 0,
                     };
-                    conn.send(tag, &request, &wire, now).unwrap();
+                    conn.send(tag, &request, &mut wires, now).unwrap();
                 }
                 assert_eq!(
                     queued_keys(&conn),

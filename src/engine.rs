@@ -14,11 +14,11 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 
 use crate::addr::ServerAddr;
 
-use crate::conn::{Cause, Conn, Op, Request, Role, Tag, Timing};
+use crate::conn::{Cause, Conn, Op, Request, Role, Tag, Timing, Wires};
 use crate::metrics::Masters;
 use crate::notify::{Channels, Cohort};
 use crate::quorum::{FencePlan, Round, Vote, plan_fence, same_server};
@@ -83,9 +83,9 @@ pub(crate) struct Engine {
     free: Vec<usize>,
     /// Rounds that completed and were not yet polled.
     completed: VecDeque<RoundId>,
-    scripts: Scripts,
-    /// Reused encoding buffer: each request is encoded once for all masters.
-    wire: BytesMut,
+    /// Reused encoding buffers: each request is encoded once per form (the
+    /// script, a master's own command) for all masters.
+    wires: Wires,
     /// Per master, set while [`Engine::start`] runs when a send dropped
     /// the connection.
     dropped: Vec<Option<Cause>>,
@@ -132,8 +132,7 @@ impl Engine {
             entries: Vec::new(),
             free: Vec::new(),
             completed: VecDeque::new(),
-            scripts,
-            wire: BytesMut::with_capacity(512),
+            wires: Wires::new(),
             dropped: vec![None; servers.len()],
             n: servers.len(),
         }
@@ -412,8 +411,7 @@ impl Engine {
         entry.round.reset(requests, now, timeout);
         let id = RoundId::new(index, entry.generation);
         for (slot, request) in requests.iter().enumerate() {
-            self.wire.clear();
-            request.encode(&self.scripts, &mut self.wire);
+            self.wires.clear();
             let tag = Tag {
                 round: id.0,
                 slot: slot as u32,
@@ -424,7 +422,7 @@ impl Engine {
                     continue;
                 }
                 let was_up = !conn.is_down();
-                if let Err(cause) = conn.send(tag, request, &self.wire, now) {
+                if let Err(cause) = conn.send(tag, request, &mut self.wires, now) {
                     if was_up {
                         // The send dropped the connection (too far
                         // behind): every round's requests on it are gone.
@@ -441,6 +439,15 @@ impl Engine {
             }
         }
         id
+    }
+
+    /// Whether the masters' own lock commands are asked for and used
+    /// where they have them ([`LockCommands`](crate::LockCommands)): from
+    /// each connection's next handshake.
+    pub(crate) fn set_native(&mut self, on: bool) {
+        for conn in &mut self.conns {
+            conn.set_probe(on);
+        }
     }
 
     /// The round `id`, while it is live.
@@ -575,8 +582,8 @@ impl Engine {
                         // A request that ran behind a refused handshake
                         // step counts as refused: the master cannot vote
                         // (its INFO, say, could not be checked).
-                        match self.conns[i].refusal() {
-                            Some(cause) if !entry.round.op(slot).releases() => {
+                        match self.conns[i].refusal_for(entry.round.op(slot)) {
+                            Some(cause) => {
                                 let vote = Vote::Failed(cause.clone());
                                 entry.round.handle_vote(slot, i, vote, now);
                             }
@@ -590,6 +597,8 @@ impl Engine {
                 Ok(None) => {
                     let recovered = self.conns[i].take_recoveries();
                     crate::metrics::noscript_recovered(recovered.script_load, recovered.eval);
+                    crate::metrics::native_refused(recovered.native_refused);
+                    crate::metrics::requests_sent(&recovered.sent);
                     return;
                 }
                 Err(cause) => return self.handle_failure(i, now, cause),

@@ -27,7 +27,8 @@ pub struct Failure {
     pub quorum: usize,
     /// How many masters granted.
     pub granted: usize,
-    /// How many refused: the key holds another token there.
+    /// How many refused: the key holds another token there (or, for an
+    /// extend, [`Vote::Gone`]: it holds none).
     pub refused: usize,
     /// Each master's vote, in configuration order.
     pub votes: Vec<MasterVote>,
@@ -49,6 +50,11 @@ impl fmt::Display for Failure {
             self.attempts,
             self.elapsed
         )?;
+        // Where a native extend could tell: refusals that found no key.
+        let gone = self.votes.iter().filter(|v| v.vote == Vote::Gone).count();
+        if gone > 0 {
+            write!(f, " ({gone} found the key gone)")?;
+        }
         for MasterVote { server, vote } in &self.votes {
             if let Vote::Failed(cause) = vote {
                 write!(f, "; {server}: {cause}")?;

@@ -59,6 +59,9 @@ pub enum Bug {
     /// before issue 39): after a `SCRIPT FLUSH` a connection holds about
     /// twice what it held, past the in-flight bound.
     ScriptLoadedPerNoscript,
+    /// A native extend (`SET ... IFEQ ... GET`) goes without its `PX`: the
+    /// master keeps the key with no TTL at all, a lock that never expires.
+    ExtendDropsPx,
 }
 
 #[cfg(any(test, feature = "test-knobs"))]

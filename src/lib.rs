@@ -90,6 +90,8 @@ pub(crate) mod knobs;
 
 mod addr;
 
+mod native;
+
 mod conn;
 
 mod quorum;
@@ -132,11 +134,12 @@ pub mod sim;
 
 pub use addr::{AddrError, Endpoint, Secret, ServerAddr};
 pub use client::{LockGuard, Redlock};
-pub use config::{Config, ConfigError, MAX_DURATION, MAX_TTL_MS, Retry, TlsConfig};
+pub use config::{Config, ConfigError, LockCommands, MAX_DURATION, MAX_TTL_MS, Retry, TlsConfig};
 pub use conn::{Cause, HandshakeStep};
 pub use error::{Error, Failure, MasterVote};
 pub use keep::{KeepOptions, Lost, LostReason};
 pub use lock::Lock;
+pub use native::Capabilities;
 pub use quorum::Vote;
 pub use resolve::Resolver;
 pub use shared::{Pending, SharedRedlock};

@@ -34,6 +34,9 @@
 //! | `redlock_locks_lost_total` | counter | `reason` | kept locks the watchdog gave up |
 //! | `redlock_master_failures_total` | counter | `master`, `cause` | a master's connection failed (dropped, or a connect that failed) |
 //! | `redlock_master_quarantined` | gauge | `master` | clients in this process that hold the master in restart quarantine |
+//! | `redlock_requests_total` | counter | `via` | requests sent to masters, each master's counted, by how they went: `set_nx` (a plain acquire), `script`, or a master's own `delifeq`, `delex`, `set_ifeq` |
+//! | `redlock_native_refused_total` | counter | | requests re-sent by script after a master refused a command of its own it had advertised |
+//! | `redlock_noscript_recoveries_total` | counter | `via` | `-NOSCRIPT`s recovered from, by `script_load` or `eval` |
 //!
 //! `outcome` is `ok`, or the kind of [`Error`]: `held`, `not_held`,
 //! `no_quorum`, `protocol`, `validity_expired`, `fence_unknown`,
@@ -98,6 +101,27 @@ const MASTER_QUARANTINED: &str = "redlock_master_quarantined";
 const SUBSCRIBE_REFUSED: &str = "redlock_subscribe_refused_total";
 #[cfg(feature = "metrics")]
 const NOSCRIPT_RECOVERIES: &str = "redlock_noscript_recoveries_total";
+#[cfg(feature = "metrics")]
+const NATIVE_REFUSED: &str = "redlock_native_refused_total";
+#[cfg(feature = "metrics")]
+const REQUESTS: &str = "redlock_requests_total";
+#[cfg(feature = "metrics")]
+static REQUESTS_VIA: [[Label; 1]; 5] = [
+    [Label::from_static_parts("via", "set_nx")],
+    [Label::from_static_parts("via", "script")],
+    [Label::from_static_parts("via", "delifeq")],
+    [Label::from_static_parts("via", "delex")],
+    [Label::from_static_parts("via", "set_ifeq")],
+];
+/// `redlock_requests_total` per `via`, in `Form::LABELS` order.
+#[cfg(feature = "metrics")]
+static REQUESTS_BY_FORM: [Key; 5] = [
+    Key::from_static_parts(REQUESTS, &REQUESTS_VIA[0]),
+    Key::from_static_parts(REQUESTS, &REQUESTS_VIA[1]),
+    Key::from_static_parts(REQUESTS, &REQUESTS_VIA[2]),
+    Key::from_static_parts(REQUESTS, &REQUESTS_VIA[3]),
+    Key::from_static_parts(REQUESTS, &REQUESTS_VIA[4]),
+];
 
 /// How an operation ended, as the `outcome` (or `reason`) label says it.
 #[cfg(any(feature = "metrics", feature = "tracing"))]
@@ -357,6 +381,33 @@ pub(crate) fn noscript_recovered(script_load: u64, eval: u64) {
             counter(static_key!(NOSCRIPT_RECOVERIES, "via" => "eval")).increment(eval);
         });
     }
+}
+
+/// A connection answered `count` requests with the script after its master
+/// refused a command of its own it had advertised (see
+/// [`Capabilities`](crate::Capabilities)).
+#[inline(always)]
+pub(crate) fn native_refused(count: u64) {
+    let _ = count;
+    #[cfg(feature = "metrics")]
+    if count > 0 {
+        guarded(|| counter(static_key!(NATIVE_REFUSED)).increment(count));
+    }
+}
+
+/// A connection sent `sent[i]` requests the way `Form::LABELS[i]` names
+/// (the plain acquire's `SET NX`, a script, or a master's own command).
+#[inline(always)]
+pub(crate) fn requests_sent(sent: &[u64; 5]) {
+    let _ = sent;
+    #[cfg(feature = "metrics")]
+    guarded(|| {
+        for (i, &count) in sent.iter().enumerate() {
+            if count > 0 {
+                counter(&REQUESTS_BY_FORM[i]).increment(count);
+            }
+        }
+    });
 }
 
 /// The label of each kind of [`Cause`], in [`cause_index`] order.

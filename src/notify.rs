@@ -1186,6 +1186,19 @@ impl Channels {
                 // Another client's release, or its cleanup after a race:
                 // another process competes for this lock.
                 let ours = token.is_some_and(|t| own.is_some_and(|p| t.has_prefix(&p)));
+                // The release of a lock of this client's that another of
+                // its locks has replaced here freed nothing a waiter could
+                // take: a master's own compare-and-delete is followed by
+                // its message whatever it found (the script sends none
+                // unless it deleted the key).
+                if ours
+                    && channel
+                        .marks
+                        .latest
+                        .is_some_and(|latest| token != Some(latest))
+                {
+                    return Ok(());
+                }
                 if let Some(t) = token
                     && token != channel.queue.cleanup
                 {

@@ -34,8 +34,14 @@ pub enum Vote {
     /// `+OK` to SET NX, or 1 from the release or extend script.
     Granted,
     /// The key is held by another token: a null reply to SET NX, or 0 from a
-    /// script.
+    /// script (for a release or an extend by script: not this token's,
+    /// another's or gone, which the script does not tell apart).
     Refused,
+    /// An extend found the key gone: a nil from the master's own
+    /// compare-and-set (`SET ... IFEQ ... GET`), which, unlike the script,
+    /// tells a key that expired or was deleted from one another token
+    /// holds ([`Vote::Refused`]). Counted as a refusal.
+    Gone,
     /// No usable answer.
     Failed(Cause),
 }
@@ -421,12 +427,14 @@ impl Round {
         // server (by run_id). Once both handshakes are read, neither counts
         // (and acquires and extends are refused with SameServer); before
         // that, only the one whose twin's handshake is still unread.
-        if let (Vote::Granted | Vote::Refused, Some(other)) = (&vote, same_server(conns, i)) {
+        if let (Vote::Granted | Vote::Refused | Vote::Gone, Some(other)) =
+            (&vote, same_server(conns, i))
+        {
             vote = Vote::Failed(Cause::SameServer(other));
         }
         // A quarantined master's answer is read, never counted: it may have
         // lost keys in a restart.
-        if let (Vote::Granted | Vote::Refused, Some(left)) =
+        if let (Vote::Granted | Vote::Refused | Vote::Gone, Some(left)) =
             (&vote, conns.get(i).and_then(|c| c.quarantine_left(now)))
         {
             vote = Vote::Failed(Cause::Quarantined(left));
@@ -476,7 +484,7 @@ impl Round {
         match vote {
             Vote::Pending => return,
             Vote::Granted => tally.granted += 1,
-            Vote::Refused => tally.refused += 1,
+            Vote::Refused | Vote::Gone => tally.refused += 1,
             Vote::Failed(_) => tally.failed += 1,
         }
         if let Some(v) = self.votes.get_mut(slot * self.n + i) {
@@ -708,6 +716,8 @@ fn classify(op: Op, reply: Reply) -> Vote {
     match (op, reply) {
         (Op::Acquire, reply) if reply.is_ok() => Vote::Granted,
         (Op::Acquire, Reply::Nil) => Vote::Refused,
+        // The native extend's nil (see `native::read_extend`).
+        (Op::Extend, Reply::Nil) => Vote::Gone,
         (Op::AcquireFenced, ref reply) if FenceRead::parse(reply).is_some() => Vote::Granted,
         // A bare fence value: a master running an older script. It grants,
         // but its value vouches for nothing (no fence read is kept).
@@ -914,6 +924,7 @@ mod tests {
             (Op::Release, Reply::Integer(0), Vote::Refused),
             (Op::Extend, Reply::Integer(1), Vote::Granted),
             (Op::Extend, Reply::Integer(0), Vote::Refused),
+            (Op::Extend, Reply::Nil, Vote::Gone),
         ];
         for (op, reply, want) in cases {
             assert_eq!(classify(op, reply.clone()), want, "{op:?} {reply:?}");

@@ -752,6 +752,9 @@ pub enum Arg<'a> {
     Bytes(&'a [u8]),
     /// An integer, sent as its decimal text.
     Int(i64),
+    /// Pieces sent as one argument, one after another: a channel named by
+    /// a prefix and a key, say, without joining them first.
+    Parts(&'a [&'a [u8]]),
 }
 
 impl<'a> From<&'a [u8]> for Arg<'a> {
@@ -787,6 +790,7 @@ fn command_size<'a>(args: impl Iterator<Item = Arg<'a>>) -> (usize, usize) {
         let payload = match arg {
             Arg::Bytes(b) => b.len(),
             Arg::Int(n) => decimal_len(n),
+            Arg::Parts(parts) => parts.iter().map(|p| p.len()).sum(),
         };
         count += 1;
         total += 1 + decimal_len(len_i64(payload)) + 2 + payload + 2;
@@ -826,6 +830,13 @@ where
                 let text = format_i64(n, &mut scratch);
                 put_int_line(dst, b'$', len_i64(text.len()));
                 put_digits(dst, text);
+            }
+            Arg::Parts(parts) => {
+                let len = parts.iter().map(|p| p.len()).sum();
+                put_int_line(dst, b'$', len_i64(len));
+                for part in parts {
+                    dst.put_slice(part);
+                }
             }
         }
         dst.put_slice(b"\r\n");
@@ -904,7 +915,7 @@ mod tests {
 
     #[test]
     fn command_len_is_what_encode_command_writes() {
-        let cases: [&[Arg<'_>]; 4] = [
+        let cases: [&[Arg<'_>]; 5] = [
             &[],
             &[Arg::Bytes(b"SUBSCRIBE"), Arg::Bytes(b"redlock:released:r")],
             &[
@@ -914,6 +925,11 @@ mod tests {
                 Arg::Int(i64::MIN),
             ],
             &[Arg::Bytes(&[b'x'; 1000]), Arg::Int(1234567890)],
+            &[
+                Arg::Bytes(b"PUBLISH"),
+                Arg::Parts(&[&b"redlock:released:"[..], &b"r"[..]]),
+                Arg::Parts(&[]),
+            ],
         ];
         for args in cases {
             let mut dst = BytesMut::new();

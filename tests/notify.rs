@@ -201,7 +201,9 @@ struct Calls {
     /// Every acquire attempt runs one SET on a master: plain, or inside the
     /// waiting script.
     set: u64,
-    /// EVALSHA and EVAL: releases, waiting attempts, clean-ups.
+    /// EVALSHA and EVAL: releases, waiting attempts, clean-ups; and the
+    /// masters' own compare-and-delete (`DELIFEQ`, `DELEX`), which
+    /// releases and cleans up where they have it.
     scripts: u64,
     /// Run by a waiting attempt the masters refused, to read the holder's
     /// remaining time.
@@ -230,7 +232,8 @@ fn calls(server: &Server) -> Calls {
             .unwrap_or_else(|| panic!("{line:?} from {}", server.url()));
         match name {
             "set" => calls.set += n,
-            "evalsha" | "eval" => calls.scripts += n,
+            // A master's own compare-and-delete does a release's part.
+            "evalsha" | "eval" | "delifeq" | "delex" => calls.scripts += n,
             "pttl" => calls.pttl += n,
             "publish" => calls.publish += n,
             _ => {}

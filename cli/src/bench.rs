@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use clap::Args;
 use hdrhistogram::Histogram;
-use redlock_mio::{Config, Error, Lock, Redlock, Retry, SharedRedlock, TlsConfig};
+use redlock_mio::{Config, Error, Lock, LockCommands, Redlock, Retry, SharedRedlock, TlsConfig};
 use redlock_test::{Cluster, Options};
 
 use crate::exit::{self, Failure};
@@ -288,6 +288,7 @@ pub fn bench(
     connect_timeout: Option<Duration>,
     quarantine: Quarantine,
     tls: &TlsConfig,
+    lock_commands: LockCommands,
     args: &BenchArgs,
 ) -> Result<u8, Failure> {
     if args.threads == 0
@@ -354,7 +355,7 @@ pub fn bench(
     } else {
         (None, given)
     };
-    let mut config = crate::config(&urls, tls)?;
+    let mut config = crate::config(&urls, tls, lock_commands)?;
     if cluster.is_some() && config.tls != TlsConfig::default() {
         // Said rather than refused: the flags may come from the
         // environment, set for other commands.

@@ -24,7 +24,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use redlock_mio::{Config, Lock, Redlock, TlsConfig, Token};
+use redlock_mio::{Config, Lock, LockCommands, Redlock, TlsConfig, Token};
 
 use crate::acquire::acquire_lock;
 use crate::exit::Failure;
@@ -113,8 +113,23 @@ struct Cli {
     )]
     tls_key: Option<PathBuf>,
 
+    /// Which commands release and extend locks: `auto`, each master's own
+    /// (DELIFEQ, DELEX, SET IFEQ) where it has them and Lua scripts
+    /// elsewhere; `scripts`, the scripts everywhere, for a proxy that
+    /// refuses commands it does not know
+    #[arg(long, value_name = "WHICH", global = true, default_value = "auto", value_parser = parse_lock_commands)]
+    lock_commands: LockCommands,
+
     #[command(subcommand)]
     command: Command,
+}
+
+fn parse_lock_commands(text: &str) -> Result<LockCommands, String> {
+    match text {
+        "auto" => Ok(LockCommands::Auto),
+        "scripts" => Ok(LockCommands::Scripts),
+        other => Err(format!("{other:?}: give auto or scripts")),
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -263,7 +278,14 @@ fn dispatch(cli: &Cli) -> Result<u8, Failure> {
     };
     let client = |ttl: Option<Duration>| {
         let timeout = round_timeout(cli.timeout, ttl);
-        client(&cli.servers, timeout, cli.connect_timeout, quarantine, &tls)
+        client(
+            &cli.servers,
+            timeout,
+            cli.connect_timeout,
+            quarantine,
+            &tls,
+            cli.lock_commands,
+        )
     };
     match &cli.command {
         Command::Run(args) => {
@@ -283,6 +305,7 @@ fn dispatch(cli: &Cli) -> Result<u8, Failure> {
             cli.connect_timeout,
             quarantine,
             &tls,
+            cli.lock_commands,
             args,
         ),
         Command::Probe => probe::probe(
@@ -341,9 +364,14 @@ fn split_servers(value: &str) -> Vec<String> {
 /// The settings for these masters, with the TLS flags (`--tls-ca`,
 /// `--tls-cert`, `--tls-key`, or their environment variables); a malformed
 /// URL is a usage error.
-pub fn config(urls: &[String], tls: &TlsConfig) -> Result<Config, Failure> {
+pub fn config(
+    urls: &[String],
+    tls: &TlsConfig,
+    lock_commands: LockCommands,
+) -> Result<Config, Failure> {
     let mut config = Config::new(urls).map_err(|e| Failure::usage(e.to_string()))?;
     config.tls = tls.clone();
+    config.lock_commands = lock_commands;
     Ok(config)
 }
 
@@ -389,8 +417,9 @@ fn client(
     connect_timeout: Option<Duration>,
     quarantine: Quarantine,
     tls: &TlsConfig,
+    lock_commands: LockCommands,
 ) -> Result<Redlock, Failure> {
-    let mut config = config(&server_urls(flag)?, tls)?;
+    let mut config = config(&server_urls(flag)?, tls, lock_commands)?;
     config.per_instance_timeout = timeout;
     if let Some(connect_timeout) = connect_timeout {
         config.connect_timeout = connect_timeout;

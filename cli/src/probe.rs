@@ -4,8 +4,9 @@
 //! talks to each master over a blocking socket (TCP, TCP under rustls for
 //! `rediss://`, or unix) with a timeout, through the crate's
 //! [`resp`](redlock_mio::resp) codec, and honours the URL's user, password
-//! and database. It only reads: PING, `INFO server`, `INFO replication` and
-//! `CONFIG GET`; it never writes a key. TLS trusts what the lock commands
+//! and database. It only reads: PING, `INFO server`, `INFO replication`,
+//! `COMMAND DOCS` (the lock commands the master offers) and `CONFIG GET`;
+//! it never writes a key. TLS trusts what the lock commands
 //! trust: the rustls settings come from the library
 //! ([`TlsConfig::client_config`](redlock_mio::TlsConfig::client_config)).
 //!
@@ -24,8 +25,8 @@ use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::BytesMut;
-use redlock_mio::Endpoint;
 use redlock_mio::resp::{Arg, Limits, Reply, decode, encode_command};
+use redlock_mio::{Capabilities, Endpoint, LockCommands};
 use redlock_mio::{ServerAddr, TlsConfig};
 use rustls::pki_types::ServerName;
 use rustls::{ClientConfig, ClientConnection, ProtocolVersion, StreamOwned};
@@ -36,7 +37,8 @@ use crate::say;
 
 pub const LONG_ABOUT: &str = "Check each master: reachable or the error, the server and its \
     version as it names itself (redis 7.0.15, valkey 8.0.1), round-trip time of a PING \
-    (best of 3), uptime and run_id, and warnings about what endangers Redlock's safety \
+    (best of 3), uptime and run_id, the lock commands it offers (DELIFEQ, DELEX, SET \
+    IFEQ: release and extend without Lua), and warnings about what endangers Redlock's safety \
     there: an eviction policy that can remove lock keys (maxmemory-policy other than \
     noeviction), replicas attached (a failover can hand a lock out twice), and \
     persistence settings that lose locks across a restart.\n\n\
@@ -91,6 +93,9 @@ struct Findings {
     /// What TLS a `rediss://` master negotiated.
     tls: Option<Session>,
     rtt: Duration,
+    /// The lock commands it offers besides `SET NX` and the scripts, as
+    /// the client's handshake reads them.
+    commands: Option<String>,
     uptime_s: Option<u64>,
     run_id: Option<String>,
     /// Why the master cannot hold locks although it answers.
@@ -112,7 +117,8 @@ pub fn probe(
     max_ttl: Option<Duration>,
     tls: &TlsConfig,
 ) -> Result<u8, Failure> {
-    let config = crate::config(urls, tls)?;
+    // It asks each master itself what it offers, whatever the setting.
+    let config = crate::config(urls, tls, LockCommands::Auto)?;
     let horizon = max_ttl.map_or(EXPIRY_WARNING, |ttl| ttl.max(EXPIRY_WARNING));
     // Loaded once, and only when a master asks for TLS, as the library does;
     // settings that cannot work are a usage error, as for the lock commands.
@@ -196,6 +202,9 @@ fn describe(addr: &ServerAddr, result: &Result<Findings, Down>) -> String {
     line.push('\n');
     if let Some(tls) = &f.tls {
         line.push_str(&format!("  tls: {tls}\n"));
+    }
+    if let Some(commands) = &f.commands {
+        line.push_str(&format!("  lock commands: {commands}\n"));
     }
     for warning in &f.warnings {
         line.push_str(&format!("  warning: {warning}\n"));
@@ -571,6 +580,30 @@ fn check(
             .notes
             .push("INFO replication refused: replicas not checked".to_owned());
     }
+    // What the client's handshake asks: the lock commands of its own.
+    let docs = call(
+        &mut conn,
+        &[
+            "COMMAND".into(),
+            "DOCS".into(),
+            "SET".into(),
+            "DELIFEQ".into(),
+            "DELEX".into(),
+        ],
+    )?;
+    findings.commands = Some(match error_text(&docs) {
+        Some(e) => format!("none known, Lua scripts (COMMAND DOCS refused: {e})"),
+        None => {
+            let caps = Capabilities::from_docs(&docs);
+            let way = match (caps.deletes(), caps.set_ifeq) {
+                (true, true) => "release and extend without Lua",
+                (false, true) => "extend without Lua, release by script",
+                (true, false) => "release without Lua, extend by script",
+                (false, false) => "release and extend by Lua scripts",
+            };
+            format!("{} ({way})", caps.describe())
+        }
+    });
     let mut config = |name: &str| -> Result<Result<Option<String>, String>, Down> {
         let reply = call(&mut conn, &["CONFIG".into(), "GET".into(), name.into()])?;
         Ok(match reply {

@@ -81,7 +81,17 @@ struct Master {
     /// The reply to a `SCRIPT LOAD` after the handshake (one sent to
     /// recover from `-NOSCRIPT`), when not the sha: `-OOM`, say.
     load_refusal: Option<&'static [u8]>,
+    /// The reply to the handshake's `COMMAND DOCS`: by default Redis
+    /// 7.0's shape with no lock command of its own.
+    docs: &'static [u8],
 }
+
+/// `COMMAND DOCS SET DELIFEQ DELEX` as Redis 7.0 answers it, cut to what
+/// the client reads: `SET` without `IFEQ`.
+const DOCS_REDIS_7: &[u8] = b"*2\r\n$3\r\nset\r\n*2\r\n$9\r\narguments\r\n*1\r\n*4\r\n$4\r\nname\r\n$2\r\nnx\r\n$5\r\ntoken\r\n$2\r\nNX\r\n";
+
+/// As Valkey 9.1 answers it: `SET` with `IFEQ`, and `DELIFEQ`.
+const DOCS_VALKEY_9: &[u8] = b"*4\r\n$3\r\nset\r\n*2\r\n$9\r\narguments\r\n*1\r\n*4\r\n$4\r\nname\r\n$16\r\ncomparison-value\r\n$5\r\ntoken\r\n$4\r\nIFEQ\r\n$7\r\ndelifeq\r\n*0\r\n";
 
 impl Master {
     fn new(script: Vec<Act>) -> Master {
@@ -100,6 +110,7 @@ impl Master {
             uptime: 86_400,
             run_id: "a".repeat(40),
             load_refusal: None,
+            docs: DOCS_REDIS_7,
         }
     }
 
@@ -116,8 +127,8 @@ impl Master {
                 _ => String::new(),
             };
             let verb = word(0);
-            let name = if verb == "SCRIPT" {
-                format!("SCRIPT {}", word(1))
+            let name = if verb == "SCRIPT" || verb == "COMMAND" {
+                format!("{verb} {}", word(1))
             } else {
                 verb.clone()
             };
@@ -128,6 +139,10 @@ impl Master {
             }
             let act = match name.as_str() {
                 "AUTH" | "SELECT" => reply(OK, 0),
+                "COMMAND DOCS" => {
+                    self.outbox.push((now, Delivery::Bytes(self.docs.to_vec())));
+                    continue;
+                }
                 "INFO" => {
                     let text = format!(
                         "# Server\r\nredis_version:7.0.15\r\nrun_id:{}\r\nuptime_in_seconds:{}\r\n",
@@ -885,7 +900,7 @@ fn the_handshake_goes_out_in_the_first_write_with_the_request() {
     let (sim, _, _) = acquire_round(vec![vec![reply(OK, 1)]]);
     let loads = [
         vec!["SCRIPT LOAD"; Scripts::new().all().len()],
-        vec!["INFO"],
+        vec!["COMMAND DOCS", "INFO"],
     ]
     .concat();
     assert_eq!(sim.masters[0].log, [loads.clone(), vec!["SET"]].concat());
@@ -990,7 +1005,7 @@ fn requests_queued_on_a_connection_still_connecting_are_dropped_when_the_round_e
         sim.masters[2].log,
         [
             vec!["SCRIPT LOAD"; Scripts::new().all().len()],
-            vec!["INFO"]
+            vec!["COMMAND DOCS", "INFO"]
         ]
         .concat()
     );
@@ -1260,8 +1275,8 @@ fn a_master_up_for_less_than_the_max_ttl_does_not_count_until_it_has_been() {
     sim.run(&request);
     let loads = Scripts::new().all().len();
     assert_eq!(
-        sim.masters[0].log[loads - 1..loads + 1],
-        ["SCRIPT LOAD", "INFO"]
+        sim.masters[0].log[loads - 1..loads + 2],
+        ["SCRIPT LOAD", "COMMAND DOCS", "INFO"]
     );
     assert_eq!(sim.round().decision(0), Some(Decision::Lost));
     assert_eq!(sim.round().loss(0), Loss::Unreachable);
@@ -1459,7 +1474,7 @@ fn a_release_queued_while_connecting_is_sent_once_connected() {
     let sent: Vec<&String> = sim.masters[2]
         .log
         .iter()
-        .filter(|c| !c.starts_with("SCRIPT") && *c != "INFO")
+        .filter(|c| !c.starts_with("SCRIPT") && !c.starts_with("COMMAND") && *c != "INFO")
         .collect();
     assert_eq!(sent, ["EVALSHA"], "the release only, not the acquire");
 }
@@ -1546,7 +1561,7 @@ fn ending_a_round_while_connecting_drops_only_its_own_requests() {
         .log
         .iter()
         .map(String::as_str)
-        .filter(|c| !c.starts_with("SCRIPT") && *c != "INFO")
+        .filter(|c| !c.starts_with("SCRIPT") && !c.starts_with("COMMAND") && *c != "INFO")
         .collect();
     assert_eq!(commands, ["EVALSHA", "SET"]);
     assert_eq!(sim.engine.round(c).unwrap().votes(0), [Vote::Granted]);
@@ -1861,4 +1876,131 @@ fn a_stopped_subscriber_master_costs_bounded_memory_however_many_resources_come_
     sim.pump_subs();
     assert!(sim.engine.is_listening(&r, sim.now));
     assert_eq!(sim.engine.channels.confirmed(&sim.engine.subs, &r), [0, 1]);
+}
+
+/// A bulk reply of `text`, for a test that builds it at run time.
+fn bulk_of(text: &[u8]) -> &'static [u8] {
+    let mut out = format!("${}\r\n", text.len()).into_bytes();
+    out.extend_from_slice(text);
+    out.extend_from_slice(b"\r\n");
+    Box::leak(out.into_boxed_slice())
+}
+
+/// The lock commands master `i` received after the handshake: neither
+/// SCRIPT LOAD, COMMAND nor INFO.
+fn lock_commands(sim: &Sim, i: usize) -> Vec<&str> {
+    sim.masters[i]
+        .log
+        .iter()
+        .map(String::as_str)
+        .filter(|c| !c.starts_with("SCRIPT") && !c.starts_with("COMMAND") && *c != "INFO")
+        .collect()
+}
+
+/// Issue 40: masters of different servers in one client each go their own
+/// way. Two that offer `DELIFEQ` (Valkey 9.1) release by it, the release
+/// message pipelined behind it; the Redis 7.0 one by the script. The first
+/// round, sent before the handshake's probe was answered, runs as before.
+#[test]
+fn masters_with_their_own_compare_and_delete_release_without_a_script() {
+    let mut sim = Sim::new(vec![
+        vec![reply(OK, 1), reply(ONE, 1), reply(b":0\r\n", 1)],
+        vec![reply(OK, 1), reply(ONE, 1), reply(b":0\r\n", 1)],
+        vec![reply(OK, 1), reply(ONE, 1)],
+    ]);
+    sim.masters[0].docs = DOCS_VALKEY_9;
+    sim.masters[1].docs = DOCS_VALKEY_9;
+    let acquire = sim.request(Op::Acquire);
+    sim.run(&acquire);
+    assert_eq!(sim.round().decision(0), Some(Decision::Won));
+    let release = Request {
+        op: Op::Release,
+        ..acquire
+    };
+    sim.run(&release);
+    assert_eq!(sim.round().decision(0), Some(Decision::Won));
+    assert_eq!(sim.votes(), [Vote::Granted, Vote::Granted, Vote::Granted]);
+    assert_eq!(lock_commands(&sim, 0), ["SET", "DELIFEQ", "PUBLISH"]);
+    assert_eq!(lock_commands(&sim, 1), ["SET", "DELIFEQ", "PUBLISH"]);
+    assert_eq!(lock_commands(&sim, 2), ["SET", "EVALSHA"]);
+    // The message's reply is consumed with its release: nothing is left
+    // awaited on the connection, and the next round reads its own.
+    for i in 0..3 {
+        assert_eq!(sim.conn(i).in_flight(), 0, "master {i}");
+    }
+}
+
+/// Issue 40: the native extend reads its three outcomes apart: this
+/// token's old value (extended), nil (gone), another's (taken).
+#[test]
+fn a_native_extend_tells_extended_gone_and_taken_apart() {
+    let mut sim = Sim::new(vec![
+        vec![reply(OK, 1)],
+        vec![reply(OK, 1)],
+        vec![reply(OK, 1)],
+    ]);
+    for master in &mut sim.masters {
+        master.docs = DOCS_VALKEY_9;
+    }
+    let acquire = sim.request(Op::Acquire);
+    sim.run(&acquire);
+    let mine = bulk_of(acquire.token.as_bytes());
+    sim.masters[0].script.push_back(reply(mine, 1));
+    sim.masters[1].script.push_back(reply(NIL, 1));
+    sim.masters[2]
+        .script
+        .push_back(reply(bulk_of(b"another"), 1));
+    let extend = Request {
+        op: Op::Extend,
+        ..acquire
+    };
+    sim.run(&extend);
+    assert_eq!(sim.votes(), [Vote::Granted, Vote::Gone, Vote::Refused]);
+    assert_eq!(sim.round().decision(0), Some(Decision::Lost));
+    for i in 0..3 {
+        assert_eq!(lock_commands(&sim, i), ["SET", "SET"], "master {i}");
+    }
+}
+
+/// Issue 40: a master that advertised `DELIFEQ` and then refuses it (a
+/// proxy, an ACL) has the release done by the script instead, unseen by
+/// the caller, and runs the script from then on, until it reconnects.
+#[test]
+fn a_command_advertised_then_refused_falls_back_to_the_script() {
+    let unknown: &[u8] =
+        b"-ERR unknown command 'DELIFEQ', with args beginning with: 'sim:lock'\r\n";
+    let mut sim = Sim::new(vec![
+        vec![
+            reply(OK, 1),
+            reply(unknown, 1),
+            reply(b":0\r\n", 1),
+            reply(ONE, 1),
+            reply(OK, 1),
+            reply(ONE, 1),
+        ],
+        // Slower, so that the round waits for master 0's vote.
+        vec![reply(OK, 1), reply(ONE, 10), reply(OK, 1), reply(ONE, 1)],
+        vec![reply(OK, 1), reply(ONE, 10), reply(OK, 1), reply(ONE, 1)],
+    ]);
+    sim.masters[0].docs = DOCS_VALKEY_9;
+    let acquire = sim.request(Op::Acquire);
+    sim.run(&acquire);
+    let release = Request {
+        op: Op::Release,
+        ..acquire
+    };
+    sim.run(&release);
+    assert_eq!(sim.votes()[0], Vote::Granted, "the caller never sees it");
+    let again = sim.request(Op::Acquire);
+    sim.run(&again);
+    let release = Request {
+        op: Op::Release,
+        ..again
+    };
+    sim.run(&release);
+    assert_eq!(sim.votes()[0], Vote::Granted);
+    assert_eq!(
+        lock_commands(&sim, 0),
+        ["SET", "DELIFEQ", "PUBLISH", "EVALSHA", "SET", "EVALSHA"]
+    );
 }

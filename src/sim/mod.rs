@@ -7,3 +7,8 @@ pub mod rng;
 pub mod model;
 
 pub mod world;
+
+/// A bug put in on purpose for the current thread (see [`world::Bug`]):
+/// for a real-master test that shows its check catching one, where the
+/// client runs on the test's own thread (a [`Redlock`](crate::Redlock)).
+pub use crate::knobs::{Injected, inject};

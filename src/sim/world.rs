@@ -3282,6 +3282,7 @@ mod tests {
             Some(Bug::AbandonedStaysHeld) => " --bug abandoned-stays-held",
             Some(Bug::DroppedWaiterTries) => " --bug dropped-waiter-tries",
             Some(Bug::ScriptLoadedPerNoscript) => " --bug script-loaded-per-noscript",
+            Some(Bug::ExtendDropsPx) => " --bug extend-drops-px",
         };
         format!(
             "cargo run --release --features test-knobs --example simulate -- --seed {seed} \

@@ -436,3 +436,47 @@ pub fn script_loaded(server: &Server, script: &redlock_mio::script::Script) -> b
         Arg::Bytes(script.sha()),
     ]) == Reply::Array(vec![Reply::Integer(1)])
 }
+
+/// A server binary of the test matrix beside Debian's Redis 7.0: the one
+/// `env` names, else `fetched` under `target/servers` (for example
+/// `valkey-9.1/valkey-server`), downloaded by `scripts/servers.sh` (once
+/// per test binary) when missing. Panics with one line saying why when it
+/// cannot be had: a test that needs it never passes without it.
+pub fn matrix_binary(env: &str, fetched: &str) -> std::path::PathBuf {
+    use std::path::{Path, PathBuf};
+    use std::sync::OnceLock;
+    if let Some(given) = std::env::var_os(env).filter(|v| !v.is_empty()) {
+        return PathBuf::from(given);
+    }
+    // The library's tests and the CLI's (one level down) share this file.
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = if manifest.join("scripts/servers.sh").exists() {
+        manifest.to_path_buf()
+    } else {
+        manifest.parent().unwrap_or(manifest).to_path_buf()
+    };
+    let path = root.join("target/servers").join(fetched);
+    if path.exists() {
+        return path;
+    }
+    static FETCHED: OnceLock<Result<(), String>> = OnceLock::new();
+    let fetched_once = FETCHED.get_or_init(|| {
+        let out = std::process::Command::new("bash")
+            .arg(root.join("scripts/servers.sh"))
+            .output()
+            .map_err(|e| format!("cannot run it: {e}"))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).trim().to_owned())
+        }
+    });
+    match fetched_once {
+        Ok(()) if path.exists() => path,
+        Ok(()) => panic!("scripts/servers.sh left no {}; set {env}", path.display()),
+        Err(why) => panic!(
+            "{} is missing and scripts/servers.sh failed ({why}); set {env} to the binary",
+            path.display()
+        ),
+    }
+}
