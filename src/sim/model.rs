@@ -1,17 +1,24 @@
 //! A model of one Redis master for the simulator (issue 22): what a
 //! redis-server 7.0 answers to everything this client sends, reply type
-//! for reply type and error text for error text.
+//! for reply type and error text for error text, and what the newer
+//! servers add for locks (issue 40), each as a [`Flavour`]: `SET ... IFEQ`
+//! (Valkey 8.1+, Redis 8.4+), `DELIFEQ` (Valkey 9.0+) and `DELEX ... IFEQ`
+//! (Redis 8.4+), and `COMMAND DOCS` telling which a master has. A command
+//! a flavour lacks gets the unknown-command or syntax error every server
+//! gives for it; other error texts are Redis 7.0's whatever the flavour.
 //!
 //! [`Master`] owns one master's state: 16 databases of strings and hashes
 //! with PX expiry on the master's own clock, the script cache (each script
 //! of [`crate::script`] run natively, keyed by its SHA1, step by step as
 //! its Lua would, errors included), pub/sub, each connection's AUTH,
 //! SELECT and subscriptions, and the faults a simulator injects (restart,
-//! script flush, refusals an ACL would make, the EVAL script LRU of Redis
-//! 7.4+). It is sans-IO and pure: commands in, replies out, the clock
+//! script flush, refusals an ACL would make, scripting or `COMMAND` denied
+//! included, the EVAL script LRU of Redis 7.4+). It is sans-IO and pure: commands in, replies out, the clock
 //! passed in as milliseconds with every call; it opens no socket, reads no
 //! clock, and panics on no input (a malformed command gets the error reply
 //! Redis gives). `tests/model.rs` keeps it honest against real servers.
+
+mod docs;
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -34,8 +41,77 @@ pub const DATABASES: usize = 16;
 /// evicting the least recently used one ([`Settings::eval_lru`]).
 pub const EVAL_LRU_CAPACITY: usize = 500;
 
-/// The version [`Master`] reports in `INFO server`, and answers as.
+/// The version [`Master`] reports in `INFO server` as [`Flavour::Redis70`],
+/// and answers as.
 pub const REDIS_VERSION: &str = "7.0.15";
+
+/// Which server a [`Master`] answers as: the commands for locks it has
+/// beyond Redis 7.0's. Every flavour answers everything else as Redis 7.0
+/// does.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum Flavour {
+    /// Redis 7.0 (and 8.2): no compare-and-set, no compare-and-delete.
+    #[default]
+    Redis70,
+    /// Valkey 8.1: `SET key value IFEQ cmp`.
+    Valkey81,
+    /// Valkey 9.1: `SET ... IFEQ` and `DELIFEQ key value`.
+    Valkey91,
+    /// Redis 8.4: `SET ... IFEQ|IFNE|IFDEQ|IFDNE` and `DELEX key
+    /// [IFEQ|IFNE|IFDEQ|IFDNE value]`. The digest conditions get an error
+    /// saying the model cannot compute digests.
+    Redis84,
+}
+
+impl Flavour {
+    /// Every flavour, the default first.
+    pub const ALL: [Flavour; 4] = [
+        Flavour::Redis70,
+        Flavour::Valkey81,
+        Flavour::Valkey91,
+        Flavour::Redis84,
+    ];
+
+    /// Whether `SET` takes `IFEQ`.
+    #[must_use]
+    pub fn has_set_ifeq(self) -> bool {
+        self != Flavour::Redis70
+    }
+
+    /// Whether there is `DELIFEQ`.
+    #[must_use]
+    pub fn has_delifeq(self) -> bool {
+        self == Flavour::Valkey91
+    }
+
+    /// Whether there is `DELEX`, and `SET` takes `IFNE`, `IFDEQ` and
+    /// `IFDNE`.
+    #[must_use]
+    pub fn has_delex(self) -> bool {
+        self == Flavour::Redis84
+    }
+
+    /// The server and version it answers as, as `INFO server` names them:
+    /// Valkey by its own version (and the Redis one it claims).
+    #[must_use]
+    pub fn version(self) -> (&'static str, &'static str) {
+        match self {
+            Flavour::Redis70 => ("redis", REDIS_VERSION),
+            Flavour::Valkey81 => ("valkey", "8.1.8"),
+            Flavour::Valkey91 => ("valkey", "9.1.2"),
+            Flavour::Redis84 => ("redis", "8.4.0"),
+        }
+    }
+
+    /// Whether a master of this flavour has `cmd`.
+    fn knows(self, cmd: Cmd) -> bool {
+        match cmd {
+            Cmd::Delifeq => self.has_delifeq(),
+            Cmd::Delex => self.has_delex(),
+            _ => true,
+        }
+    }
+}
 
 /// What a `PUBLISH` run by a script whose user may not publish to the
 /// channel fails with (Redis 7.0): `redis.call` raises it (the script's
@@ -114,6 +190,14 @@ pub struct Settings {
     pub deny_info: bool,
     /// `-script|load`: `SCRIPT LOAD` gets `-NOPERM`.
     pub deny_script_load: bool,
+    /// `-@scripting`: `EVAL`, `EVALSHA`, `SCRIPT LOAD`, `SCRIPT EXISTS` and
+    /// `SCRIPT FLUSH` get `-NOPERM` (the least-privileged lock user of a
+    /// server with native commands).
+    pub deny_scripting: bool,
+    /// `-command`: `COMMAND` and `COMMAND DOCS` get `-NOPERM`.
+    pub deny_command: bool,
+    /// The server the master answers as.
+    pub flavour: Flavour,
     /// Evict EVAL-created scripts beyond [`EVAL_LRU_CAPACITY`], least
     /// recently used first, as Redis 7.4+ and Valkey 8 do; Redis 7.0 never
     /// evicts. Scripts made by `SCRIPT LOAD` are never evicted.
@@ -252,7 +336,11 @@ enum Cmd {
     Client,
     ClientGetname,
     ClientSetname,
+    Command,
+    CommandDocs,
     Del,
+    Delex,
+    Delifeq,
     Eval,
     Evalsha,
     Exists,
@@ -275,7 +363,7 @@ enum Cmd {
     Unsubscribe,
 }
 
-const CMD_COUNT: usize = 25;
+const CMD_COUNT: usize = 29;
 
 impl Cmd {
     const ALL: [Cmd; CMD_COUNT] = [
@@ -283,7 +371,11 @@ impl Cmd {
         Cmd::Client,
         Cmd::ClientGetname,
         Cmd::ClientSetname,
+        Cmd::Command,
+        Cmd::CommandDocs,
         Cmd::Del,
+        Cmd::Delex,
+        Cmd::Delifeq,
         Cmd::Eval,
         Cmd::Evalsha,
         Cmd::Exists,
@@ -313,7 +405,11 @@ impl Cmd {
             Cmd::Client => ("client", -2),
             Cmd::ClientGetname => ("client|getname", 2),
             Cmd::ClientSetname => ("client|setname", 3),
+            Cmd::Command => ("command", -1),
+            Cmd::CommandDocs => ("command|docs", -2),
             Cmd::Del => ("del", -2),
+            Cmd::Delex => ("delex", -2),
+            Cmd::Delifeq => ("delifeq", 3),
             Cmd::Eval => ("eval", -3),
             Cmd::Evalsha => ("evalsha", -3),
             Cmd::Exists => ("exists", -2),
@@ -359,12 +455,13 @@ const ERR_CLIENT_NAME: &str =
     "ERR Client names cannot contain spaces, newlines or special characters.";
 const ERR_NOPERM_CHANNEL: &str =
     "NOPERM this user has no permissions to access one of the channels used as arguments";
-const ERR_NOPERM_INFO: &str = "NOPERM this user has no permissions to run the 'info' command";
-const ERR_NOPERM_SCRIPT_LOAD: &str =
-    "NOPERM this user has no permissions to run the 'script|load' command";
 const ERR_PEXPIRE_NX: &str = "ERR NX and XX, GT or LT options at the same time are not compatible";
 const ERR_PEXPIRE_GT_LT: &str = "ERR GT and LT options at the same time are not compatible";
 const ERR_SCRIPT_ARGS: &str = "ERR Lua redis lib command arguments must be strings or integers";
+const ERR_DIGEST: &str =
+    "ERR redlock-mio's model of a master cannot compute digests (IFDEQ, IFDNE)";
+const ERR_COMMAND_LIST: &str =
+    "ERR redlock-mio's model of a master answers COMMAND DOCS only, not the list of all commands";
 const LUA_COMPARE_NIL: &str = "attempt to compare number with nil";
 const LUA_ARITH_NIL: &str = "attempt to perform arithmetic on a nil value";
 const LUA_MATCH_NIL: &str = "bad argument #1 to 'match' (string expected, got nil)";
@@ -384,6 +481,75 @@ const EXPIRE_NX: u8 = 1;
 const EXPIRE_XX: u8 = 2;
 const EXPIRE_GT: u8 = 4;
 const EXPIRE_LT: u8 = 8;
+
+/// The condition of a compare-and-set (`SET ... IFEQ`) or a
+/// compare-and-delete (`DELEX`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Compare {
+    Eq,
+    Ne,
+    DigestEq,
+    DigestNe,
+}
+
+impl Compare {
+    /// The condition `word` names, if `flavour`'s `SET` takes it.
+    fn parse(flavour: Flavour, word: &[u8]) -> Option<Compare> {
+        if !flavour.has_set_ifeq() {
+            return None;
+        }
+        let is = |name: &str| word.eq_ignore_ascii_case(name.as_bytes());
+        if is("ifeq") {
+            return Some(Compare::Eq);
+        }
+        if !flavour.has_delex() {
+            return None;
+        }
+        [
+            ("ifne", Compare::Ne),
+            ("ifdeq", Compare::DigestEq),
+            ("ifdne", Compare::DigestNe),
+        ]
+        .into_iter()
+        .find_map(|(name, condition)| is(name).then_some(condition))
+    }
+}
+
+/// The commands `COMMAND DOCS` documents, as one flavour or another has
+/// them.
+#[derive(Debug, Clone, Copy)]
+enum CommandDoc {
+    SetRedis70,
+    SetValkey,
+    SetRedis84,
+    Delifeq,
+    Delex,
+}
+
+impl CommandDoc {
+    /// Its name and docs, two entries of `COMMAND DOCS`'s flat array:
+    /// decoded once per process from `docs.rs`.
+    fn reply(self) -> Vec<Reply> {
+        static DECODED: OnceLock<[Vec<Reply>; 5]> = OnceLock::new();
+        let all = DECODED.get_or_init(|| {
+            [
+                docs::SET_REDIS_7_0,
+                docs::SET_VALKEY,
+                docs::SET_REDIS_8_4,
+                docs::DELIFEQ_VALKEY_9_1,
+                docs::DELEX_REDIS_8_4,
+            ]
+            .map(|text| {
+                let mut buf = BytesMut::from(text.as_bytes());
+                match crate::resp::decode(&mut buf, &crate::resp::Limits::default()) {
+                    Ok(Some(Reply::Array(pair))) if pair.len() == 2 && buf.is_empty() => pair,
+                    other => unreachable!("docs.rs holds one name-and-docs pair: {other:?}"),
+                }
+            })
+        });
+        all[self as usize].clone()
+    }
+}
 
 /// A model of one Redis master: see the module docs.
 ///
@@ -646,7 +812,8 @@ impl Master {
             return error(ERR_EMPTY).into();
         }
         let cmd = match lookup(args) {
-            Ok(cmd) => cmd,
+            Ok(cmd) if self.settings.flavour.knows(cmd) => cmd,
+            Ok(_) => return unknown_command(args).into(),
             Err(reply) => return reply.into(),
         };
         let (name, arity) = cmd.spec();
@@ -731,6 +898,10 @@ impl Master {
                 return self.counted(cmd, frame);
             }
             Cmd::Set => self.set_command(now, db, args),
+            Cmd::Delifeq => self.delifeq(now, db, arg(args, 1), arg(args, 2)),
+            Cmd::Delex => self.delex(now, db, args),
+            Cmd::CommandDocs => self.command_docs(&args[2..]),
+            Cmd::Command => error(ERR_COMMAND_LIST),
             Cmd::Get => match self.get(now, db, arg(args, 1)) {
                 Ok(Some(value)) => Reply::Bulk(value),
                 Ok(None) => Reply::Nil,
@@ -791,13 +962,24 @@ impl Master {
     /// What an ACL with the configured refusals answers to `cmd`.
     fn acl_refusal(&self, cmd: Cmd) -> Option<Reply> {
         let s = &self.settings;
-        match cmd {
-            Cmd::Info if s.deny_info => Some(error(ERR_NOPERM_INFO)),
-            Cmd::ScriptLoad if s.deny_script_load => Some(error(ERR_NOPERM_SCRIPT_LOAD)),
-            Cmd::Publish if s.deny_publish => Some(error(ERR_NOPERM_CHANNEL)),
-            Cmd::Subscribe if s.deny_subscribe => Some(error(ERR_NOPERM_CHANNEL)),
-            _ => None,
-        }
+        let denied = match cmd {
+            Cmd::Publish if s.deny_publish => return Some(error(ERR_NOPERM_CHANNEL)),
+            Cmd::Subscribe if s.deny_subscribe => return Some(error(ERR_NOPERM_CHANNEL)),
+            Cmd::Info => s.deny_info,
+            Cmd::ScriptLoad => s.deny_script_load || s.deny_scripting,
+            Cmd::Eval | Cmd::Evalsha | Cmd::ScriptExists | Cmd::ScriptFlush => s.deny_scripting,
+            Cmd::Command | Cmd::CommandDocs => s.deny_command,
+            _ => false,
+        };
+        denied.then(|| {
+            error_owned(
+                format!(
+                    "NOPERM this user has no permissions to run the '{}' command",
+                    cmd.spec().0
+                )
+                .into_bytes(),
+            )
+        })
     }
 
     fn auth<A: AsRef<[u8]>>(&mut self, conn: ConnId, args: &[A]) -> Reply {
@@ -896,8 +1078,14 @@ impl Master {
             // Redis subtracts two whole seconds of the wall clock.
             let uptime = now.div_euclid(1000) - self.started_ms.div_euclid(1000);
             let run_id = String::from_utf8_lossy(&self.run_id);
+            let version = match self.settings.flavour.version() {
+                ("valkey", version) => {
+                    format!("redis_version:7.2.4\r\nserver_name:valkey\r\nvalkey_version:{version}")
+                }
+                (_, version) => format!("redis_version:{version}"),
+            };
             text.push_str(&format!(
-                "redis_version:{REDIS_VERSION}\r\nredis_mode:standalone\r\nrun_id:{run_id}\r\nserver_time_usec:{}\r\nuptime_in_seconds:{uptime}\r\nuptime_in_days:{}\r\n",
+                "{version}\r\nredis_mode:standalone\r\nrun_id:{run_id}\r\nserver_time_usec:{}\r\nuptime_in_seconds:{uptime}\r\nuptime_in_days:{}\r\n",
                 now.saturating_mul(1000),
                 uptime / 86_400,
             ));
@@ -1074,8 +1262,12 @@ impl Master {
 
     fn set_command<A: AsRef<[u8]>>(&mut self, now: i64, db: usize, args: &[A]) -> Reply {
         const EXPIRING: u8 = SET_EX | SET_PX | SET_EXAT | SET_PXAT;
+        let flavour = self.settings.flavour;
         let mut flags = 0u8;
         let mut expire: Option<&[u8]> = None;
+        // A compare-and-set's condition and the value it compares with:
+        // one at most, and neither NX nor XX beside it.
+        let mut compare: Option<(Compare, &[u8])> = None;
         let mut j = 3;
         while j < args.len() {
             let opt = c_str(arg(args, j));
@@ -1087,12 +1279,20 @@ impl Master {
                 ("exat", SET_EXAT),
                 ("pxat", SET_PXAT),
             ];
+            let condition = Compare::parse(flavour, opt);
             // Redis 7.0's parseExtendedStringArgumentsOrReply: an option
             // that conflicts with one before it is a syntax error.
-            if is("nx") && flags & SET_XX == 0 {
+            if is("nx") && flags & SET_XX == 0 && compare.is_none() {
                 flags |= SET_NX;
-            } else if is("xx") && flags & SET_NX == 0 {
+            } else if is("xx") && flags & SET_NX == 0 && compare.is_none() {
                 flags |= SET_XX;
+            } else if let Some(condition) = condition
+                && flags & (SET_NX | SET_XX) == 0
+                && compare.is_none()
+                && let Some(next) = next
+            {
+                compare = Some((condition, next));
+                j += 1;
             } else if is("get") {
                 flags |= SET_GET;
             } else if is("keepttl") && flags & EXPIRING == 0 {
@@ -1116,6 +1316,9 @@ impl Master {
                 Err(e) => return error(e),
             },
         };
+        if matches!(compare, Some((Compare::DigestEq | Compare::DigestNe, _))) {
+            return error(ERR_DIGEST);
+        }
         let (key, value) = (arg(args, 1), arg(args, 2));
         let old = if flags & SET_GET != 0 {
             match self.get(now, db, key) {
@@ -1125,13 +1328,102 @@ impl Master {
         } else {
             None
         };
-        let stored = self.store(now, db, key, value, flags, expires_at);
+        let pass = match compare {
+            None => true,
+            // Valkey's and Redis 8.4's: a key that is not a string is
+            // WRONGTYPE, with GET or without.
+            Some((condition, cmp)) => match self.read_string(now, db, key, |held| {
+                let same = held.is_some_and(|held| held.as_ref() == cmp);
+                match condition {
+                    Compare::Eq => same,
+                    _ => held.is_none() || !same,
+                }
+            }) {
+                Ok(pass) => pass,
+                Err(e) => return error(e),
+            },
+        };
+        let stored = pass && self.store(now, db, key, value, flags, expires_at);
         match old {
             Some(Some(old)) => Reply::Bulk(old),
             Some(None) => Reply::Nil,
             None if stored => ok(),
             None => Reply::Nil,
         }
+    }
+
+    /// `DELIFEQ key value` (Valkey 9.0+): 1 when the key held exactly
+    /// `value` and is deleted, 0 when it is missing or holds another.
+    fn delifeq(&mut self, now: i64, db: usize, key: &[u8], value: &[u8]) -> Reply {
+        match self.holds(now, db, key, Some(value)) {
+            Ok(true) => Reply::Integer(i64::from(self.del(now, db, key))),
+            Ok(false) => Reply::Integer(0),
+            Err(e) => error(e),
+        }
+    }
+
+    /// `DELEX key [IFEQ value | IFNE value | IFDEQ digest | IFDNE digest]`
+    /// (Redis 8.4+), by its docs: without a condition it deletes as `DEL`
+    /// does; with one, 1 when the condition held and the key is deleted,
+    /// 0 when not or when the key is missing; WRONGTYPE for a key that is
+    /// not a string. Anything else after the key is a syntax error.
+    fn delex<A: AsRef<[u8]>>(&mut self, now: i64, db: usize, args: &[A]) -> Reply {
+        let key = arg(args, 1);
+        let condition = match args.len() {
+            2 => return Reply::Integer(i64::from(self.del(now, db, key))),
+            4 => Compare::parse(Flavour::Redis84, arg(args, 2)),
+            _ => None,
+        };
+        let (condition, cmp) = match condition {
+            Some(Compare::DigestEq | Compare::DigestNe) => return error(ERR_DIGEST),
+            Some(condition) => (condition, arg(args, 3)),
+            None => return error(ERR_SYNTAX),
+        };
+        let held = self.read_string(now, db, key, |held| {
+            held.map(|held| (held.as_ref() == cmp) == (condition == Compare::Eq))
+        });
+        match held {
+            Ok(Some(true)) => Reply::Integer(i64::from(self.del(now, db, key))),
+            Ok(_) => Reply::Integer(0),
+            Err(e) => error(e),
+        }
+    }
+
+    /// `COMMAND DOCS [name ...]`: the docs of each command named that the
+    /// model documents and the flavour has, in the order named (twice if
+    /// named twice, as the servers do), or of all of them when none is
+    /// named. Only `SET`, `DELIFEQ` and `DELEX` are documented (see
+    /// `docs.rs`): every other name is left out, as a server leaves out a
+    /// command it does not have.
+    fn command_docs<A: AsRef<[u8]>>(&self, names: &[A]) -> Reply {
+        let flavour = self.settings.flavour;
+        let mut out = Vec::new();
+        let mut add = |name: &[u8]| {
+            let is = |word: &str| name.eq_ignore_ascii_case(word.as_bytes());
+            let doc = if is("set") {
+                match flavour {
+                    Flavour::Redis70 => CommandDoc::SetRedis70,
+                    Flavour::Valkey81 | Flavour::Valkey91 => CommandDoc::SetValkey,
+                    Flavour::Redis84 => CommandDoc::SetRedis84,
+                }
+            } else if is("delifeq") && flavour.has_delifeq() {
+                CommandDoc::Delifeq
+            } else if is("delex") && flavour.has_delex() {
+                CommandDoc::Delex
+            } else {
+                return;
+            };
+            out.extend(doc.reply());
+        };
+        if names.is_empty() {
+            for name in ["set", "delifeq", "delex"] {
+                add(name.as_bytes());
+            }
+        }
+        for name in names {
+            add(name.as_ref());
+        }
+        Reply::Array(out)
     }
 
     fn pexpire_command<A: AsRef<[u8]>>(&mut self, now: i64, db: usize, args: &[A]) -> Reply {
@@ -2066,7 +2358,10 @@ fn lookup<A: AsRef<[u8]>>(args: &[A]) -> Result<Cmd, Reply> {
     let base = match () {
         () if is("auth") => Cmd::Auth,
         () if is("client") => Cmd::Client,
+        () if is("command") => Cmd::Command,
         () if is("del") => Cmd::Del,
+        () if is("delex") => Cmd::Delex,
+        () if is("delifeq") => Cmd::Delifeq,
         () if is("eval") => Cmd::Eval,
         () if is("evalsha") => Cmd::Evalsha,
         () if is("exists") => Cmd::Exists,
@@ -2085,7 +2380,7 @@ fn lookup<A: AsRef<[u8]>>(args: &[A]) -> Result<Cmd, Reply> {
         () if is("unsubscribe") => Cmd::Unsubscribe,
         () => return Err(unknown_command(args)),
     };
-    if args.len() < 2 || !matches!(base, Cmd::Client | Cmd::Script | Cmd::Pubsub) {
+    if args.len() < 2 || !matches!(base, Cmd::Client | Cmd::Command | Cmd::Script | Cmd::Pubsub) {
         return Ok(base);
     }
     let sub = arg(args, 1);
@@ -2097,6 +2392,7 @@ fn lookup<A: AsRef<[u8]>>(args: &[A]) -> Result<Cmd, Reply> {
         Cmd::Script if is("exists") => Ok(Cmd::ScriptExists),
         Cmd::Script if is("flush") => Ok(Cmd::ScriptFlush),
         Cmd::Pubsub if is("numsub") => Ok(Cmd::PubsubNumsub),
+        Cmd::Command if is("docs") => Ok(Cmd::CommandDocs),
         _ => Err(unknown_subcommand(name, sub)),
     }
 }
@@ -3587,6 +3883,209 @@ mod tests {
         ];
         for (name, text, want) in parsed {
             assert_eq!(parse_i64(text), want, "{name}");
+        }
+    }
+
+    /// Each case on a master of each flavour listed.
+    fn run_flavoured(cases: Vec<(&str, &[Flavour], Vec<Step>)>) {
+        for (name, flavours, steps) in cases {
+            for &flavour in flavours {
+                let mut master = Master::new(1, T0);
+                master.settings_mut().flavour = flavour;
+                let steps = steps
+                    .iter()
+                    .map(|st| Step {
+                        at: st.at,
+                        conn: st.conn,
+                        args: st.args.clone(),
+                        want: st.want.clone(),
+                    })
+                    .collect();
+                run_case(&format!("{name} ({flavour:?})"), &mut master, steps);
+            }
+        }
+    }
+
+    #[test]
+    fn the_native_commands_answer_as_each_flavour_does() {
+        use Flavour::{Redis70, Redis84, Valkey81, Valkey91};
+        const WRONG: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
+        // The fence state, a hash, made by the fenced acquire.
+        let hash = || {
+            s(
+                &[
+                    "EVAL",
+                    "$ACQUIRE_FENCED",
+                    "3",
+                    "l",
+                    "f",
+                    "STATE",
+                    "t",
+                    "1000",
+                ],
+                ints(&[0, 0, 0, 0]),
+            )
+        };
+        let unknown = |cmd: &str, rest: &str| {
+            e(&format!(
+                "ERR unknown command '{cmd}', with args beginning with: {rest}"
+            ))
+        };
+        run_flavoured(vec![
+            (
+                "SET IFEQ sets value and TTL on a match, and never creates the key",
+                &[Valkey81, Valkey91, Redis84],
+                vec![
+                    s(&["SET", "k", "t", "PX", "1000"], ok()),
+                    s(&["SET", "k", "t", "IFEQ", "t", "PX", "5000"], ok()),
+                    s(&["PTTL", "k"], int(5000)),
+                    s(&["SET", "k", "u", "IFEQ", "x", "PX", "9000"], nil()),
+                    s(&["GET", "k"], b("t")),
+                    s(&["SET", "k", "u", "ifeq", "t", "GET", "px", "7000"], b("t")),
+                    s(&["SET", "k", "v", "IFEQ", "x", "GET", "PX", "7000"], b("u")),
+                    s(&["GET", "k"], b("u")),
+                    s(&["SET", "gone", "v", "IFEQ", "x"], nil()),
+                    s(&["SET", "gone", "v", "IFEQ", "x", "GET"], nil()),
+                    s(&["EXISTS", "gone"], int(0)),
+                    // Without PX the TTL goes: a lock that never expires.
+                    s(&["SET", "k", "u", "IFEQ", "u"], ok()),
+                    s(&["PTTL", "k"], int(-1)),
+                    s(
+                        &["SET", "k", "u", "IFEQ", "u", "PX", "100", "KEEPTTL"],
+                        e(ERR_SYNTAX),
+                    ),
+                    s(&["SET", "k", "u", "IFEQ", "u", "NX"], e(ERR_SYNTAX)),
+                    s(&["SET", "k", "u", "XX", "IFEQ", "u"], e(ERR_SYNTAX)),
+                    s(&["SET", "k", "u", "IFEQ", "a", "IFEQ", "b"], e(ERR_SYNTAX)),
+                    s(&["SET", "k", "u", "IFEQ"], e(ERR_SYNTAX)),
+                    s(
+                        &["SET", "k", "u", "IFEQ", "u", "PX", "0"],
+                        e(ERR_EXPIRE_SET),
+                    ),
+                    hash(),
+                    s(&["SET", "STATE", "u", "IFEQ", "u"], e(WRONG)),
+                    s(
+                        &["SET", "STATE", "u", "IFEQ", "u", "PX", "x"],
+                        e(ERR_NOT_INTEGER),
+                    ),
+                ],
+            ),
+            (
+                "Redis 7.0 and Valkey 8.1 have no DELIFEQ, Redis 7.0 no SET IFEQ",
+                &[Redis70],
+                vec![
+                    s(&["SET", "k", "t", "IFEQ", "t", "PX", "5000"], e(ERR_SYNTAX)),
+                    s(&["DELIFEQ", "k", "t"], unknown("DELIFEQ", "'k' 't' ")),
+                    s(
+                        &["DELEX", "k", "IFEQ", "t"],
+                        unknown("DELEX", "'k' 'IFEQ' 't' "),
+                    ),
+                    s(
+                        &["COMMAND", "DOCS", "DELIFEQ", "DELEX", "nosuch"],
+                        arr(vec![]),
+                    ),
+                ],
+            ),
+            (
+                "DELIFEQ deletes only the value it names",
+                &[Valkey91],
+                vec![
+                    s(&["SET", "k", "t", "PX", "1000"], ok()),
+                    s(&["DELIFEQ", "k", "x"], int(0)),
+                    s(&["DELIFEQ", "k", "t"], int(1)),
+                    s(&["DELIFEQ", "k", "t"], int(0)),
+                    s(
+                        &["DELIFEQ", "k"],
+                        e("ERR wrong number of arguments for 'delifeq' command"),
+                    ),
+                    hash(),
+                    s(&["DELIFEQ", "STATE", "t"], e(WRONG)),
+                    s(
+                        &["DELEX", "k", "IFEQ", "t"],
+                        unknown("DELEX", "'k' 'IFEQ' 't' "),
+                    ),
+                    s(&["SET", "k", "t", "IFNE", "t"], e(ERR_SYNTAX)),
+                ],
+            ),
+            (
+                "DELEX IFEQ and IFNE compare, DELEX alone deletes",
+                &[Redis84],
+                vec![
+                    s(&["SET", "k", "t", "PX", "1000"], ok()),
+                    s(&["DELEX", "k", "IFEQ", "x"], int(0)),
+                    s(&["DELEX", "k", "IFNE", "t"], int(0)),
+                    s(&["DELEX", "k", "IFEQ", "t"], int(1)),
+                    s(&["DELEX", "k", "IFEQ", "t"], int(0)),
+                    s(&["SET", "k", "t", "IFNE", "x"], ok()),
+                    s(&["DELEX", "k"], int(1)),
+                    s(&["DELEX", "k", "IFEQ"], e(ERR_SYNTAX)),
+                    s(&["DELEX", "k", "FOO", "t"], e(ERR_SYNTAX)),
+                    s(&["DELEX", "k", "IFDEQ", "t"], e(ERR_DIGEST)),
+                    hash(),
+                    s(&["DELEX", "STATE", "IFEQ", "t"], e(WRONG)),
+                    s(&["DELIFEQ", "k", "t"], unknown("DELIFEQ", "'k' 't' ")),
+                ],
+            ),
+            (
+                "COMMAND DOCS names each command the flavour has, in the order asked",
+                &[Valkey91],
+                vec![s(
+                    &["COMMAND", "DOCS", "nosuch", "Delifeq", "delex"],
+                    arr(CommandDoc::Delifeq.reply()),
+                )],
+            ),
+        ]);
+    }
+
+    #[test]
+    fn scripting_and_command_denied_answer_noperm() {
+        let mut master = Master::new(1, T0).with_settings(Settings {
+            deny_scripting: true,
+            deny_command: true,
+            flavour: Flavour::Valkey91,
+            ..Settings::default()
+        });
+        let noperm = |name: &str| {
+            e(&format!(
+                "NOPERM this user has no permissions to run the '{name}' command"
+            ))
+        };
+        run_case(
+            "no scripting, no COMMAND",
+            &mut master,
+            vec![
+                s(&["EVAL", "$RELEASE", "1", "k", "t"], noperm("eval")),
+                s(&["EVALSHA", "@RELEASE", "1", "k", "t"], noperm("evalsha")),
+                s(&["SCRIPT", "LOAD", "$RELEASE"], noperm("script|load")),
+                s(&["SCRIPT", "EXISTS", "@RELEASE"], noperm("script|exists")),
+                s(&["SCRIPT", "FLUSH"], noperm("script|flush")),
+                s(
+                    &["SCRIPT"],
+                    e("ERR wrong number of arguments for 'script' command"),
+                ),
+                s(&["COMMAND", "DOCS", "SET"], noperm("command|docs")),
+                s(&["COMMAND"], noperm("command")),
+                s(&["SET", "k", "t", "NX", "PX", "100"], ok()),
+                s(&["DELIFEQ", "k", "t"], int(1)),
+            ],
+        );
+    }
+
+    #[test]
+    fn every_command_doc_decodes_as_a_pair_six_deep() {
+        for doc in [
+            CommandDoc::SetRedis70,
+            CommandDoc::SetValkey,
+            CommandDoc::SetRedis84,
+            CommandDoc::Delifeq,
+            CommandDoc::Delex,
+        ] {
+            let pair = doc.reply();
+            assert!(matches!(pair[0], Reply::Bulk(_)), "{doc:?}");
+            let Reply::Array(docs) = &pair[1] else {
+                panic!("{doc:?}: {pair:?}");
+            };
+            assert_eq!(docs[0], b("summary"), "{doc:?}");
         }
     }
 

@@ -38,7 +38,7 @@ use crate::lock::Lock;
 use crate::quorum::quorum;
 use crate::resp::{Limits, Reply, decode};
 use crate::script::Scripts;
-use crate::sim::model::{ConnId, Frame, Master};
+use crate::sim::model::{ConnId, Flavour, Frame, Master};
 use crate::sim::rng::Rng;
 use crate::token::TokenSource;
 
@@ -142,6 +142,42 @@ const MAX_TTL: Duration = Duration::from_millis(1_500);
 const HANDOVER_SALT: u64 = 0x6861_6e64_6f76_6572;
 /// Mixed into a seed for the draw of its shape (see [`Shape`]).
 const SHAPE_SALT: u64 = 0x7368_6170_6573_3339;
+/// Whether the masters answer as the servers of a mix drawn per seed (see
+/// [`flavours`]; issue 40) rather than all as Redis 7.0. Off until the
+/// checkers read the masters' own commands (`wire::effect` knows the
+/// scripts' and `SET NX` only): with it on, the cleanup checker misses
+/// every `DELIFEQ` cleanup (seed 5). A seed's other draws are the same
+/// either way, only what the masters have differs.
+const FLAVOUR_MIX: bool = false;
+/// Mixed into a seed for the draw of its masters' flavours.
+const FLAVOUR_SALT: u64 = 0x666c_6176_6f75_7234;
+
+/// The server each of `masters` masters answers as in `seed`'s run: all
+/// Redis 7.0 unless [`FLAVOUR_MIX`], else a mix drawn from a source of its
+/// own (the seed's other draws stay as they were): all Redis 7.0, all
+/// Valkey 9.1, Valkey 9.1 with the last master Redis 7.0, all Valkey 8.1,
+/// all Redis 8.4, or one of each at random.
+fn flavours(seed: u64, masters: usize) -> Vec<Flavour> {
+    if !FLAVOUR_MIX {
+        return vec![Flavour::Redis70; masters];
+    }
+    let mut rng = Rng::new(seed ^ FLAVOUR_SALT);
+    let all = |flavour| vec![flavour; masters];
+    match rng.below(6) {
+        0 => all(Flavour::Redis70),
+        1 => all(Flavour::Valkey91),
+        2 => {
+            let mut mixed = all(Flavour::Valkey91);
+            if let Some(last) = mixed.last_mut() {
+                *last = Flavour::Redis70;
+            }
+            mixed
+        }
+        3 => all(Flavour::Valkey81),
+        4 => all(Flavour::Redis84),
+        _ => (0..masters).map(|_| rng.pick(&Flavour::ALL)).collect(),
+    }
+}
 /// How long after a master lost its data another may: past the fences'
 /// readmission wait (`2 * max * (1 + drift) / (1 - drift) + 10 ms`), with
 /// room for a fenced acquire to readmit it.
@@ -1187,6 +1223,7 @@ impl World {
                 }
             })
             .collect();
+        let flavours = flavours(seed, settings.masters);
         let nodes = (0..settings.masters)
             .map(|m| {
                 let drift = (rng.below(1_001) as f64 / 1_000.0 - 0.5) * 0.5 * config.drift_factor;
@@ -1194,6 +1231,7 @@ impl World {
                 let settings = model.settings_mut();
                 settings.deny_publish = shape.channels != Channels::All;
                 settings.deny_subscribe = shape.channels == Channels::None;
+                settings.flavour = flavours[m];
                 Node {
                     model,
                     up: true,
