@@ -618,12 +618,18 @@ enum Expect {
         wire_len: usize,
         /// How it went: the script or the master's own command.
         form: Form,
+        /// A native release: its `PUBLISH`'s reply follows this one's. It
+        /// is awaited once this one is read ([`Expect::Notice`]), so that
+        /// a request takes one place in the queue, as the in-flight bound
+        /// and the admission gate count it.
+        notice: bool,
         /// How it was re-sent after `-NOSCRIPT`, if it was.
         resent: Resent,
     },
-    /// The release message behind a native release: its reply (how many
-    /// heard it, or a refusal to a user without channel rights) is
-    /// consumed here, as the script's `redis.pcall` ignores it.
+    /// The release message behind a native release, once the release's
+    /// own reply is read: its reply (how many heard it, or a refusal to a
+    /// user without channel rights) is consumed here, as the script's
+    /// `redis.pcall` ignores it.
     Notice {
         sent_at: Instant,
     },
@@ -1115,19 +1121,17 @@ impl Conn {
         resent: Resent,
         now: Instant,
     ) {
-        let commands = form.commands(request.op);
         self.recoveries.sent[form.label_index(request.op)] += 1;
+        let notice = form.commands(request.op) > 1;
         self.in_flight.push_back(Expect::Reply {
             tag,
             request,
             sent_at: now,
             wire_len,
             form,
+            notice,
             resent,
         });
-        if commands > 1 {
-            self.in_flight.push_back(Expect::Notice { sent_at: now });
-        }
         self.handle_timed(now);
     }
 
@@ -1568,8 +1572,14 @@ impl Conn {
                     request,
                     form,
                     resent,
+                    notice,
+                    sent_at,
                     ..
                 }) => {
+                    if notice {
+                        self.in_flight.push_front(Expect::Notice { sent_at });
+                        self.refresh_oldest();
+                    }
                     if form != Form::Script {
                         // Advertised, then refused (a proxy, an ACL, a
                         // server that lied): the script from now on, and

@@ -90,6 +90,9 @@ struct Master {
 /// the client reads: `SET` without `IFEQ`.
 const DOCS_REDIS_7: &[u8] = b"*2\r\n$3\r\nset\r\n*2\r\n$9\r\narguments\r\n*1\r\n*4\r\n$4\r\nname\r\n$2\r\nnx\r\n$5\r\ntoken\r\n$2\r\nNX\r\n";
 
+/// As Redis 8.4 answers it: `SET` with `IFEQ`, and `DELEX`.
+const DOCS_REDIS_84: &[u8] = b"*4\r\n$3\r\nset\r\n*2\r\n$9\r\narguments\r\n*1\r\n*4\r\n$4\r\nname\r\n$9\r\nifeq-cond\r\n$5\r\ntoken\r\n$4\r\nIFEQ\r\n$5\r\ndelex\r\n*0\r\n";
+
 /// As Valkey 9.1 answers it: `SET` with `IFEQ`, and `DELIFEQ`.
 const DOCS_VALKEY_9: &[u8] = b"*4\r\n$3\r\nset\r\n*2\r\n$9\r\narguments\r\n*1\r\n*4\r\n$4\r\nname\r\n$16\r\ncomparison-value\r\n$5\r\ntoken\r\n$4\r\nIFEQ\r\n$7\r\ndelifeq\r\n*0\r\n";
 
@@ -2003,4 +2006,46 @@ fn a_command_advertised_then_refused_falls_back_to_the_script() {
         lock_commands(&sim, 0),
         ["SET", "DELIFEQ", "PUBLISH", "EVALSHA", "SET", "EVALSHA"]
     );
+}
+
+/// Issue 40: a Redis 8.4 master releases by `DELEX key IFEQ token`, its
+/// message behind it, and extends by `SET ... IFEQ ... GET PX`; a quiet
+/// cleanup is the delete alone.
+#[test]
+fn a_master_with_delex_releases_and_extends_by_its_own_commands() {
+    let mut sim = Sim::new(vec![
+        vec![reply(OK, 1)],
+        vec![reply(OK, 1)],
+        vec![reply(OK, 1)],
+    ]);
+    for master in &mut sim.masters {
+        master.docs = DOCS_REDIS_84;
+    }
+    let acquire = sim.request(Op::Acquire);
+    sim.run(&acquire);
+    let mine = bulk_of(acquire.token.as_bytes());
+    for master in &mut sim.masters {
+        master.script.extend([
+            reply(mine, 1),
+            reply(ONE, 1),
+            reply(b":0\r\n", 1),
+            reply(ONE, 1),
+        ]);
+    }
+    for op in [Op::Extend, Op::Release, Op::Cleanup] {
+        let request = Request {
+            op,
+            ..acquire.clone()
+        };
+        sim.run(&request);
+        assert_eq!(sim.round().decision(0), Some(Decision::Won), "{op:?}");
+    }
+    for i in 0..3 {
+        assert_eq!(
+            lock_commands(&sim, i),
+            ["SET", "SET", "DELEX", "PUBLISH", "DELEX"],
+            "master {i}"
+        );
+        assert_eq!(sim.conn(i).in_flight(), 0, "master {i}");
+    }
 }

@@ -143,12 +143,11 @@ const HANDOVER_SALT: u64 = 0x6861_6e64_6f76_6572;
 /// Mixed into a seed for the draw of its shape (see [`Shape`]).
 const SHAPE_SALT: u64 = 0x7368_6170_6573_3339;
 /// Whether the masters answer as the servers of a mix drawn per seed (see
-/// [`flavours`]; issue 40) rather than all as Redis 7.0. Off until the
-/// checkers read the masters' own commands (`wire::effect` knows the
-/// scripts' and `SET NX` only): with it on, the cleanup checker misses
-/// every `DELIFEQ` cleanup (seed 5). A seed's other draws are the same
-/// either way, only what the masters have differs.
-const FLAVOUR_MIX: bool = false;
+/// [`flavours`]; issue 40) rather than all as Redis 7.0: the client then
+/// releases and extends with each master's own commands where it has
+/// them, and the checkers read those (`wire::effect`). A seed's other
+/// draws are the same either way, only what the masters have differs.
+const FLAVOUR_MIX: bool = true;
 /// Mixed into a seed for the draw of its masters' flavours.
 const FLAVOUR_SALT: u64 = 0x666c_6176_6f75_7234;
 
@@ -1958,6 +1957,7 @@ impl World {
         let mut spins = Vec::new();
         let mut rows = Vec::new();
         let mut cancels = Vec::new();
+        let mut no_ttl = Vec::new();
         // Keys a hand-over's release deleted here: (resource, token).
         let mut handed_over = Vec::new();
         let mut quiet_release: Option<(TokenKey, usize)> = None;
@@ -2003,8 +2003,24 @@ impl World {
                     }
                 },
             };
+            let (mut effect, keys) = wire::effect(args);
+            // A master's own delete is an announced release when its
+            // PUBLISH follows in the same write: wait for that to arrive.
+            if let (Some((Effect::Release { quiet: true }, t)), [key]) = (effect, keys)
+                && wire::deletes_natively(args)
+            {
+                let announced = if write_left <= len {
+                    Some(false)
+                } else {
+                    wire::announced_by(&buf[len..], key)
+                };
+                match announced {
+                    None => break,
+                    Some(true) => effect = Some((Effect::Release { quiet: false }, t)),
+                    Some(false) => {}
+                }
+            }
             let handed = std::mem::take(&mut quiet_release);
-            let (effect, keys) = wire::effect(args);
             let token = effect.map(|(_, token)| TokenKey::new(token));
             // A release, as the waiting checker weighs what it deletes.
             let mut release = None;
@@ -2106,6 +2122,12 @@ impl World {
             };
             for r in keys.iter().filter_map(|k| resource_index(k)) {
                 let key = model.entry(now_ms, 0, RESOURCES[r].as_bytes());
+                // Every lock key lives for a TTL: a SET without PX (an
+                // extend by `SET ... IFEQ` that left it out) would keep it
+                // for good.
+                if key.is_some_and(|(_, expiry)| expiry.is_none()) {
+                    no_ttl.push(r);
+                }
                 if let (Some((sent, token)), Some((held, _))) = (attempt, key)
                     && held == sent
                 {
@@ -2176,6 +2198,13 @@ impl World {
             self.checker.violation(now, what);
         }
         for what in cancels {
+            self.checker.violation(now, what);
+        }
+        for r in no_ttl {
+            let what = format!(
+                "ttl: master {master}'s key {:?} has no TTL after client {client}'s command",
+                RESOURCES[r]
+            );
             self.checker.violation(now, what);
         }
         for (r, token) in handed_over {
@@ -3640,6 +3669,14 @@ mod tests {
     fn a_dropped_queued_waiter_that_still_tries_breaks_the_cancellation_contract() {
         let (seed, violations) = caught(Bug::DroppedWaiterTries);
         assert!(said(&violations, "cancel"), "seed {seed}: {violations:?}");
+    }
+
+    /// Issue 40: `SET ... IFEQ` without `PX` leaves a lock key with no TTL
+    /// on the masters that have it (the flavour mix).
+    #[test]
+    fn a_native_extend_without_px_leaves_a_key_that_never_expires() {
+        let (seed, violations) = caught(Bug::ExtendDropsPx);
+        assert!(said(&violations, "no TTL"), "seed {seed}: {violations:?}");
     }
 
     #[test]

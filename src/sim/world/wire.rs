@@ -239,6 +239,13 @@ pub(super) fn effect<'c, 'a>(args: &'c [&'a [u8]]) -> (Option<(Effect, &'a [u8])
         let effect = args.get(2).filter(|_| nx).map(|t| (Effect::Acquire, *t));
         return (effect, args.get(1..2).unwrap_or(&[]));
     }
+    if deletes_natively(args) {
+        let token = args.last().copied();
+        return (
+            token.map(|t| (Effect::Release { quiet: true }, t)),
+            args.get(1..2).unwrap_or(&[]),
+        );
+    }
     let by_sha = name.eq_ignore_ascii_case(b"EVALSHA");
     if !by_sha && !name.eq_ignore_ascii_case(b"EVAL") {
         return (None, &[]);
@@ -251,6 +258,35 @@ pub(super) fn effect<'c, 'a>(args: &'c [&'a [u8]]) -> (Option<(Effect, &'a [u8])
     };
     let effect = args.get(1).and_then(|script| script_effect(script, by_sha));
     (effect.zip(argv.first().copied()), keys)
+}
+
+/// Whether `args` is a master's own compare-and-delete (`DELIFEQ key
+/// token`, `DELEX key IFEQ token`): a release, quiet unless its
+/// `PUBLISH` follows in the same write (see [`announced_by`]).
+pub(super) fn deletes_natively(args: &[&[u8]]) -> bool {
+    match args {
+        [name, _, _] => name.eq_ignore_ascii_case(b"DELIFEQ"),
+        [name, _, cond, _] => {
+            name.eq_ignore_ascii_case(b"DELEX") && cond.eq_ignore_ascii_case(b"IFEQ")
+        }
+        _ => false,
+    }
+}
+
+/// What follows a native delete of `key` at the front of `rest`, the rest
+/// of its write: `Some(true)` when it is the release's `PUBLISH` on the
+/// key's channel (an announced release), `Some(false)` when another
+/// command, `None` when the next command has not wholly arrived.
+pub(super) fn announced_by(rest: &[u8], key: &[u8]) -> Option<bool> {
+    let mut slots = [&[][..]; MAX_ARGS];
+    match read_command(rest, &mut slots) {
+        Read::Command { args: 3, .. } => Some(
+            slots[0].eq_ignore_ascii_case(b"PUBLISH")
+                && slots[1].strip_prefix(RELEASE_CHANNEL_PREFIX) == Some(key),
+        ),
+        Read::Command { .. } | Read::Other => Some(false),
+        Read::Partial => None,
+    }
 }
 
 /// The TTL (ms) an acquire command `args` asks for: `SET`'s `PX`, an
