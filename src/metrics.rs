@@ -38,7 +38,9 @@
 //! | `redlock_native_refused_total` | counter | | requests re-sent by script after a master refused a command of its own it had advertised |
 //! | `redlock_noscript_recoveries_total` | counter | `via` | `-NOSCRIPT`s recovered from, by `script_load` or `eval` |
 //!
-//! `outcome` is `ok`, or the kind of [`Error`]: `held`, `not_held`,
+//! `outcome` is `ok`, or the kind of [`Error`]: `held`, `not_held` (or
+//! `gone`, for an extend whose masters' own `SET ... IFEQ ... GET` found
+//! the key gone on every master that refused),
 //! `no_quorum`, `protocol`, `validity_expired`, `fence_unknown`,
 //! `fence_refused`, `extension_limit`, `config`, `os`. `reason` is one of
 //! those error kinds (extending kept failing), `extension_limit` or
@@ -73,6 +75,8 @@ use std::time::Instant;
 use crate::addr::ServerAddr;
 use crate::conn::{Cause, Conn};
 use crate::error::Error;
+#[cfg(any(feature = "metrics", feature = "tracing"))]
+use crate::quorum::Vote;
 
 #[cfg(feature = "metrics")]
 use metrics::{Key, Label, Level, Metadata, SharedString};
@@ -130,6 +134,9 @@ enum Outcome {
     Ok,
     Held,
     NotHeld,
+    /// Not held: the key was gone on the masters that said so (see
+    /// [`Vote::Gone`]).
+    Gone,
     NoQuorum,
     Denied,
     Protocol,
@@ -157,6 +164,15 @@ impl Outcome {
     fn of_error(error: &Error) -> Outcome {
         match error {
             Error::Held(_) => Outcome::Held,
+            // Every refusal found no key: an extend by the masters' own
+            // `SET ... IFEQ ... GET` tells a lock that expired from one
+            // another client took (`not_held`, or where it cannot tell).
+            Error::NotHeld(failure)
+                if failure.votes.iter().any(|v| v.vote == Vote::Gone)
+                    && !failure.votes.iter().any(|v| v.vote == Vote::Refused) =>
+            {
+                Outcome::Gone
+            }
             Error::NotHeld(_) => Outcome::NotHeld,
             Error::NoQuorum(_) => Outcome::NoQuorum,
             Error::Denied(_) => Outcome::Denied,
@@ -186,6 +202,7 @@ impl Outcome {
             Outcome::Ok => "ok",
             Outcome::Held => "held",
             Outcome::NotHeld => "not_held",
+            Outcome::Gone => "gone",
             Outcome::NoQuorum => "no_quorum",
             Outcome::Denied => "denied",
             Outcome::Protocol => "protocol",
@@ -224,6 +241,7 @@ macro_rules! outcome_key {
             Outcome::Ok => static_key!($name, $label => "ok"),
             Outcome::Held => static_key!($name, $label => "held"),
             Outcome::NotHeld => static_key!($name, $label => "not_held"),
+            Outcome::Gone => static_key!($name, $label => "gone"),
             Outcome::NoQuorum => static_key!($name, $label => "no_quorum"),
             Outcome::Denied => static_key!($name, $label => "denied"),
             Outcome::Protocol => static_key!($name, $label => "protocol"),
@@ -650,6 +668,42 @@ mod tests {
         assert_eq!(labels.len(), CAUSES.len(), "labels are distinct");
     }
 
+    /// An extend refused only by masters that found the key gone reads
+    /// `gone`; one refused by any master that holds another token, or by
+    /// scripts that cannot tell, `not_held`.
+    #[cfg(any(feature = "metrics", feature = "tracing"))]
+    #[test]
+    fn an_extend_that_found_the_key_gone_is_told_apart() {
+        use crate::error::{Failure, MasterVote};
+        let failure = |votes: &[Vote]| {
+            Error::NotHeld(Failure {
+                quorum: 2,
+                granted: 0,
+                refused: votes.len(),
+                votes: votes
+                    .iter()
+                    .map(|v| MasterVote {
+                        server: "redis://m".into(),
+                        vote: v.clone(),
+                    })
+                    .collect(),
+                elapsed: std::time::Duration::ZERO,
+                attempts: 1,
+            })
+        };
+        let cases = [
+            (vec![Vote::Gone, Vote::Gone, Vote::Pending], Outcome::Gone),
+            (
+                vec![Vote::Gone, Vote::Refused, Vote::Gone],
+                Outcome::NotHeld,
+            ),
+            (vec![Vote::Refused, Vote::Refused], Outcome::NotHeld),
+        ];
+        for (votes, want) in cases {
+            assert_eq!(Outcome::of_error(&failure(&votes)), want, "{votes:?}");
+        }
+    }
+
     /// The static keys spell the labels [`Outcome::label`] gives.
     #[cfg(feature = "metrics")]
     #[test]
@@ -658,6 +712,7 @@ mod tests {
             Outcome::Ok,
             Outcome::Held,
             Outcome::NotHeld,
+            Outcome::Gone,
             Outcome::NoQuorum,
             Outcome::Denied,
             Outcome::Protocol,
