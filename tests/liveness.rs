@@ -445,13 +445,15 @@ fn a_late_release_of_a_lapsed_lock_sends_no_local_waiter_into_a_refusal() {
         .zip(&sets)
         .map(|(m, before)| command_calls(m, "set") - before)
         .collect();
+    // On a quorum, not necessarily every master: Y tries once X's validity
+    // has run out, which is a little before X's keys expire (the drift),
+    // so a master where X's key was still alive may have refused it.
     let token = Reply::Bulk(current.token().as_str().to_owned().into());
-    assert!(
-        masters
-            .iter()
-            .all(|m| connect(m).cmd(&[Arg::Bytes(b"GET"), R.into()]) == token),
-        "Y's lock is no longer on every master"
-    );
+    let holding = masters
+        .iter()
+        .filter(|m| connect(m).cmd(&[Arg::Bytes(b"GET"), R.into()]) == token)
+        .count();
+    assert!(holding >= 2, "Y's lock is held by {holding} of 3 masters");
     assert_eq!(
         since,
         vec![2; 3],
