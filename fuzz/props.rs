@@ -51,6 +51,7 @@ pub fn check_roundtrip(data: &[u8]) {
             Arg::Bytes(b) => b.to_vec(),
             Arg::Int(n) => n.to_string().into_bytes(),
             Arg::Parts(parts) => parts.concat(),
+            _ => unreachable!("args_from makes bytes and integers only"),
         })
         .collect();
     let mut want = Vec::new();

@@ -67,6 +67,7 @@ pub struct ServerAddr {
 /// Why a URL was refused. The URL itself is not repeated, since it may
 /// carry a password.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum AddrError {
     /// Not `redis://`, `rediss://` nor `unix://`.
     UnsupportedScheme,

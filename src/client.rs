@@ -504,7 +504,9 @@ impl Redlock {
         let acquire = Acquire::new(&mut self.hub.split().ctx, keys, op, ttl, retry, now)?;
         match self.run(Job::Acquire(acquire)) {
             Output::Lock(result) => result,
-            _ => Err(Error::Os(io::ErrorKind::Other)),
+            _ => Err(Error::Internal(
+                "the hub answered an order with another kind's output",
+            )),
         }
     }
 
@@ -535,7 +537,9 @@ impl Redlock {
         let batch = Batch::acquire(&mut self.hub.split().ctx, requests, resources, ttl, now)?;
         match self.run(Job::AcquireBatch(batch)) {
             Output::Locks(results) => Ok(results),
-            _ => Err(Error::Os(io::ErrorKind::Other)),
+            _ => Err(Error::Internal(
+                "the hub answered an order with another kind's output",
+            )),
         }
     }
 
@@ -563,7 +567,9 @@ impl Redlock {
         let release = Release::new(&self.hub.split().ctx, lock, Instant::now());
         match self.run(Job::Release(release)) {
             Output::Released(result) => result,
-            _ => Err(Error::Os(io::ErrorKind::Other)),
+            _ => Err(Error::Internal(
+                "the hub answered an order with another kind's output",
+            )),
         }
     }
 
@@ -594,7 +600,9 @@ impl Redlock {
                 *lock = now_standing;
                 result
             }
-            _ => Err(Error::Os(io::ErrorKind::Other)),
+            _ => Err(Error::Internal(
+                "the hub answered an order with another kind's output",
+            )),
         }
     }
 
@@ -634,7 +642,11 @@ impl Redlock {
                 Some(at) => at.saturating_duration_since(now),
                 // Nothing due, nothing in flight, and no output: the hub
                 // lost the operation (a bug), which must not hang.
-                None => return Output::Failed(Error::Os(io::ErrorKind::Other)),
+                None => {
+                    return Output::Failed(Error::Internal(
+                        "the hub lost an operation: nothing due, nothing in flight",
+                    ));
+                }
             };
             let (engine, driver) = self.hub.io();
             if let Err(cause) = driver.turn(engine, Some(timeout)) {

@@ -105,6 +105,7 @@ pub enum LockCommands {
 /// Settings of a [`Redlock`](crate::Redlock) client. Build one with [`Config::new`] and
 /// change the public fields; the defaults follow the spec.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct Config {
     /// The masters, in a fixed order that error reports follow.
     pub servers: Vec<ServerAddr>,

@@ -350,6 +350,7 @@ pub(crate) struct Tag {
 
 /// A step of the connection handshake.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum HandshakeStep {
     /// `AUTH`.
     Auth,
@@ -364,6 +365,7 @@ pub enum HandshakeStep {
 /// Why one master gave no usable answer. One failed vote, never by itself
 /// an error of the whole operation.
 #[derive(Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Cause {
     /// No reply within the per-instance timeout: to this request, or to
     /// an earlier one on the same connection, still unanswered (a round

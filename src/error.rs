@@ -111,6 +111,11 @@ pub enum Error {
     ExtensionLimit(u32),
     /// The OS refused a poll instance or random bytes.
     Os(io::ErrorKind),
+    /// The client lost track of an operation: a bug in redlock-mio, never
+    /// a master's doing. The text says where; please report it. Nothing
+    /// more is known of the operation's effect on the masters (a lock it
+    /// took expires with its TTL).
+    Internal(&'static str),
     /// The shared client's event loop has stopped: it ended after its last
     /// handle was dropped, or a panic on its thread ended it (the message
     /// says which). Nothing more is sent; every operation under way or
@@ -163,6 +168,7 @@ impl fmt::Display for Error {
             ),
             Error::ExtensionLimit(max) => write!(f, "lock already extended {max} times"),
             Error::Os(kind) => write!(f, "operating system error: {kind}"),
+            Error::Internal(what) => write!(f, "internal error in redlock-mio (a bug): {what}"),
             Error::Stopped(why) => write!(f, "the client's event loop has stopped: {why}"),
         }
     }

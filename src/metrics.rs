@@ -182,7 +182,7 @@ impl Outcome {
             Error::FenceRefused(_) => Outcome::FenceRefused,
             Error::ExtensionLimit(_) => Outcome::ExtensionLimit,
             Error::Config(_) => Outcome::Config,
-            Error::Os(_) | Error::Stopped(_) => Outcome::Os,
+            Error::Os(_) | Error::Stopped(_) | Error::Internal(_) => Outcome::Os,
         }
     }
 

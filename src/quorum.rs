@@ -27,6 +27,7 @@ pub(crate) fn quorum(n: usize) -> usize {
 
 /// One master's answer in a round.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Vote {
     /// No answer yet; after a decision, the master had not answered when the
     /// outcome was already known.

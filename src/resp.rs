@@ -111,6 +111,7 @@ impl fmt::Debug for Reply {
 
 /// Which limit a reply exceeded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Limit {
     /// [`Limits::max_bulk_len`].
     BulkLength,
@@ -127,6 +128,7 @@ pub enum Limit {
 /// Why a reply could not be parsed. Small and `Copy`: the connection that
 /// sees one closes itself; there is nothing to recover from the bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ProtocolError {
     /// The first byte of a reply is not one of `+ - : $ *`.
     UnknownType(u8),
@@ -747,6 +749,7 @@ fn parse_i64(digits: &[u8]) -> Result<i64, ProtocolError> {
 
 /// One argument of a command.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Arg<'a> {
     /// Raw bytes, sent as they are.
     Bytes(&'a [u8]),

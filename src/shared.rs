@@ -29,7 +29,6 @@
 
 use std::cell::RefCell;
 use std::future::Future;
-use std::io;
 use std::panic::{self, AssertUnwindSafe};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -920,7 +919,7 @@ fn acquire_order(keys: Keys, op: Op, ttl: Duration, retry: &Retry) -> Order {
 
 /// The loop lost an output's kind: never, as each order makes its own.
 fn lost() -> Error {
-    Error::Os(io::ErrorKind::Other)
+    Error::Internal("the loop answered an order with another kind's output")
 }
 
 fn lock_of(output: Output) -> Result<Lock, Error> {

@@ -20,6 +20,7 @@ pub struct Token {
 
 /// Why a string cannot be a token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum TokenError {
     /// Empty, or longer than [`TOKEN_MAX_LEN`] bytes.
     BadLength,
