@@ -9,7 +9,11 @@
 //! failure, the time); outputs are the bytes to write, whether to open a
 //! socket, the next deadline, and which rounds completed. The mio
 //! [`Driver`](crate::driver::Driver) and the test simulator drive it
-//! through the same doors. It never touches a socket or reads a clock.
+//! through the same doors. Beside them, one subscriber connection per
+//! master carries the subscriptions to releases ([`subs`]): it takes
+//! requests (subscribe, unsubscribe) and reports what it heard
+//! ([`Engine::poll_heard`]), and knows nothing of who waits. It never
+//! touches a socket or reads a clock.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -20,11 +24,14 @@ use crate::addr::ServerAddr;
 
 use crate::conn::{Cause, Conn, Op, Request, Role, Tag, Timing, Wires};
 use crate::metrics::Masters;
-use crate::notify::{Channels, Cohort};
 use crate::quorum::{FencePlan, Round, Vote, plan_fence, same_server};
 use crate::resp::Limits;
 use crate::script::Scripts;
-use crate::token::Token;
+
+mod subs;
+
+pub(crate) use subs::Heard;
+use subs::Subscriptions;
 
 /// Names a round in an [`Engine`]: its slot in the engine's table and that
 /// slot's generation, so that a reply to a round that is over never lands
@@ -93,8 +100,8 @@ pub(crate) struct Engine {
     /// One subscriber connection per master (none when the client does not
     /// subscribe): links `n..2n` to the driver.
     subs: Vec<Conn>,
-    /// What local waiters wait for.
-    channels: Channels,
+    /// The resources subscribed to on `subs`.
+    subscriptions: Subscriptions,
     /// The masters' failures and quarantine, reported as metrics.
     metrics: Masters,
 }
@@ -123,7 +130,7 @@ impl Engine {
         };
         Engine {
             subs,
-            channels: Channels::default(),
+            subscriptions: Subscriptions::default(),
             metrics: Masters::new(servers),
             conns: servers
                 .iter()
@@ -169,192 +176,44 @@ impl Engine {
         }
     }
 
-    // --- Waiting for releases (see `notify`). ---
+    // --- Subscriptions to releases (see `subs`): requests in, what was
+    // heard out. ---
 
-    /// Waiter `waiter` waits for `resource` (see [`Channels::join`]).
-    pub(crate) fn join(&mut self, resource: &Bytes, waiter: usize, now: Instant) {
-        self.channels.join(&mut self.subs, resource, waiter, now);
+    /// Subscribes to `resource`'s releases on every subscriber connection
+    /// (see [`Subscriptions::subscribe`]).
+    pub(crate) fn subscribe(&mut self, resource: &Bytes, now: Instant) {
+        self.subscriptions.subscribe(&mut self.subs, resource, now);
     }
 
-    /// Waiter `waiter` stops waiting; the new head, if the head left.
-    pub(crate) fn leave(&mut self, resource: &Bytes, waiter: usize, now: Instant) -> Option<usize> {
-        self.channels.leave(&mut self.subs, resource, waiter, now)
-    }
-
-    /// Waiter `waiter` waits for `resource` among others (see
-    /// [`Channels::listen`]).
-    pub(crate) fn listen(&mut self, resource: &Bytes, waiter: usize, now: Instant) {
-        self.channels.listen(&mut self.subs, resource, waiter, now);
-    }
-
-    /// Waiter `waiter` stops listening to `resource`.
-    pub(crate) fn unlisten(&mut self, resource: &Bytes, waiter: usize, now: Instant) {
-        self.channels
-            .unlisten(&mut self.subs, resource, waiter, now);
-    }
-
-    /// The waiters listening to `resource`.
-    pub(crate) fn listeners(&self, resource: &[u8]) -> &[usize] {
-        self.channels.listeners(resource)
-    }
-
-    /// The waiter that races for `resource`.
-    pub(crate) fn head(&self, resource: &[u8]) -> Option<usize> {
-        self.channels.head(resource)
-    }
-
-    /// Releases of `resource` seen while someone waited.
-    pub(crate) fn epoch(&self, resource: &[u8]) -> u64 {
-        self.channels.epoch(resource)
+    /// Unsubscribes `resource` (see [`Subscriptions::unsubscribe`]).
+    pub(crate) fn unsubscribe(&mut self, resource: &Bytes, now: Instant) {
+        self.subscriptions
+            .unsubscribe(&mut self.subs, resource, now);
     }
 
     /// Whether a waiter for `resource` may try: its subscriptions are in
-    /// place (see [`Channels::is_listening`]).
+    /// place (see [`Subscriptions::is_listening`]).
     pub(crate) fn is_listening(&self, resource: &[u8], now: Instant) -> bool {
-        self.channels
+        self.subscriptions
             .is_listening(&self.subs, resource, crate::quorum::quorum(self.n), now)
-    }
-
-    /// See [`Channels::heard_release`].
-    pub(crate) fn heard_release(&self, resource: &[u8], token: crate::token::Token) -> bool {
-        self.channels.heard_release(resource, token)
-    }
-
-    /// This client took the lock on `resource` (`token`), valid until
-    /// `until`; the row of hand-overs it goes on with, if any (see
-    /// [`Channels::handle_granted`]).
-    pub(crate) fn handle_granted(
-        &mut self,
-        resource: &[u8],
-        until: Instant,
-        token: Token,
-    ) -> Option<Cohort> {
-        self.channels.handle_granted(resource, until, token)
-    }
-
-    /// See [`Channels::handle_handed_over`].
-    pub(crate) fn handle_handed_over(&mut self, resource: &[u8], next: Cohort) {
-        self.channels.handle_handed_over(resource, next);
-    }
-
-    /// See [`Channels::handle_extended`].
-    pub(crate) fn handle_extended(&mut self, resource: &[u8], until: Instant, token: Token) {
-        self.channels.handle_extended(resource, until, token);
-    }
-
-    /// See [`Channels::handle_company`].
-    pub(crate) fn handle_company(&mut self, resource: &[u8], company: bool) {
-        self.channels.handle_company(resource, company);
-    }
-
-    /// See [`Channels::know_own_tokens`].
-    pub(crate) fn know_own_tokens(&mut self, prefix: [u8; 32]) {
-        self.channels.know_own_tokens(prefix);
-    }
-
-    /// See [`Channels::handle_yield`].
-    pub(crate) fn handle_yield(&mut self, resource: &[u8]) {
-        self.channels.handle_yield(resource);
-    }
-
-    /// See [`Channels::is_contended`].
-    pub(crate) fn is_contended(&self, resource: &[u8]) -> bool {
-        self.channels.is_contended(resource)
-    }
-
-    /// See `Channels::contention_epoch`.
-    #[cfg(any(test, feature = "test-knobs"))]
-    pub(crate) fn contention_epoch(&self) -> u64 {
-        self.channels.contention_epoch()
-    }
-
-    /// See [`Channels::has_company`].
-    pub(crate) fn has_company(&self, resource: &[u8]) -> bool {
-        self.channels.has_company(resource)
-    }
-
-    /// Until when a lock on `resource` is held here (see
-    /// [`Channels::held_here`]).
-    pub(crate) fn held_here(&self, resource: &[u8], now: Instant) -> Option<Instant> {
-        self.channels.held_here(resource, now)
     }
 
     /// Whether any resource's releases are subscribed to (waited for, or
     /// kept for a lock held here).
     pub(crate) fn is_subscribed(&self) -> bool {
-        self.channels.is_wanted()
+        self.subscriptions.is_wanted()
     }
 
     /// Sends the subscriptions made and ended since the last call (see
-    /// [`Channels::flush`]).
+    /// [`Subscriptions::flush`]).
     pub(crate) fn flush_subscriptions(&mut self, now: Instant) {
-        self.channels.flush(&mut self.subs, now);
+        self.subscriptions.flush(&mut self.subs, now);
     }
 
-    /// Ends the subscriptions kept for locks no longer held here (see
-    /// [`Channels::sweep`]).
-    pub(crate) fn sweep(&mut self, now: Instant) {
-        self.channels.sweep(&mut self.subs, now);
-    }
-
-    /// When a subscription kept for a lock held here ends, unless the lock
-    /// is let go before (see [`Channels::sweep`]).
-    pub(crate) fn next_sweep(&self) -> Option<Instant> {
-        self.channels.next_sweep()
-    }
-
-    /// See [`Channels::is_current`].
-    pub(crate) fn is_current(&self, resource: &[u8], token: Token) -> bool {
-        self.channels.is_current(resource, token)
-    }
-
-    /// The lock on `resource` is let go through this client (see
-    /// [`Channels::let_go`]).
-    pub(crate) fn let_go(&mut self, resource: &Bytes, keep: Option<Instant>, now: Instant) {
-        self.channels.let_go(&mut self.subs, resource, keep, now);
-    }
-
-    /// A lock (`token`'s) was released through this client (see
-    /// [`Channels::handle_released`]).
-    pub(crate) fn handle_released(&mut self, resource: &[u8], token: Token) {
-        self.channels.handle_released(resource, token);
-    }
-
-    /// See [`Channels::needs_notice`].
-    pub(crate) fn needs_notice(&self, resource: &[u8]) -> bool {
-        self.channels.needs_notice(resource)
-    }
-
-    /// See [`Channels::name_next`].
-    pub(crate) fn name_next(&mut self, resource: &[u8], token: Token, waiting_here: bool) -> i64 {
-        self.channels.name_next(resource, token, waiting_here)
-    }
-
-    /// See [`Channels::turn`].
-    pub(crate) fn turn(&self, resource: &[u8]) -> crate::notify::Turn {
-        self.channels.turn(resource)
-    }
-
-    /// See [`Channels::handle_turn_began`].
-    pub(crate) fn handle_turn_began(&mut self, resource: &[u8], now: Instant) {
-        self.channels.handle_turn_began(resource, now);
-    }
-
-    /// See [`Channels::theirs_since`].
-    pub(crate) fn theirs_since(&self, resource: &[u8]) -> Option<Instant> {
-        self.channels.theirs_since(resource)
-    }
-
-    /// A waiter's failed attempt on `resource` is being undone (the
-    /// cleanup release of `token`): the masters' messages for it say
-    /// nothing of the holder's lock, and wake nobody.
-    pub(crate) fn handle_cleanup(&mut self, resource: &[u8], token: crate::token::Token) {
-        self.channels.handle_cleanup(resource, token);
-    }
-
-    /// The next resource released since the last call.
-    pub(crate) fn poll_notified(&mut self) -> Option<Bytes> {
-        self.channels.poll_notified()
+    /// The next thing the subscriber connections heard since the last
+    /// call.
+    pub(crate) fn poll_heard(&mut self) -> Option<Heard> {
+        self.subscriptions.poll_heard()
     }
 
     /// Encodes `requests` once and queues all of them on every connection,
@@ -514,7 +373,7 @@ impl Engine {
     /// subscriber connection only while someone waits).
     #[must_use]
     pub(crate) fn poll_connect(&self, i: usize, now: Instant) -> bool {
-        if i >= self.n && !self.channels.is_wanted() {
+        if i >= self.n && !self.subscriptions.is_wanted() {
             return false;
         }
         self.link(i).is_some_and(|c| c.poll_connect(now))
@@ -528,7 +387,7 @@ impl Engine {
         if let Some(s) = i.checked_sub(self.n)
             && let Some(conn) = self.subs.get_mut(s)
         {
-            self.channels.handle_link_up(s, conn, now);
+            self.subscriptions.handle_link_up(s, conn, now);
         }
     }
 
@@ -552,7 +411,7 @@ impl Engine {
     }
 
     /// Bytes read on link `i`: every complete reply is routed to its
-    /// round, or for a subscriber connection to the waiters' channels. A
+    /// round, or for a subscriber connection to its subscriptions. A
     /// malformed stream fails the connection.
     pub(crate) fn handle_input(&mut self, i: usize, bytes: &[u8], now: Instant) {
         if let Some(s) = i.checked_sub(self.n) {
@@ -613,7 +472,7 @@ impl Engine {
         conn.handle_input(bytes);
         loop {
             let pushed = conn.poll_push().and_then(|frame| match frame {
-                Some(reply) => self.channels.handle_push(s, reply).map(|()| true),
+                Some(reply) => self.subscriptions.handle_push(s, reply).map(|()| true),
                 None => Ok(false),
             });
             match pushed {
@@ -633,7 +492,7 @@ impl Engine {
         }
         match i.checked_sub(self.n) {
             None => self.fail_pending(i, &cause, now),
-            Some(s) => self.channels.handle_link_down(s),
+            Some(s) => self.subscriptions.handle_link_down(s),
         }
     }
 
@@ -664,7 +523,7 @@ impl Engine {
         }
         for s in 0..self.subs.len() {
             if self.subs[s].handle_timeout(now).is_some() {
-                self.channels.handle_link_down(s);
+                self.subscriptions.handle_link_down(s);
             }
         }
         self.metrics.observe_quarantine(&self.conns, now);
@@ -684,7 +543,7 @@ impl Engine {
     /// on next use instead).
     pub(crate) fn poll_timeout(&self) -> Option<Instant> {
         // Plain loops into one running minimum: every turn asks this.
-        let mut soonest = self.channels.next_sweep();
+        let mut soonest = None;
         let mut take = |at: Option<Instant>| {
             if let Some(at) = at
                 && soonest.is_none_or(|s| at < s)
@@ -700,7 +559,7 @@ impl Engine {
                 take(Some(entry.round.deadline()));
             }
         }
-        if self.channels.is_wanted() {
+        if self.subscriptions.is_wanted() {
             for sub in &self.subs {
                 take(sub.retry_at());
             }

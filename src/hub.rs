@@ -27,14 +27,14 @@ use bytes::Bytes;
 use crate::clock::Stamp;
 use crate::config::{Config, ConfigError, Retry};
 use crate::conn::{Keys, Op, Request};
-use crate::engine::{Engine, Wait};
+use crate::engine::{Engine, Heard, Wait};
 use crate::error::Error;
 use crate::job::{Acquire, Batch, Ctx, Extend, Job, Output, Release, SplitMix64, Step, release_op};
 use crate::keep::{Keeper, Shared as KeepShared};
 use crate::lock::Lock;
 use crate::metrics::{self, OpSpan};
-use crate::notify::{Cohort, Turn};
 use crate::token::TokenSource;
+use crate::wait::{Change, Cohort, Room, Turn};
 
 mod inline;
 mod kept;
@@ -139,7 +139,7 @@ struct Running<P> {
     /// Its timer in [`Hub::timers`]: older entries are stale.
     timer: u64,
     /// Its timer waits for another process to take its turn (see
-    /// [`Turn::Theirs`](crate::notify::Turn::Theirs)): a release that
+    /// [`Turn::Theirs`]): a release that
     /// makes it this client's turn wakes it at once.
     deferred: bool,
     /// Waiting for a round's outcome: nothing else may move it on.
@@ -195,6 +195,9 @@ pub(crate) struct Hub<P, L> {
     config: Config,
     names: Vec<Arc<str>>,
     engine: Engine,
+    /// What local waiters wait for, fed by the engine's subscriptions
+    /// (see [`pump`]).
+    room: Room,
     links: L,
     tokens: TokenSource,
     jitter: SplitMix64,
@@ -250,16 +253,18 @@ impl<P: Promise, L: Links> Hub<P, L> {
     pub(crate) fn new(
         config: Config,
         names: Vec<Arc<str>>,
-        mut engine: Engine,
+        engine: Engine,
         links: L,
         tokens: TokenSource,
         jitter: SplitMix64,
         now: Stamp,
     ) -> Hub<P, L> {
-        engine.know_own_tokens(tokens.prefix());
+        let mut room = Room::default();
+        room.know_own_tokens(tokens.prefix());
         Hub {
             names,
             engine,
+            room,
             links,
             tokens,
             jitter,
@@ -292,6 +297,19 @@ impl<P: Promise, L: Links> Hub<P, L> {
         &self.engine
     }
 
+    /// The waiting room, for a simulation's checkers to read.
+    #[cfg(any(test, feature = "test-knobs"))]
+    pub(crate) fn room(&self) -> &Room {
+        &self.room
+    }
+
+    /// When a subscription kept for a lock held here ends, unless the
+    /// lock is let go before (see [`Room::sweep`]): the loop wakes for it
+    /// even when idle.
+    pub(crate) fn next_sweep(&self) -> Option<Instant> {
+        self.room.next_sweep()
+    }
+
     /// The engine and the links, for the thread's I/O.
     pub(crate) fn io(&mut self) -> (&mut Engine, &mut L) {
         (&mut self.engine, &mut self.links)
@@ -320,6 +338,7 @@ impl<P: Promise, L: Links> Hub<P, L> {
     /// waits for room (see [`Hub::handle_timeout`]).
     pub(crate) fn handle_order(&mut self, submission: Submission<P>, now: Stamp) {
         self.stamp = now;
+        hear(&mut self.room, &mut self.engine);
         match submission.order {
             // Taking a lock to keep sends nothing by itself; its
             // extensions are admitted ahead of the orders (see `admit`),
@@ -355,6 +374,7 @@ impl<P: Promise, L: Links> Hub<P, L> {
     /// timer, a release or their turn, end now.
     pub(crate) fn handle_abandoned(&mut self, now: Stamp) {
         self.stamp = now;
+        hear(&mut self.room, &mut self.engine);
         self.wake_abandoned(now.mono);
     }
 
@@ -362,12 +382,14 @@ impl<P: Promise, L: Links> Hub<P, L> {
     /// moves on every job and kept lock whose moment has come.
     pub(crate) fn handle_timeout(&mut self, now: Stamp) {
         self.stamp = now;
+        hear(&mut self.room, &mut self.engine);
         let now = now.mono;
         self.admit(now);
         self.wake_sleepers(now);
         self.check_subscribing(now, self.closing_since.is_some());
         self.wake_waiters(now);
-        self.engine.sweep(now);
+        self.room.sweep(now);
+        pump(&mut self.room, &mut self.engine, now);
         self.fire_keep_timers(now);
         self.unpark(now);
         self.engine.flush_subscriptions(now);
@@ -377,6 +399,7 @@ impl<P: Promise, L: Links> Hub<P, L> {
     /// which moves on; then what waits for room is admitted.
     pub(crate) fn handle_completed(&mut self, now: Stamp) {
         self.stamp = now;
+        hear(&mut self.room, &mut self.engine);
         self.check_distinct();
         while let Some(id) = self.engine.poll_completed() {
             let Some(&(index, started)) = self.owners.get(id.index()) else {
@@ -427,6 +450,7 @@ impl<P: Promise, L: Links> Hub<P, L> {
                     self.engine.room_at(limit, self.stamp.mono)
                 })
                 .flatten(),
+            self.room.next_sweep(),
             self.timers.next(),
             self.subscribing.iter().map(|(_, at)| *at).min(),
             self.next_keep(),
@@ -442,6 +466,7 @@ impl<P: Promise, L: Links> Hub<P, L> {
     /// all, and hands its output to `completion`.
     pub(crate) fn handle_waiting_job(&mut self, job: Job, completion: P, span: OpSpan, now: Stamp) {
         self.stamp = now;
+        hear(&mut self.room, &mut self.engine);
         self.spawn_with(job, Waiter::Caller(completion), span, now.mono);
         self.engine.flush_subscriptions(now.mono);
     }
@@ -576,9 +601,9 @@ impl<P: Promise, L: Links> Hub<P, L> {
                 // Behind the local waiters already there, not racing them.
                 // Nor racing the process whose turn it is.
                 if job.resource().is_some_and(|r| {
-                    self.engine.head(r).is_some()
-                        || self.engine.held_here(r, now).is_some()
-                        || their_turn_since(&self.engine, &self.config, r, now).is_some()
+                    self.room.head(r).is_some()
+                        || self.room.held_here(r, now).is_some()
+                        || their_turn_since(&self.room, &self.config, r, now).is_some()
                 }) {
                     let _ = job.queue_first();
                 }
@@ -630,7 +655,8 @@ impl<P: Promise, L: Links> Hub<P, L> {
         };
         // The release goes as planned below: its resource is let go after.
         let resource = resource.clone();
-        let current = self.engine.is_current(&resource, release.token());
+        let current =
+            (self.room.get(&resource)).is_none_or(|w| w.marks.is_current(release.token()));
         let cohort = release.cohort(now);
         let within = self.is_within_budget(&resource, cohort, now);
         let planned = match self.handover_head(&resource) {
@@ -638,13 +664,15 @@ impl<P: Promise, L: Links> Hub<P, L> {
             // client's holding it now: its release frees nothing, and the
             // head's attempt behind it would go into that lock, refused.
             Some(head) if within && current && self.closing_since.is_none() => {
-                // Several callers here take this lock in turn.
-                self.engine.handle_company(&resource, true);
                 let next = Cohort {
                     row: cohort.row.saturating_add(1),
                     since: cohort.since,
                 };
-                self.engine.handle_handed_over(&resource, next);
+                if let Some(waited) = self.room.get_mut(&resource) {
+                    // Several callers here take this lock in turn.
+                    waited.row.handle_company(true);
+                    waited.row.handle_handed_over(next);
+                }
                 let release = release.unannounced();
                 (Job::Release(release), Some((head, next)))
             }
@@ -653,7 +681,7 @@ impl<P: Promise, L: Links> Hub<P, L> {
             // tend to try after them).
             _ if cohort.row > 0 && !within => {
                 if current {
-                    self.engine.handle_yield(&resource);
+                    self.room.handle_yield(&resource);
                 }
                 // Unless no master's message of it has reached them when
                 // it is done (subscriptions refused by an ACL or their
@@ -673,37 +701,38 @@ impl<P: Promise, L: Links> Hub<P, L> {
         // stays for that one's turn: a caller coming back waits for it
         // (see `their_turn_since`) and hears its release.
         if current {
-            let keep = their_turn_since(&self.engine, &self.config, &resource, now)
+            let keep = their_turn_since(&self.room, &self.config, &resource, now)
                 .map(|since| turn_over_at(&self.config, since));
-            self.engine.let_go(&resource, keep, now);
+            self.room.let_go(&resource, keep, now);
+            pump(&mut self.room, &mut self.engine, now);
         }
         planned
     }
 
     /// `release`, announced, names the process whose turn it is next
-    /// (see [`Engine::name_next`]).
+    /// (see [`Room::name_next`]).
     fn name_next(&mut self, release: Release, now: Instant) -> Release {
         let Some(resource) = release.resource() else {
             return release;
         };
-        let waiting_here = self.engine.head(resource).is_some();
-        let next = self
-            .engine
-            .name_next(resource, release.token(), waiting_here);
-        self.engine.handle_turn_began(resource, now);
+        let waiting_here = self.room.head(resource).is_some();
+        let next = self.room.name_next(resource, release.token(), waiting_here);
+        if let Some(waited) = self.room.get_mut(resource) {
+            waited.turns.handle_began(now);
+        }
         release.naming(next)
     }
 
     /// Whether a row of hand-overs of the lock on `resource` at `cohort`
     /// may go on at `now`: hand-overs on, the row short of
     /// [`Config::local_handover_window`], and, while other processes
-    /// compete for the lock (see [`Engine::is_contended`]), short of
+    /// compete for the lock (see [`Room::is_contended`]), short of
     /// [`Config::local_handovers`]. With nobody else heard since the last
     /// row ended, the window alone ends a row: its count would only make
     /// this client's own callers race, in vain, for their own lock.
     fn is_within_budget(&self, resource: &[u8], cohort: Cohort, now: Instant) -> bool {
         let handovers = self.config.local_handovers;
-        let counted = self.engine.is_contended(resource);
+        let counted = self.room.is_contended(resource);
         (handovers > 0
             && (!counted || cohort.row < handovers)
             && now.saturating_duration_since(cohort.since) < self.config.local_handover_window)
@@ -723,7 +752,7 @@ impl<P: Promise, L: Links> Hub<P, L> {
     /// release, is new and larger.
     fn handover_head(&self, resource: &[u8]) -> Option<usize> {
         let to_attempt = crate::knobs::injected(crate::knobs::Bug::HandoverToAttempt);
-        self.engine.head(resource).filter(|&head| {
+        self.room.head(resource).filter(|&head| {
             matches!(self.jobs.get(head), Some(Some(r))
                 if (r.job.is_between_attempts() || (to_attempt && r.in_round && r.job.is_attempting()))
                     && !r.blocked
@@ -814,6 +843,7 @@ impl<P: Promise, L: Links> Hub<P, L> {
         // Its give-up timer is the subscription's (or the wait's) now.
         self.timers.cancel(running);
         if wait_held_or_turn(
+            &self.room,
             &self.engine,
             &self.config,
             &mut self.jitter,
@@ -833,6 +863,7 @@ impl<P: Promise, L: Links> Hub<P, L> {
         loop {
             let Hub {
                 engine,
+                room,
                 links,
                 jobs,
                 config,
@@ -882,7 +913,8 @@ impl<P: Promise, L: Links> Hub<P, L> {
             // A waiter's attempt, refused, tells every process it waits,
             // unless this client knows itself seated in their turns.
             if let Some(resource) = &running.waits_for {
-                running.job.ask_notice(engine.needs_notice(resource));
+                let needs = room.get(resource).is_none_or(|w| w.turns.needs_notice());
+                running.job.ask_notice(needs);
             }
             match running.job.poll(&mut ctx, now) {
                 Step::Round {
@@ -891,11 +923,10 @@ impl<P: Promise, L: Links> Hub<P, L> {
                     wait,
                 } => {
                     links.prepare(engine, now);
-                    if let Some(epoch) = epoch_of(
-                        engine,
-                        running.waits_for.as_ref(),
-                        running.listening.as_ref(),
-                    ) {
+                    hear(room, engine);
+                    if let Some(epoch) =
+                        epoch_of(room, running.waits_for.as_ref(), running.listening.as_ref())
+                    {
                         running.tried_at = epoch;
                     }
                     let started = *stamp;
@@ -908,17 +939,16 @@ impl<P: Promise, L: Links> Hub<P, L> {
                     return;
                 }
                 Step::Send { requests, skip } => {
-                    if let Some(resource) = &running.waits_for {
-                        for request in requests {
-                            engine.handle_cleanup(resource, request.token);
-                        }
-                    }
-                    for key in running.listening.iter().flat_map(Keys::as_slice) {
-                        for request in requests {
-                            engine.handle_cleanup(key, request.token);
+                    let listening = running.listening.iter().flat_map(Keys::as_slice);
+                    for key in running.waits_for.iter().chain(listening) {
+                        if let Some(waited) = room.get_mut(key) {
+                            for request in requests {
+                                waited.queue.handle_cleanup(request.token);
+                            }
                         }
                     }
                     links.prepare(engine, now);
+                    hear(room, engine);
                     engine.send(requests, now, skip);
                 }
                 Step::Sleep(at) => {
@@ -928,10 +958,12 @@ impl<P: Promise, L: Links> Hub<P, L> {
                 Step::Subscribe(_) if multi.is_some() => {
                     if running.listening.is_none() {
                         for key in multi.iter().flat_map(Keys::as_slice) {
-                            engine.listen(key, index, now);
+                            room.listen(key, index);
+                            pump(room, engine, now);
                         }
                         running.listening = multi;
                         links.prepare(engine, now);
+                        hear(room, engine);
                     }
                     if is_listening(engine, running, now) {
                         // Already told of every release (subscribed, or
@@ -947,15 +979,17 @@ impl<P: Promise, L: Links> Hub<P, L> {
                 Step::Subscribe(resource) => {
                     let resource = resource.clone();
                     if running.waits_for.is_none() {
-                        engine.join(&resource, index, now);
+                        room.join(&resource, index);
+                        pump(room, engine, now);
                         running.waits_for = Some(resource.clone());
                         // Subscriber connections open now, so that the
                         // SUBSCRIBEs leave in this turn's write.
                         links.prepare(engine, now);
+                        hear(room, engine);
                     }
-                    if engine.head(&resource) == Some(index) {
+                    if room.head(&resource) == Some(index) {
                         if wait_held_or_turn(
-                            engine, ctx.config, ctx.jitter, running, &resource, now,
+                            room, engine, ctx.config, ctx.jitter, running, &resource, now,
                         ) {
                             continue;
                         }
@@ -980,18 +1014,15 @@ impl<P: Promise, L: Links> Hub<P, L> {
                     until,
                     backoff,
                 } => {
-                    let epoch = epoch_of(
-                        engine,
-                        running.waits_for.as_ref(),
-                        running.listening.as_ref(),
-                    )
-                    .unwrap_or_else(|| engine.epoch(resource));
+                    let epoch =
+                        epoch_of(room, running.waits_for.as_ref(), running.listening.as_ref())
+                            .unwrap_or_else(|| room.epoch(resource));
                     let (at, turn) = if backoff || epoch == running.tried_at {
                         running.awaiting = true;
                         (until, None)
                     } else {
                         // Released while the attempt was under way.
-                        let turn = engine.turn(resource);
+                        let turn = room.turn(resource);
                         let since = running.job.waiting_since();
                         (turn_at(jitter, config, turn, since, now), Some(turn))
                     };
@@ -1002,14 +1033,15 @@ impl<P: Promise, L: Links> Hub<P, L> {
                 Step::Done => {
                     running
                         .job
-                        .for_each_released(|key, token| engine.handle_released(key, token));
+                        .for_each_released(|key, token| room.handle_released(key, token));
                     if let Some((resource, token)) = running.job.yielded_release()
-                        && !engine.heard_release(resource, token)
+                        && !room.get(resource).is_some_and(|w| w.queue.heard(token))
                     {
-                        engine.handle_released(resource, token);
+                        room.handle_released(resource, token);
                     }
                     for key in running.listening.take().iter().flat_map(Keys::as_slice) {
-                        engine.unlisten(key, index, now);
+                        room.unlisten(key, index);
+                        pump(room, engine, now);
                     }
                     // Held here, whether its acquire waited or found the
                     // lock free: a new local acquire waits for its release
@@ -1019,19 +1051,25 @@ impl<P: Promise, L: Links> Hub<P, L> {
                         .job
                         .granted(*stamp)
                         .and_then(|(resource, until, token)| {
-                            engine.handle_granted(resource, until, token)
+                            room.handle_granted(resource, until, token)
                         });
                     if let Some(row) = row {
                         running.job.go_on_with(row);
                     }
                     // Extended (or shortened, the extend failing): held
                     // here that long, no longer than the keys allow.
-                    if let Some((resource, until, token)) = running.job.extended(*stamp) {
-                        engine.handle_extended(resource, until, token);
+                    if let Some((resource, until, token)) = running.job.extended(*stamp)
+                        && let Some(waited) = room.get_mut(resource)
+                    {
+                        waited.marks.handle_extended(until, token);
                     }
                     let waited_for = running.waits_for.take();
                     let promoted = match &waited_for {
-                        Some(resource) => engine.leave(resource, index, now),
+                        Some(resource) => {
+                            let head = room.leave(resource, index);
+                            pump(room, engine, now);
+                            head
+                        }
                         None => None,
                     };
                     let output = running.job.take_output(now);
@@ -1155,14 +1193,42 @@ fn place<T>(table: &mut Vec<Option<T>>, free: &mut Vec<usize>, item: Option<T>) 
     }
 }
 
+/// Moves the waiting room's asks (subscribe, unsubscribe) to the
+/// engine's subscriptions, each followed by what they heard ([`hear`]),
+/// until neither has more: the room then reads as if each change and each
+/// message had reached it as it was made or read.
+fn pump(room: &mut Room, engine: &mut Engine, now: Instant) {
+    loop {
+        hear(room, engine);
+        match room.poll_change() {
+            Some(Change::Subscribe(resource)) => engine.subscribe(&resource, now),
+            Some(Change::Unsubscribe(resource)) => engine.unsubscribe(&resource, now),
+            None => return,
+        }
+    }
+}
+
+/// Moves what the engine's subscriber connections heard into the waiting
+/// room: called at each door before the room is read, and after anything
+/// that may have dropped a subscriber connection (opening connections).
+fn hear(room: &mut Room, engine: &mut Engine) {
+    while let Some(heard) = engine.poll_heard() {
+        match heard {
+            Heard::Message { resource, payload } => room.handle_message(&resource, &payload),
+            Heard::Renewed(resource) => room.handle_renewed(&resource),
+            Heard::Forgotten(resource) => room.handle_forgotten(&resource),
+        }
+    }
+}
+
 /// The releases seen of what `running` waits for: its queue's resource,
 /// or the sum over the resources it listens to; none when it waits for
 /// none.
-fn epoch_of(engine: &Engine, waits_for: Option<&Bytes>, listening: Option<&Keys>) -> Option<u64> {
+fn epoch_of(room: &Room, waits_for: Option<&Bytes>, listening: Option<&Keys>) -> Option<u64> {
     if let Some(keys) = listening {
-        return Some(keys.as_slice().iter().map(|k| engine.epoch(k)).sum());
+        return Some(keys.as_slice().iter().map(|k| room.epoch(k)).sum());
     }
-    waits_for.map(|r| engine.epoch(r))
+    waits_for.map(|r| room.epoch(r))
 }
 
 /// Whether a waiting job is told of every release it waits for: the one
@@ -1187,6 +1253,7 @@ fn is_listening<P>(engine: &Engine, running: &Running<P>, now: Instant) -> bool 
 /// (see [`their_turn_since`] and [`Job::handle_turn`]). Returns whether
 /// it waits.
 fn wait_held_or_turn<P>(
+    room: &Room,
     engine: &Engine,
     config: &Config,
     jitter: &mut SplitMix64,
@@ -1194,11 +1261,11 @@ fn wait_held_or_turn<P>(
     resource: &[u8],
     now: Instant,
 ) -> bool {
-    let waits = match engine.held_here(resource, now) {
+    let waits = match room.held_here(resource, now) {
         Some(until) => engine.is_listening(resource, now) && running.job.handle_held_here(until),
         None => {
             // Listening or not: the wait is short, and ends with a try.
-            their_turn_since(engine, config, resource, now).is_some_and(|since| {
+            their_turn_since(room, config, resource, now).is_some_and(|since| {
                 // When the waiters its release woke here try.
                 let at = turn_at(jitter, config, Turn::Theirs, None, since);
                 running.job.handle_turn(at.max(now))
@@ -1206,7 +1273,7 @@ fn wait_held_or_turn<P>(
         }
     };
     if waits {
-        running.tried_at = engine.epoch(resource);
+        running.tried_at = room.epoch(resource);
     }
     waits
 }
@@ -1220,13 +1287,12 @@ fn wait_held_or_turn<P>(
 /// lock after 28% of the releases that named another process (4 x 2
 /// processes and threads, hold 0, read off a master's MONITOR).
 fn their_turn_since(
-    engine: &Engine,
+    room: &Room,
     config: &Config,
     resource: &[u8],
     now: Instant,
 ) -> Option<Instant> {
-    engine
-        .theirs_since(resource)
+    room.theirs_since(resource)
         .filter(|&since| turn_over_at(config, since) > now)
 }
 

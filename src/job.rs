@@ -26,10 +26,10 @@ use crate::engine::Wait;
 use crate::error::{Error, Failure, MasterVote};
 use crate::lock::Lock;
 use crate::metrics;
-use crate::notify::Cohort;
 use crate::quorum::{Decision, FencePlan, Loss, Round, Vote, plan_fence};
 use crate::script::FENCE_STATE_KEY;
 use crate::token::{Token, TokenSource};
+use crate::wait::Cohort;
 
 /// What a job needs from the client it runs on, borrowed per call.
 #[derive(Debug)]
@@ -337,7 +337,7 @@ impl Job {
     /// A finished acquire's lock goes on with `row`: the row of hand-overs
     /// this client's last unannounced release handed on, no lock taken
     /// here since (see
-    /// [`Channels::handle_granted`](crate::notify::Channels::handle_granted)),
+    /// [`Room::handle_granted`](crate::wait::Room::handle_granted)),
     /// unless it carries the row its waiter was handed already.
     pub(crate) fn go_on_with(&mut self, row: Cohort) {
         if let Job::Acquire(job) = self
@@ -1292,7 +1292,7 @@ impl Release {
     }
 
     /// The release names process `next` (see
-    /// [`notify::process_id`](crate::notify::process_id)) to try for the
+    /// [`wait::process_id`](crate::wait::process_id)) to try for the
     /// lock next, in its message to every process; 0 names none.
     pub(crate) fn naming(mut self, next: i64) -> Release {
         if self.request.op == Op::Release {

@@ -21,15 +21,18 @@
 //! before it: one acquire goes from the bytes on the wire up to the API:
 //!
 //! `hash -> resp -> script -> token -> clock -> addr -> conn -> quorum ->
-//! resolve -> config -> error -> metrics -> notify -> engine -> tls -> driver
+//! resolve -> config -> error -> metrics -> wait -> engine -> tls -> driver
 //! -> lock -> job -> keep -> hub -> client -> shared -> watchdog`
 //!
 //! `hash` is a fixed, fast hasher for tables keyed by the application's own
 //! names; `resp` encodes commands and parses replies; `conn` is one master's
 //! connection state; `quorum` one round's votes and validity arithmetic;
 //! `metrics` records what the modules after it decide, from plain data
-//! (features `metrics` and `tracing`); `notify` is the waiters' release
-//! channels; `engine` owns the N connections and every round in flight;
+//! (features `metrics` and `tracing`); `wait` is the hub's waiting room
+//! (each resource's queue of local waiters, the marks of a lock held
+//! here, the rows of hand-overs, the turns across processes), fed by
+//! the engine's subscriptions; `engine` owns the N connections (and
+//! their subscriptions to releases) and every round in flight;
 //! `driver` is the one module that touches mio; `lock` is the held lock as
 //! a value; `job` is each operation (retries, cleanup, fencing) as a state
 //! machine; `keep` is the policy that keeps locks alive; `hub` is
@@ -104,7 +107,7 @@ mod error;
 
 mod metrics;
 
-mod notify;
+mod wait;
 
 mod engine;
 

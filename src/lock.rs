@@ -9,8 +9,8 @@ use bytes::Bytes;
 
 use crate::clock::{Expiry, Stamp};
 use crate::conn::Keys;
-use crate::notify::Cohort;
 use crate::token::Token;
+use crate::wait::Cohort;
 
 /// A held lock: its resource, token and validity.
 ///

@@ -1100,8 +1100,8 @@ impl EventLoop {
         driver.send(engine);
         let idle = self.hub.is_idle();
         // Idle, the loop still wakes for a kept lock's extend and to end a
-        // subscription kept for a lock held here (see `Channels::sweep`).
-        let next_keep = match (self.hub.next_keep(), self.hub.engine().next_sweep()) {
+        // subscription kept for a lock held here (see `Room::sweep`).
+        let next_keep = match (self.hub.next_keep(), self.hub.next_sweep()) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use crate::addr::ServerAddr;
 use crate::conn::{Cause, Keys, Op, Request, Timing};
-use crate::engine::{Engine, RoundId, Wait};
+use crate::engine::{Engine, Heard, RoundId, Wait};
 use crate::quorum::{Decision, Loss, Round, Validity, Vote};
 use crate::resp::{self, Limits, Reply};
 use crate::script::Scripts;
@@ -1719,13 +1719,14 @@ fn a_subscriber_connection_to_a_master_that_stops_answering_is_dropped_at_the_st
     let stall = timing().stall;
     let mut sim = Sim::subscribing(3, timing());
     let (r0, r1) = (Bytes::from_static(b"r0"), Bytes::from_static(b"r1"));
-    sim.engine.join(&r0, 0, sim.now);
+    sim.engine.subscribe(&r0, sim.now);
     sim.pump_subs();
-    let confirmed = |sim: &Sim, r: &Bytes| sim.engine.channels.confirmed(&sim.engine.subs, r);
+    let confirmed =
+        |sim: &Sim, r: &Bytes| (sim.engine.subscriptions).confirmed(&sim.engine.subs, r);
     assert_eq!(confirmed(&sim, &r0), [0, 1, 2]);
     sim.pubsubs[2].stopped = true;
     let stopped = sim.now;
-    sim.engine.join(&r1, 1, sim.now);
+    sim.engine.subscribe(&r1, sim.now);
     sim.pump_subs();
     assert_eq!(confirmed(&sim, &r1), [0, 1]);
     assert!(
@@ -1761,23 +1762,22 @@ fn a_subscriber_connection_to_a_master_that_stops_answering_is_dropped_at_the_st
     }
     assert_eq!(confirmed(&sim, &r0), [0, 1]);
     assert_eq!(confirmed(&sim, &r1), [0, 1]);
-    // It answers again: the subscriptions it confirms are renewed ones.
-    let epochs = (sim.engine.epoch(&r0), sim.engine.epoch(&r1));
-    while sim.engine.poll_notified().is_some() {}
+    // It answers again: the subscriptions it confirms are renewed ones,
+    // each heard as such once (a release may have been missed).
+    while sim.engine.poll_heard().is_some() {}
     sim.pubsubs[2].resume();
     sim.pump_subs();
     assert_eq!(confirmed(&sim, &r0), [0, 1, 2]);
     assert_eq!(confirmed(&sim, &r1), [0, 1, 2]);
-    assert_eq!(
-        (sim.engine.epoch(&r0), sim.engine.epoch(&r1)),
-        (epochs.0 + 1, epochs.1 + 1)
-    );
-    let mut notified = Vec::new();
-    while let Some(r) = sim.engine.poll_notified() {
-        notified.push(r);
+    let mut renewed = Vec::new();
+    while let Some(heard) = sim.engine.poll_heard() {
+        match heard {
+            Heard::Renewed(r) => renewed.push(r),
+            other => panic!("heard {other:?}"),
+        }
     }
-    notified.sort();
-    assert_eq!(notified, [r0, r1]);
+    renewed.sort();
+    assert_eq!(renewed, [r0, r1]);
 }
 
 /// Issue 39: a burst of waiters on more resources than a subscriber
@@ -1793,14 +1793,14 @@ fn a_burst_of_subscriptions_past_the_bound_waits_for_room_and_drops_nothing() {
     };
     let mut sim = Sim::subscribing(3, small);
     let first = Bytes::from_static(b"first");
-    sim.engine.join(&first, 0, sim.now);
+    sim.engine.subscribe(&first, sim.now);
     sim.pump_subs();
     assert!(sim.engine.is_listening(&first, sim.now));
     let burst: Vec<Bytes> = (0..200)
         .map(|k| Bytes::from(format!("burst:{k}")))
         .collect();
-    for (waiter, resource) in burst.iter().enumerate() {
-        sim.engine.join(resource, waiter + 1, sim.now);
+    for resource in &burst {
+        sim.engine.subscribe(resource, sim.now);
     }
     for link in 3..6 {
         let held = sim.engine.link(link).unwrap().in_flight();
@@ -1815,7 +1815,7 @@ fn a_burst_of_subscriptions_past_the_bound_waits_for_room_and_drops_nothing() {
     for resource in &burst {
         assert!(sim.engine.is_listening(resource, sim.now), "{resource:?}");
         assert_eq!(
-            sim.engine.channels.confirmed(&sim.engine.subs, resource),
+            (sim.engine.subscriptions).confirmed(&sim.engine.subs, resource),
             [0, 1, 2]
         );
     }
@@ -1842,7 +1842,7 @@ fn a_stopped_subscriber_master_costs_bounded_memory_however_many_resources_come_
     };
     let mut sim = Sim::subscribing(3, small);
     let r0 = Bytes::from_static(b"r0");
-    sim.engine.join(&r0, 0, sim.now);
+    sim.engine.subscribe(&r0, sim.now);
     sim.pump_subs();
     let link = 3 + 2;
     let fresh = sim.engine.link(link).unwrap().buffer_capacity();
@@ -1856,11 +1856,13 @@ fn a_stopped_subscriber_master_costs_bounded_memory_however_many_resources_come_
     let most_bytes = fresh + small.max_in_flight * (512 + 64);
     for k in 0..5_000 {
         let r = Bytes::from(format!("resource:{k:08}"));
-        sim.engine.join(&r, 1, sim.now);
+        sim.engine.subscribe(&r, sim.now);
         sim.pump_subs();
-        sim.engine.leave(&r, 1, sim.now);
+        sim.engine.unsubscribe(&r, sim.now);
         sim.pump_subs();
-        let channels = sim.engine.channels.len();
+        // Read as the hub reads them, every turn.
+        while sim.engine.poll_heard().is_some() {}
+        let channels = sim.engine.subscriptions.len();
         let bytes = sim.engine.link(link).unwrap().buffer_capacity();
         assert!(
             channels <= most_channels,
@@ -1875,10 +1877,13 @@ fn a_stopped_subscriber_master_costs_bounded_memory_however_many_resources_come_
     assert_eq!(sim.pubsubs[2].connected_at.len(), 1, "dropped");
     // The live masters confirm a new waiter's subscription.
     let r = Bytes::from_static(b"last");
-    sim.engine.join(&r, 2, sim.now);
+    sim.engine.subscribe(&r, sim.now);
     sim.pump_subs();
     assert!(sim.engine.is_listening(&r, sim.now));
-    assert_eq!(sim.engine.channels.confirmed(&sim.engine.subs, &r), [0, 1]);
+    assert_eq!(
+        (sim.engine.subscriptions).confirmed(&sim.engine.subs, &r),
+        [0, 1]
+    );
 }
 
 /// A bulk reply of `text`, for a test that builds it at run time.

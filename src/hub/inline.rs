@@ -49,12 +49,13 @@ impl<P: Promise, L: Drive> Hub<P, L> {
     /// [`SharedRedlock`](crate::SharedRedlock) call when it is alone.
     pub(crate) fn run_inline(&mut self, mut job: Job) -> Ran {
         let span = job.span();
+        super::hear(&mut self.room, &mut self.engine);
         // Another process's turn at the lock under way: the job waits for
         // it as a queued waiter, not try ahead of that process. The clock
         // is read only when a turn is known.
         if job
             .resource()
-            .and_then(|r| self.engine.theirs_since(r))
+            .and_then(|r| self.room.theirs_since(r))
             .is_some_and(|since| super::turn_over_at(&self.config, since) > self.links.now().mono)
         {
             let _ = job.queue_first();

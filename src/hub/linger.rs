@@ -38,7 +38,7 @@ impl<P: Promise, L: Links> Hub<P, L> {
             return None;
         }
         let resource = release.resource()?;
-        (self.engine.has_company(resource)
+        (self.room.get(resource).is_some_and(|w| w.row.has_company())
             && self.is_within_budget(resource, release.cohort(now), now)
             && self.handover_head(resource).is_none())
         .then(|| resource.clone())
@@ -78,8 +78,8 @@ impl<P: Promise, L: Links> Hub<P, L> {
                 resource,
                 ..
             } = self.parked.swap_remove(i);
-            if !came {
-                self.engine.handle_company(&resource, false);
+            if !came && let Some(waited) = self.room.get_mut(&resource) {
+                waited.row.handle_company(false);
             }
             self.launch(release, Waiter::Caller(completion), now);
         }

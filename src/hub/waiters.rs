@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use super::{Hub, Links, Promise, Running};
 use crate::config::Config;
 use crate::job::SplitMix64;
-use crate::notify::Turn;
+use crate::wait::Turn;
 
 /// When a waiter woken by a release at `now` tries: after a random delay
 /// within [`Config::wake_spread`], so that the waiters of several
@@ -185,15 +185,20 @@ impl<P: Promise, L: Links> Hub<P, L> {
     /// queue, if it waits for one (one waiting in an attempt compares
     /// epochs when the attempt ends).
     pub(super) fn wake_waiters(&mut self, now: Instant) {
-        while let Some(resource) = self.engine.poll_notified() {
-            self.engine.handle_turn_began(&resource, now);
-            if let Some(head) = self.engine.head(&resource) {
-                let turn = self.engine.turn(&resource);
+        while let Some(resource) = self.room.poll_notified() {
+            let Some(waited) = self.room.get_mut(&resource) else {
+                continue;
+            };
+            waited.turns.handle_began(now);
+            if let Some(head) = self.room.head(&resource) {
+                let turn = self.room.turn(&resource);
                 self.wake(head, turn, now);
             }
             // Every multi-resource waiter listening to it: none is a head.
             let mut i = 0;
-            while let Some(&listener) = self.engine.listeners(&resource).get(i) {
+            while let Some(&listener) =
+                (self.room.get(&resource)).and_then(|w| w.queue.listeners().get(i))
+            {
                 self.wake(listener, Turn::Open, now);
                 i += 1;
             }

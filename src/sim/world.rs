@@ -1667,11 +1667,11 @@ impl World {
         // A yield (the hub's flag cleared): whether other processes
         // compete is told by their releases from now on.
         // (Read again only when the hub's flags may have moved.)
-        let epoch = hub.engine().contention_epoch();
+        let epoch = hub.room().contention_epoch();
         if self.hub_epochs[client] != Some(epoch) {
             self.hub_epochs[client] = Some(epoch);
             for (r, resource) in RESOURCES.iter().enumerate().take(self.resources) {
-                let now_contended = hub.engine().is_contended(resource.as_bytes());
+                let now_contended = hub.room().is_contended(resource.as_bytes());
                 if self.hub_contended[client][r] && !now_contended {
                     self.contended[client][r] = false;
                 }
@@ -3407,7 +3407,7 @@ mod tests {
     ///   current lock's (another client's message had cleared the mark
     ///   of the lock held here, which told them apart), so it ended a row
     ///   it was not part of and cleared the contention flag of the row
-    ///   under way (fails with `Channels::is_current` reading the held-here
+    ///   under way (fails with `Marks::is_current` reading the held-here
     ///   mark rather than the latest grant);
     /// - 687,841: a local waiter left waiting 663 ms past its bound, a
     ///   client bug: its client's release ended a row of hand-overs (a
@@ -3441,7 +3441,7 @@ mod tests {
     /// - 358,695: a local waiter that waited 846 ms for a free lock, a client
     ///   bug: the client took a lock of its own, shortened by an extend to
     ///   81 ms and lapsed, to be held here for the 1,465 ms it was taken
-    ///   with (fails without `Channels::handle_extended`);
+    ///   with (fails without `Marks::handle_extended`);
     /// - 352,604: a row counted as contended after the hub's yield, whose
     ///   announced release reached no master (every connection down); the
     ///   world took contention as ended only once such a release reached

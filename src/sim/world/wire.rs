@@ -7,13 +7,13 @@ use std::sync::OnceLock;
 
 use bytes::BytesMut;
 
-use crate::notify::Message;
 use crate::resp::{Limits, Reply, format_i64};
 use crate::script::{
     ACQUIRE_FENCED_SOURCE, ACQUIRE_MANY_SOURCE, ACQUIRE_WAIT_SOURCE, CLEANUP_MANY_SOURCE,
     CLEANUP_SOURCE, RELEASE_CHANNEL_PREFIX, RELEASE_MANY_SOURCE, RELEASE_SOURCE, Script,
 };
 use crate::sim::model::Frame;
+use crate::wait::Message;
 
 /// The most arguments [`read_command`] reads a command with; a longer
 /// one is left to the general decoder.
