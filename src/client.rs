@@ -34,6 +34,7 @@ use crate::hub::{Drive, Hub, Links, Promise, Ran};
 use crate::job::{Acquire, Batch, Extend, Job, Output, Release, SplitMix64};
 use crate::lock::Lock;
 use crate::quorum::quorum;
+use crate::resource::ResourceName;
 use crate::script::Scripts;
 use crate::token::TokenSource;
 /// A lock that releases itself when dropped. It borrows its client, so the
@@ -355,7 +356,7 @@ impl Redlock {
     /// [`Error::Config`] for a TTL under 1 ms or over [`MAX_TTL_MS`](crate::MAX_TTL_MS).
     pub fn try_acquire(
         &mut self,
-        resource: impl Into<Bytes>,
+        resource: impl ResourceName,
         ttl: Duration,
     ) -> Result<Lock, Error> {
         self.acquire_with(resource, ttl, &Retry::once())
@@ -365,7 +366,7 @@ impl Redlock {
     ///
     /// # Errors
     /// As [`Redlock::try_acquire`], for the last attempt.
-    pub fn acquire(&mut self, resource: impl Into<Bytes>, ttl: Duration) -> Result<Lock, Error> {
+    pub fn acquire(&mut self, resource: impl ResourceName, ttl: Duration) -> Result<Lock, Error> {
         let retry = self.config().retry;
         self.acquire_with(resource, ttl, &retry)
     }
@@ -377,7 +378,7 @@ impl Redlock {
     /// As [`Redlock::acquire`].
     pub fn lock(
         &mut self,
-        resource: impl Into<Bytes>,
+        resource: impl ResourceName,
         ttl: Duration,
     ) -> Result<LockGuard<'_>, Error> {
         let lock = self.acquire(resource, ttl)?;
@@ -393,11 +394,25 @@ impl Redlock {
     /// As [`Redlock::try_acquire`], for the last attempt.
     pub fn acquire_with(
         &mut self,
-        resource: impl Into<Bytes>,
+        resource: impl ResourceName,
         ttl: Duration,
         retry: &Retry,
     ) -> Result<Lock, Error> {
-        self.acquire_keys(Keys::One(resource.into()), Op::Acquire, ttl, retry)
+        self.acquire_keys(Keys::One(resource.into_name()), Op::Acquire, ttl, retry)
+    }
+
+    /// A fenced lock, retrying as [`Config::retry`] says; see
+    /// [`Redlock::try_acquire_fenced`].
+    ///
+    /// # Errors
+    /// As [`Redlock::try_acquire_fenced`], for the last attempt.
+    pub fn acquire_fenced(
+        &mut self,
+        resource: impl ResourceName,
+        ttl: Duration,
+    ) -> Result<Lock, Error> {
+        let retry = self.config().retry;
+        self.acquire_fenced_with(resource, ttl, &retry)
     }
 
     /// One attempt to acquire `resource` with a fencing token
@@ -432,7 +447,7 @@ impl Redlock {
     /// on too many masters. The keys are released in every case.
     pub fn try_acquire_fenced(
         &mut self,
-        resource: impl Into<Bytes>,
+        resource: impl ResourceName,
         ttl: Duration,
     ) -> Result<Lock, Error> {
         self.acquire_fenced_with(resource, ttl, &Retry::once())
@@ -444,11 +459,16 @@ impl Redlock {
     /// As [`Redlock::try_acquire_fenced`], for the last attempt.
     pub fn acquire_fenced_with(
         &mut self,
-        resource: impl Into<Bytes>,
+        resource: impl ResourceName,
         ttl: Duration,
         retry: &Retry,
     ) -> Result<Lock, Error> {
-        self.acquire_keys(Keys::One(resource.into()), Op::AcquireFenced, ttl, retry)
+        self.acquire_keys(
+            Keys::One(resource.into_name()),
+            Op::AcquireFenced,
+            ttl,
+            retry,
+        )
     }
 
     /// One attempt to lock every one of `resources` together, all or
@@ -464,7 +484,7 @@ impl Redlock {
     pub fn try_acquire_many<I>(&mut self, resources: I, ttl: Duration) -> Result<Lock, Error>
     where
         I: IntoIterator,
-        I::Item: Into<Bytes>,
+        I::Item: ResourceName,
     {
         self.acquire_many_with(resources, ttl, &Retry::once())
     }
@@ -481,9 +501,9 @@ impl Redlock {
     ) -> Result<Lock, Error>
     where
         I: IntoIterator,
-        I::Item: Into<Bytes>,
+        I::Item: ResourceName,
     {
-        let keys: Arc<[Bytes]> = resources.into_iter().map(Into::into).collect();
+        let keys: Arc<[Bytes]> = resources.into_iter().map(ResourceName::into_name).collect();
         if keys.is_empty() {
             return Err(ConfigError::NoResources.into());
         }
@@ -529,7 +549,7 @@ impl Redlock {
     ) -> Result<Vec<Result<Lock, Error>>, Error>
     where
         I: IntoIterator,
-        I::Item: Into<Bytes>,
+        I::Item: ResourceName,
     {
         self.check_servers()?;
         let requests = self.hub.take_spare();

@@ -463,6 +463,9 @@ pub enum ConfigError {
     TtlTooLarge,
     /// A multi-resource lock over no resource.
     NoResources,
+    /// A resource name is empty: a key of no bytes names nothing a
+    /// reader of the masters could tell apart.
+    EmptyResource,
     /// A watchdog's extension period, as a fraction of the TTL, outside
     /// `(0, 1)`.
     ExtensionFraction,
@@ -513,6 +516,7 @@ impl fmt::Display for ConfigError {
             ConfigError::NoResources => {
                 f.write_str("a multi-resource lock needs at least one resource")
             }
+            ConfigError::EmptyResource => f.write_str("a resource name is empty"),
             ConfigError::ExtensionFraction => f.write_str(
                 "the watchdog's extension period must be a fraction of the TTL in (0, 1)",
             ),

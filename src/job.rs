@@ -20,13 +20,14 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use crate::clock::{Expiry, Stamp};
-use crate::config::{Config, Retry};
+use crate::config::{Config, ConfigError, Retry};
 use crate::conn::{Keys, Op, Request};
 use crate::engine::Wait;
 use crate::error::{Error, Failure, MasterVote};
 use crate::lock::Lock;
 use crate::metrics;
 use crate::quorum::{Decision, FencePlan, Loss, Round, Vote, plan_fence};
+use crate::resource::ResourceName;
 use crate::script::FENCE_STATE_KEY;
 use crate::token::{Token, TokenSource};
 use crate::wait::Cohort;
@@ -636,6 +637,7 @@ impl Acquire {
     ) -> Result<Acquire, Error> {
         let ttl = ctx.config.checked_ttl(ttl)?;
         retry.check()?;
+        checked_names(keys.as_slice())?;
         // A fenced acquire's requests also name the fence key and the
         // master's fencing state; its lock, like its release, names the
         // lock key alone.
@@ -1358,14 +1360,16 @@ impl Batch {
     ) -> Result<Batch, Error>
     where
         I: IntoIterator,
-        I::Item: Into<Bytes>,
+        I::Item: ResourceName,
     {
         let ttl = ctx.config.checked_ttl(ttl)?;
         requests.clear();
         for resource in resources {
+            let name = resource.into_name();
+            checked_names(std::slice::from_ref(&name))?;
             requests.push(Request {
                 op: Op::Acquire,
-                keys: Keys::One(resource.into()),
+                keys: Keys::One(name),
                 token: ctx.tokens.next_token(),
                 arg: millis(ttl),
                 notice: false,
@@ -1625,6 +1629,14 @@ fn refused_masters(votes: &[Vote]) -> u64 {
         .enumerate()
         .filter(|(_, vote)| skips(vote))
         .fold(0, |skip, (i, _)| skip | 1 << i)
+}
+
+/// Refuses an empty resource name before anything is sent.
+fn checked_names(names: &[Bytes]) -> Result<(), Error> {
+    if names.iter().any(Bytes::is_empty) {
+        return Err(ConfigError::EmptyResource.into());
+    }
+    Ok(())
 }
 
 /// The quiet cleanup (no publish) of an attempt at `keys` that found the

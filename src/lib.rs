@@ -83,6 +83,8 @@ pub mod script;
 
 mod token;
 
+mod resource;
+
 mod clock;
 
 // Bugs put in on purpose for the simulator's checkers (`test-knobs`).
@@ -145,7 +147,8 @@ pub use lock::Lock;
 pub use native::Capabilities;
 pub use quorum::Vote;
 pub use resolve::Resolver;
-pub use shared::{Pending, SharedRedlock};
+pub use resource::ResourceName;
+pub use shared::{Pending, SharedLockGuard, SharedRedlock};
 pub use token::{TOKEN_MAX_LEN, Token, TokenError};
 pub use watchdog::{LostFuture, Watchdog};
 

@@ -9,6 +9,7 @@ use bytes::Bytes;
 
 use crate::clock::{Expiry, Stamp};
 use crate::conn::Keys;
+use crate::resource::ResourceName;
 use crate::token::Token;
 use crate::wait::Cohort;
 
@@ -109,9 +110,9 @@ impl Lock {
     /// reports it lost if that first extension fails.
     ///
     /// [`KeepOptions::ttl`]: crate::KeepOptions::ttl
-    pub fn from_parts(resource: impl Into<Bytes>, token: Token) -> Lock {
+    pub fn from_parts(resource: impl ResourceName, token: Token) -> Lock {
         Lock {
-            keys: Keys::One(resource.into()),
+            keys: Keys::One(resource.into_name()),
             token,
             ttl: Duration::ZERO,
             expiry: Expiry::at(Stamp::now()),

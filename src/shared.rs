@@ -50,6 +50,7 @@ use crate::job::{Extend, Output};
 use crate::keep::{Keeper, Shared as KeepShared};
 use crate::lock::Lock;
 use crate::quorum::quorum;
+use crate::resource::ResourceName;
 
 /// A thread-safe Redlock client: one event loop thread owns the
 /// connections to the N masters, and every clone of the handle, on any
@@ -88,6 +89,88 @@ use crate::quorum::quorum;
 #[derive(Debug, Clone)]
 pub struct SharedRedlock {
     handle: Arc<Handle>,
+}
+
+/// A lock of a [`SharedRedlock`] that releases itself when dropped (see
+/// [`SharedRedlock::lock`]). It owns a handle of its client, so it can
+/// move across threads and tasks; dropped, it hands the release to the
+/// event loop without waiting for it (the keys are deleted where the
+/// release runs and expire by their TTL elsewhere).
+#[must_use = "dropping the guard releases the lock at once"]
+#[derive(Debug)]
+pub struct SharedLockGuard {
+    client: SharedRedlock,
+    lock: Option<Lock>,
+}
+
+impl SharedLockGuard {
+    /// Releases now and reports the outcome, which dropping cannot.
+    ///
+    /// # Errors
+    /// As [`SharedRedlock::release`].
+    pub fn release(mut self) -> Result<(), Error> {
+        match self.lock.take() {
+            Some(lock) => self.client.release(&lock),
+            None => Ok(()),
+        }
+    }
+
+    /// [`SharedLockGuard::release`] as a future.
+    ///
+    /// # Errors
+    /// As [`SharedRedlock::release`].
+    pub async fn release_async(mut self) -> Result<(), Error> {
+        match self.lock.take() {
+            Some(lock) => self.client.release_async(&lock).await,
+            None => Ok(()),
+        }
+    }
+
+    /// Extends the lock; see [`SharedRedlock::extend`].
+    ///
+    /// # Errors
+    /// As [`SharedRedlock::extend`].
+    pub fn extend(&mut self, ttl: Duration) -> Result<(), Error> {
+        match self.lock.as_mut() {
+            Some(lock) => self.client.extend(lock, ttl),
+            None => Ok(()),
+        }
+    }
+
+    /// [`SharedLockGuard::extend`] as a future.
+    ///
+    /// # Errors
+    /// As [`SharedRedlock::extend`].
+    pub async fn extend_async(&mut self, ttl: Duration) -> Result<(), Error> {
+        match self.lock.as_mut() {
+            Some(lock) => self.client.extend_async(lock, ttl).await,
+            None => Ok(()),
+        }
+    }
+
+    /// Stops guarding: the lock is returned and no longer released on drop.
+    pub fn into_lock(mut self) -> Option<Lock> {
+        self.lock.take()
+    }
+}
+
+impl std::ops::Deref for SharedLockGuard {
+    type Target = Lock;
+    fn deref(&self) -> &Lock {
+        // `lock` is only taken by methods that consume the guard.
+        self.lock
+            .as_ref()
+            .unwrap_or_else(|| unreachable!("guard without lock"))
+    }
+}
+
+impl Drop for SharedLockGuard {
+    fn drop(&mut self) {
+        if let Some(lock) = self.lock.take() {
+            // Runs on the loop to its decision, waited for or not.
+            drop(self.client.release_async(&lock));
+        }
+    }
 }
 
 /// Dropped with the last [`SharedRedlock`]: stops the loop.
@@ -418,7 +501,7 @@ impl SharedRedlock {
     ///
     /// # Errors
     /// As [`Redlock::try_acquire`](crate::Redlock::try_acquire).
-    pub fn try_acquire(&self, resource: impl Into<Bytes>, ttl: Duration) -> Result<Lock, Error> {
+    pub fn try_acquire(&self, resource: impl ResourceName, ttl: Duration) -> Result<Lock, Error> {
         self.acquire_with(resource, ttl, &Retry::once())
     }
 
@@ -426,7 +509,7 @@ impl SharedRedlock {
     ///
     /// # Errors
     /// As [`Redlock::acquire`](crate::Redlock::acquire).
-    pub fn acquire(&self, resource: impl Into<Bytes>, ttl: Duration) -> Result<Lock, Error> {
+    pub fn acquire(&self, resource: impl ResourceName, ttl: Duration) -> Result<Lock, Error> {
         let retry = self.handle.config.retry;
         self.acquire_with(resource, ttl, &retry)
     }
@@ -437,14 +520,65 @@ impl SharedRedlock {
     /// As [`Redlock::acquire_with`](crate::Redlock::acquire_with).
     pub fn acquire_with(
         &self,
-        resource: impl Into<Bytes>,
+        resource: impl ResourceName,
         ttl: Duration,
         retry: &Retry,
     ) -> Result<Lock, Error> {
         self.wait(
-            acquire_order(Keys::One(resource.into()), Op::Acquire, ttl, retry),
+            acquire_order(Keys::One(resource.into_name()), Op::Acquire, ttl, retry),
             lock_of,
         )
+    }
+
+    /// Acquires `resource` for `ttl` and wraps it in a guard that
+    /// releases it when dropped, also across an `.await` or a `?` (the
+    /// release is handed to the event loop, which runs it whether or not
+    /// anyone waits for its outcome). Retries as [`Config::retry`] says.
+    ///
+    /// # Errors
+    /// As [`SharedRedlock::acquire`].
+    pub fn lock(
+        &self,
+        resource: impl ResourceName,
+        ttl: Duration,
+    ) -> Result<SharedLockGuard, Error> {
+        let lock = self.acquire(resource, ttl)?;
+        Ok(self.guard(lock))
+    }
+
+    /// [`SharedRedlock::lock`] as a future.
+    ///
+    /// # Errors
+    /// As [`SharedRedlock::acquire`].
+    pub async fn lock_async(
+        &self,
+        resource: impl ResourceName,
+        ttl: Duration,
+    ) -> Result<SharedLockGuard, Error> {
+        let lock = self.acquire_async(resource, ttl).await?;
+        Ok(self.guard(lock))
+    }
+
+    /// Guards `lock`: it is released when the guard is dropped.
+    pub fn guard(&self, lock: Lock) -> SharedLockGuard {
+        SharedLockGuard {
+            client: self.clone(),
+            lock: Some(lock),
+        }
+    }
+
+    /// A fenced lock, retrying as [`Config::retry`] says; see
+    /// [`Redlock::try_acquire_fenced`](crate::Redlock::try_acquire_fenced).
+    ///
+    /// # Errors
+    /// As [`Redlock::try_acquire_fenced`](crate::Redlock::try_acquire_fenced).
+    pub fn acquire_fenced(
+        &self,
+        resource: impl ResourceName,
+        ttl: Duration,
+    ) -> Result<Lock, Error> {
+        let retry = self.handle.config.retry;
+        self.acquire_fenced_with(resource, ttl, &retry)
     }
 
     /// One attempt at a fenced lock; see
@@ -454,7 +588,7 @@ impl SharedRedlock {
     /// As [`Redlock::try_acquire_fenced`](crate::Redlock::try_acquire_fenced).
     pub fn try_acquire_fenced(
         &self,
-        resource: impl Into<Bytes>,
+        resource: impl ResourceName,
         ttl: Duration,
     ) -> Result<Lock, Error> {
         self.acquire_fenced_with(resource, ttl, &Retry::once())
@@ -466,11 +600,16 @@ impl SharedRedlock {
     /// As [`Redlock::try_acquire_fenced`](crate::Redlock::try_acquire_fenced).
     pub fn acquire_fenced_with(
         &self,
-        resource: impl Into<Bytes>,
+        resource: impl ResourceName,
         ttl: Duration,
         retry: &Retry,
     ) -> Result<Lock, Error> {
-        let order = acquire_order(Keys::One(resource.into()), Op::AcquireFenced, ttl, retry);
+        let order = acquire_order(
+            Keys::One(resource.into_name()),
+            Op::AcquireFenced,
+            ttl,
+            retry,
+        );
         self.wait(order, lock_of)
     }
 
@@ -482,7 +621,7 @@ impl SharedRedlock {
     pub fn try_acquire_many<I>(&self, resources: I, ttl: Duration) -> Result<Lock, Error>
     where
         I: IntoIterator,
-        I::Item: Into<Bytes>,
+        I::Item: ResourceName,
     {
         self.acquire_many_with(resources, ttl, &Retry::once())
     }
@@ -499,9 +638,9 @@ impl SharedRedlock {
     ) -> Result<Lock, Error>
     where
         I: IntoIterator,
-        I::Item: Into<Bytes>,
+        I::Item: ResourceName,
     {
-        let keys: Arc<[Bytes]> = resources.into_iter().map(Into::into).collect();
+        let keys: Arc<[Bytes]> = resources.into_iter().map(ResourceName::into_name).collect();
         if keys.is_empty() {
             return Err(ConfigError::NoResources.into());
         }
@@ -523,9 +662,9 @@ impl SharedRedlock {
     ) -> Result<Vec<Result<Lock, Error>>, Error>
     where
         I: IntoIterator,
-        I::Item: Into<Bytes>,
+        I::Item: ResourceName,
     {
-        let resources: Vec<Bytes> = resources.into_iter().map(Into::into).collect();
+        let resources: Vec<Bytes> = resources.into_iter().map(ResourceName::into_name).collect();
         // Refused here, not queued behind others to be refused later.
         self.handle.config.checked_batch(resources.len())?;
         self.wait(Order::AcquireBatch { resources, ttl }, locks_of)
@@ -571,7 +710,7 @@ impl SharedRedlock {
     /// [`SharedRedlock::try_acquire`] as a future.
     pub fn try_acquire_async(
         &self,
-        resource: impl Into<Bytes>,
+        resource: impl ResourceName,
         ttl: Duration,
     ) -> Pending<Result<Lock, Error>> {
         self.acquire_with_async(resource, ttl, &Retry::once())
@@ -581,7 +720,7 @@ impl SharedRedlock {
     /// loop's timer, not on a thread.
     pub fn acquire_async(
         &self,
-        resource: impl Into<Bytes>,
+        resource: impl ResourceName,
         ttl: Duration,
     ) -> Pending<Result<Lock, Error>> {
         let retry = self.handle.config.retry;
@@ -591,22 +730,27 @@ impl SharedRedlock {
     /// [`SharedRedlock::acquire_with`] as a future.
     pub fn acquire_with_async(
         &self,
-        resource: impl Into<Bytes>,
+        resource: impl ResourceName,
         ttl: Duration,
         retry: &Retry,
     ) -> Pending<Result<Lock, Error>> {
-        let order = acquire_order(Keys::One(resource.into()), Op::Acquire, ttl, retry);
+        let order = acquire_order(Keys::One(resource.into_name()), Op::Acquire, ttl, retry);
         self.submit(order, Arc::new(Completion::default()), lock_of)
     }
 
     /// [`SharedRedlock::acquire_fenced_with`] as a future.
     pub fn acquire_fenced_async(
         &self,
-        resource: impl Into<Bytes>,
+        resource: impl ResourceName,
         ttl: Duration,
         retry: &Retry,
     ) -> Pending<Result<Lock, Error>> {
-        let order = acquire_order(Keys::One(resource.into()), Op::AcquireFenced, ttl, retry);
+        let order = acquire_order(
+            Keys::One(resource.into_name()),
+            Op::AcquireFenced,
+            ttl,
+            retry,
+        );
         self.submit(order, Arc::new(Completion::default()), lock_of)
     }
 

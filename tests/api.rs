@@ -1,0 +1,119 @@
+//! The public API as a new user writes it (issue 41): names built at run
+//! time, an empty name refused before anything is sent, a guard of the
+//! shared client that releases on drop (also when a `?` leaves the
+//! function early), and the blocking fenced acquire of both clients.
+//! Real masters, started empty (restart quarantine off).
+
+mod common;
+
+use std::time::Duration;
+
+use common::{block_on, cluster, command_calls, connect, eventually, shared_config};
+use redlock_mio::resp::{Arg, Reply};
+use redlock_mio::{ConfigError, Error, Redlock, SharedRedlock};
+
+const TTL: Duration = Duration::from_secs(30);
+const SETTLE: Duration = Duration::from_secs(10);
+
+fn exists(masters: &common::Cluster, key: &str) -> Vec<bool> {
+    masters
+        .iter()
+        .map(|m| connect(m).cmd(&[Arg::Bytes(b"EXISTS"), key.into()]) == Reply::Integer(1))
+        .collect()
+}
+
+#[test]
+fn names_built_at_run_time_lock_as_they_are() {
+    let masters = cluster(3);
+    let mut client = common::client(&masters.urls(), None);
+    for id in 0..3u64 {
+        let name = format!("player:{id}");
+        // By reference, then by value: the same key.
+        let lock = client
+            .try_acquire(&name, TTL)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(lock.resource(), name.as_bytes());
+        assert!(matches!(
+            client.try_acquire(name.clone(), TTL),
+            Err(Error::Held(_))
+        ));
+        client.release(&lock).unwrap_or_else(|e| panic!("{e}"));
+    }
+    let raw: Vec<u8> = b"raw\xffname".to_vec();
+    let lock = client
+        .try_acquire(&raw[..], TTL)
+        .unwrap_or_else(|e| panic!("{e}"));
+    client.release(&lock).unwrap_or_else(|e| panic!("{e}"));
+    let lock = client
+        .try_acquire(raw, TTL)
+        .unwrap_or_else(|e| panic!("{e}"));
+    client.release(&lock).unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[test]
+fn an_empty_name_is_refused_before_anything_is_sent() {
+    let masters = cluster(3);
+    let mut client = common::client(&masters.urls(), None);
+    let shared = SharedRedlock::new(shared_config(&masters.urls())).unwrap();
+    let empty = Error::Config(ConfigError::EmptyResource);
+    assert_eq!(client.try_acquire("", TTL).unwrap_err(), empty);
+    assert_eq!(client.try_acquire_fenced("", TTL).unwrap_err(), empty);
+    assert_eq!(client.try_acquire_many(["a", ""], TTL).unwrap_err(), empty);
+    assert_eq!(shared.try_acquire("", TTL).unwrap_err(), empty);
+    assert_eq!(
+        block_on(shared.try_acquire_async(String::new(), TTL)).unwrap_err(),
+        empty
+    );
+    // A batch with an empty name is refused whole.
+    assert_eq!(client.try_acquire_batch(["a", ""], TTL).unwrap_err(), empty);
+    for m in masters.iter() {
+        assert_eq!(command_calls(m, "set"), 0, "{}", m.url());
+        assert_eq!(command_calls(m, "evalsha"), 0, "{}", m.url());
+    }
+}
+
+/// The guard's drop releases, also on the early return of a `?`: the keys
+/// go from every master without anyone waiting for the release.
+#[test]
+fn a_shared_guard_releases_when_a_question_mark_leaves_early() {
+    let masters = cluster(3);
+    let shared = SharedRedlock::new(shared_config(&masters.urls())).unwrap();
+    async fn work(shared: &SharedRedlock, fail: bool) -> Result<(), String> {
+        let guard = shared
+            .lock_async("guarded", TTL)
+            .await
+            .map_err(|e| e.to_string())?;
+        assert!(guard.remaining() > Duration::ZERO);
+        if fail {
+            return Err("the work failed".into());
+        }
+        guard.release_async().await.map_err(|e| e.to_string())
+    }
+    assert_eq!(block_on(work(&shared, true)), Err("the work failed".into()));
+    assert!(
+        eventually(SETTLE, || exists(&masters, "guarded") == [false; 3]),
+        "the dropped guard's release never reached every master"
+    );
+    assert_eq!(block_on(work(&shared, false)), Ok(()));
+    let mut guard = shared.lock("guarded", TTL).unwrap();
+    guard.extend(TTL).unwrap();
+    drop(guard);
+    assert!(eventually(SETTLE, || exists(&masters, "guarded") == [false; 3]));
+}
+
+#[test]
+fn both_clients_take_a_fenced_lock_blocking_with_the_default_retry() {
+    let masters = cluster(3);
+    let mut client: Redlock = common::client(&masters.urls(), None);
+    let shared = SharedRedlock::new(shared_config(&masters.urls())).unwrap();
+    let first = client.acquire_fenced("fenced", TTL).unwrap();
+    client.release(&first).unwrap();
+    let second = shared.acquire_fenced("fenced", TTL).unwrap();
+    assert!(
+        second.fence() > first.fence(),
+        "{:?} {:?}",
+        first.fence(),
+        second.fence()
+    );
+    shared.release(&second).unwrap();
+}
