@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::{block_on, cluster, command_calls, connect, eventually, shared_config};
 use redlock_mio::resp::{Arg, Reply};
-use redlock_mio::{ConfigError, Error, Redlock, SharedRedlock};
+use redlock_mio::{ConfigError, Error, LostReason, Redlock, SharedRedlock};
 
 const TTL: Duration = Duration::from_secs(30);
 const SETTLE: Duration = Duration::from_secs(10);
@@ -116,4 +116,49 @@ fn both_clients_take_a_fenced_lock_blocking_with_the_default_retry() {
         second.fence()
     );
     shared.release(&second).unwrap();
+}
+
+/// The scoped form: the work runs while the lock is kept alive (here,
+/// until the watchdog has extended it once), and the lock is released
+/// when it returns.
+#[test]
+fn using_keeps_the_lock_alive_for_the_work_and_releases_after() {
+    let masters = cluster(3);
+    let shared = SharedRedlock::new(shared_config(&masters.urls())).unwrap();
+    let ttl = Duration::from_millis(900);
+    let extended = shared
+        .using("scoped", ttl, |kept| {
+            assert_eq!(exists(&masters, "scoped"), [true; 3]);
+            eventually(SETTLE, || kept.extensions() >= 1) && kept.is_held()
+        })
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        extended,
+        "the watchdog never extended the lock during the work"
+    );
+    assert!(eventually(SETTLE, || exists(&masters, "scoped") == [false; 3]));
+}
+
+/// The async scoped form tells the work when the lock is lost: here its
+/// keys are deleted behind the client's back.
+#[test]
+fn using_async_tells_the_work_when_the_lock_is_lost() {
+    let masters = cluster(3);
+    let shared = SharedRedlock::new(shared_config(&masters.urls())).unwrap();
+    let lost = common::within(SETTLE, move || {
+        block_on(
+            shared.using_async("scoped", Duration::from_millis(900), |lost| {
+                for m in masters.iter() {
+                    connect(m).cmd(&[Arg::Bytes(b"DEL"), "scoped".into()]);
+                }
+                lost
+            }),
+        )
+    })
+    .expect("the work never learned that the lock was lost")
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        matches!(lost.reason, LostReason::Failed(Error::NotHeld(_))),
+        "{lost:?}"
+    );
 }
