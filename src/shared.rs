@@ -60,6 +60,14 @@ use crate::resource::ResourceName;
 /// Blocking calls ([`SharedRedlock::acquire`], ...) wait on the calling
 /// thread; the `_async` forms return futures that work under any executor.
 ///
+/// **In async code, use the `_async` forms.** A blocking call made on an
+/// executor's thread holds that thread while it waits: on a
+/// current-thread runtime nothing else runs meanwhile, so a waiting
+/// `acquire` cannot see the release another task of the same runtime
+/// would make, and waits out its retries. The type system cannot tell a
+/// runtime's thread from any other; the names can: `acquire_async`,
+/// `lock_async`, `release_async`, `extend_async`, `using_async`.
+///
 /// ```no_run
 /// use std::time::Duration;
 /// use redlock_mio::SharedRedlock;
