@@ -265,19 +265,26 @@ pub struct Config {
     /// Which commands release and extend locks. Default
     /// [`LockCommands::Auto`]: each master's own where it has them.
     pub lock_commands: LockCommands,
-    /// Test knob, present only with the `test-knobs` feature (not in
-    /// `default`; the crate's tests turn it on): added to every validity the
-    /// client computes, so that a lock claims to outlive its keys.
-    /// `tests/safety.rs` uses it to show that its checker catches a validity
-    /// wrong by a few milliseconds. Default zero.
+    /// Bugs put in on purpose by the crate's own tests (set through
+    /// `sim::knobs`, with the `test-knobs` feature); private, so that the
+    /// settings' shape is the same whatever features a dependent turns on.
+    pub(crate) knobs: Knobs,
+}
+
+/// The test knobs a [`Config`] carries: nothing without the `test-knobs`
+/// feature.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct Knobs {
+    /// Added to every validity the client computes, so that a lock claims
+    /// to outlive its keys: `tests/safety.rs` shows its checker catching
+    /// a validity wrong by a few milliseconds. Default zero.
     #[cfg(feature = "test-knobs")]
-    pub overstate_validity: Duration,
-    /// Test knob, present only with the `test-knobs` feature: the shared
-    /// client's event loop panics when it starts an operation on this
-    /// resource, so that `tests/loop_stops.rs` can show what callers see
-    /// when the loop ends by a panic. Default none.
+    pub(crate) overstate_validity: Duration,
+    /// The shared client's event loop panics when it starts an operation
+    /// on this resource: `tests/loop_stops.rs` shows what callers see when
+    /// the loop ends by a panic. Default none.
     #[cfg(feature = "test-knobs")]
-    pub panic_on_resource: Option<bytes::Bytes>,
+    pub(crate) panic_on_resource: Option<bytes::Bytes>,
 }
 
 impl Config {
@@ -339,21 +346,17 @@ impl Config {
             local_handover_linger: Duration::from_micros(100),
             tls: TlsConfig::default(),
             lock_commands: LockCommands::Auto,
-            #[cfg(feature = "test-knobs")]
-            overstate_validity: Duration::ZERO,
-            #[cfg(feature = "test-knobs")]
-            panic_on_resource: None,
+            knobs: Knobs::default(),
         })
     }
 
     /// `ttl - drift` with this client's drift factor: how long after a
     /// round's start its keys surely stand (see [`Validity::span`]); with
-    /// the `test-knobs` feature, overstated by
-    /// [`Config::overstate_validity`].
+    /// the `test-knobs` feature, overstated by the knob that says so.
     pub(crate) fn validity_span(&self, ttl: Duration) -> Option<Duration> {
         let span = Validity::span(ttl, self.drift_factor);
         #[cfg(feature = "test-knobs")]
-        let span = span.map(|span| span + self.overstate_validity);
+        let span = span.map(|span| span + self.knobs.overstate_validity);
         span
     }
 

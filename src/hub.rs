@@ -587,10 +587,9 @@ impl<P: Promise, L: Links> Hub<P, L> {
         match self.make_job(order, now) {
             Ok(mut job) => {
                 #[cfg(feature = "test-knobs")]
-                if job
-                    .resource()
-                    .is_some_and(|r| self.config.panic_on_resource.as_deref() == Some(r.as_ref()))
-                {
+                if job.resource().is_some_and(|r| {
+                    self.config.knobs.panic_on_resource.as_deref() == Some(r.as_ref())
+                }) {
                     panic!("test knob: panic_on_resource");
                 }
                 // Closing: one attempt, no retries, as for the jobs under

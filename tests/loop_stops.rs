@@ -71,7 +71,7 @@ fn a_panic_on_the_loop_ends_every_call_at_once_and_is_never_silent() {
     let masters = cluster(3);
     hold_elsewhere(masters.iter(), "held", 600_000);
     let mut config = config(&masters.urls());
-    config.panic_on_resource = Some(bytes::Bytes::from_static(b"boom"));
+    redlock_mio::sim::knobs::panic_on_resource(&mut config, bytes::Bytes::from_static(b"boom"));
     let redlock = SharedRedlock::new(config).unwrap_or_else(|e| panic!("{e}"));
     let kept = redlock
         .try_acquire("kept", Duration::from_secs(30))

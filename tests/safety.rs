@@ -31,7 +31,7 @@
 //!
 //! The checker can fail: with the `test-knobs` feature (which the crate's
 //! dev-dependency on itself turns on for `cargo test`),
-//! `Config::overstate_validity` makes every lock claim a few milliseconds
+//! `sim::knobs::overstate_validity` makes every lock claim a few milliseconds
 //! more than its keys give it, and the same scenario that shows no overlap
 //! without it shows overlaps with it.
 //!
@@ -1533,7 +1533,7 @@ fn overstating_the_validity_makes_the_checker_find_overlaps_among_shared_clients
 /// an overlap is seen, for at most [`KNOB_MAX_RUNS`] runs of [`KNOB_RUN`],
 /// and fails if none is.
 fn assert_overstatement_found(masters: &Cluster, mut setup: Setup) {
-    setup.config.overstate_validity = OVERSTATEMENT;
+    redlock_mio::sim::knobs::overstate_validity(&mut setup.config, OVERSTATEMENT);
     setup.run = KNOB_RUN;
     let (mut runs, mut sections, mut found, mut by_expiry) = (0, 0, 0, 0);
     while found == 0 && runs < KNOB_MAX_RUNS {
