@@ -30,6 +30,7 @@ use crate::conn::{Conn, Keys, Op};
 use crate::driver::Driver;
 use crate::engine::{Engine, RoundId};
 use crate::error::Error;
+use crate::health::MasterState;
 use crate::hub::{Drive, Hub, Links, Promise, Ran};
 use crate::job::{Acquire, Batch, Extend, Job, Output, Release, SplitMix64};
 use crate::lock::Lock;
@@ -337,12 +338,42 @@ impl Redlock {
         quorum(self.hub.engine().masters())
     }
 
+    /// Each master's state as this client last saw it (after its last
+    /// operation, `warm_up` or `settle`): up, connecting, or down and why;
+    /// in restart quarantine, and until when; refusing this client (an
+    /// ACL); the lock commands of its own it offers. A master that is down
+    /// or refuses this client costs a vote, not the locks, so nothing else
+    /// would say so in a build without the `tracing` or `metrics`
+    /// features.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), redlock_mio::Error> {
+    /// let mut redlock = redlock_mio::Redlock::connect([
+    ///     "redis://127.0.0.1:7000",
+    ///     "redis://127.0.0.1:7001",
+    ///     "redis://127.0.0.1:7002",
+    /// ])?;
+    /// redlock.warm_up(std::time::Duration::from_secs(1));
+    /// let now = std::time::Instant::now();
+    /// for master in redlock.masters() {
+    ///     if !master.can_vote(now) {
+    ///         eprintln!("{}: {:?}", master.server, master.status);
+    ///     }
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn masters(&self) -> Vec<MasterState> {
+        self.hub.engine().board().read()
+    }
+
     /// One attempt to acquire `resource` for `ttl`.
     ///
-    /// `resource` is the Redis key, used as is. Pass a `&'static str` or a
-    /// `Bytes` you keep and clone per call, and no operation allocates in
-    /// steady state; a fresh `Bytes` made from a `String` costs one small
-    /// allocation (its shared header) when the engine first clones it.
+    /// `resource` is the Redis key, used as is (see [`ResourceName`]). Pass
+    /// a `Bytes` you keep and clone per call, and no operation allocates in
+    /// steady state; a borrowed name (`&str`, `&String`) is copied once, and
+    /// a `Bytes` made from a `String` costs one small allocation (its
+    /// shared header) when the engine first clones it.
     ///
     /// On success the lock is valid until [`Lock::deadline`]:
     /// `ttl - elapsed - drift` after the attempt ended. On failure the

@@ -751,6 +751,8 @@ pub(crate) struct Conn {
     /// less any it then refused: until the next handshake, those go as
     /// scripts again.
     caps: Capabilities,
+    /// How many connects were started.
+    connects: u64,
     /// The master refused the handshake's `SCRIPT LOAD` for good (a user
     /// without scripting rights): the requests that need a script fail
     /// with this cause unsent, and so does a plain acquire where no
@@ -826,6 +828,7 @@ impl Conn {
             probe_broke: false,
             caps: Capabilities::NONE,
             scripts_refused: None,
+            connects: 0,
             loading: 0,
         }
     }
@@ -921,6 +924,7 @@ impl Conn {
         self.loading = 0;
         self.set_oldest(None);
         self.heard = false;
+        self.connects += 1;
         self.refused = None;
         self.scripts_refused = None;
         self.caps = Capabilities::NONE;
@@ -1298,7 +1302,6 @@ impl Conn {
     /// instants included: see [`Conn::quarantine_left`]); it is in
     /// quarantine at `now` while this is later. For the metrics and the
     /// simulator, which compare it with the time on every turn.
-    #[cfg(any(feature = "metrics", feature = "test-knobs"))]
     pub(crate) fn quarantined_until(&self) -> Option<Instant> {
         self.quarantined_until
     }
@@ -1696,9 +1699,8 @@ fn read_native(form: Form, request: &Request, reply: Reply) -> Reply {
     }
 }
 
-/// What the simulator's checkers read of a connection (a test probe, not
-/// API): none of it decides anything.
-#[cfg(any(test, feature = "test-knobs"))]
+/// What the masters' health board and the simulator's checkers read of a
+/// connection: none of it decides anything.
 impl Conn {
     /// Why the connection is down, while it is: a drop at the in-flight
     /// bound reads [`Cause::TooFarBehind`] until the next connect.
@@ -1707,6 +1709,22 @@ impl Conn {
             State::Down { cause, .. } => Some(cause),
             _ => None,
         }
+    }
+
+    /// Whether a connect was ever started.
+    pub(crate) fn was_connected(&self) -> bool {
+        self.connects > 0
+    }
+
+    /// Whether the connection is up with its handshake answered.
+    pub(crate) fn is_ready(&self) -> bool {
+        matches!(self.state, State::Ready) && self.handshake_left == 0
+    }
+
+    /// The lock commands the master offers, as its last handshake told,
+    /// less any it refused since.
+    pub(crate) fn capabilities(&self) -> Capabilities {
+        self.caps
     }
 }
 

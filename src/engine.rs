@@ -23,6 +23,7 @@ use bytes::Bytes;
 use crate::addr::ServerAddr;
 
 use crate::conn::{Cause, Conn, Op, Request, Role, Tag, Timing, Wires};
+use crate::health::{Board, BoardReader};
 use crate::metrics::Masters;
 use crate::quorum::{FencePlan, Round, Vote, plan_fence, same_server};
 use crate::resp::Limits;
@@ -104,6 +105,8 @@ pub(crate) struct Engine {
     subscriptions: Subscriptions,
     /// The masters' failures and quarantine, reported as metrics.
     metrics: Masters,
+    /// What each master's state is, for callers to read.
+    board: Board,
 }
 
 impl Engine {
@@ -132,6 +135,7 @@ impl Engine {
             subs,
             subscriptions: Subscriptions::default(),
             metrics: Masters::new(servers),
+            board: Board::new(servers),
             conns: servers
                 .iter()
                 .map(|addr| Conn::new(addr.clone(), scripts, limits, timing, now))
@@ -148,6 +152,11 @@ impl Engine {
     /// How many masters.
     pub(crate) fn masters(&self) -> usize {
         self.n
+    }
+
+    /// A reader of the masters' states (see [`crate::health`]).
+    pub(crate) fn board(&self) -> BoardReader {
+        self.board.reader()
     }
 
     /// Every master's connection, in master order.
@@ -527,6 +536,7 @@ impl Engine {
             }
         }
         self.metrics.observe_quarantine(&self.conns, now);
+        self.board.observe(&self.conns);
         for index in 0..self.entries.len() {
             let entry = &mut self.entries[index];
             if entry.live && !entry.reported && now >= entry.round.deadline() {

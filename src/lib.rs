@@ -111,6 +111,8 @@ mod metrics;
 
 mod wait;
 
+mod health;
+
 mod engine;
 
 #[cfg(feature = "tls")]
@@ -142,6 +144,7 @@ pub use client::{LockGuard, Redlock};
 pub use config::{Config, ConfigError, LockCommands, MAX_DURATION, MAX_TTL_MS, Retry, TlsConfig};
 pub use conn::{Cause, HandshakeStep};
 pub use error::{Error, Failure, MasterVote};
+pub use health::{MasterState, MasterStatus};
 pub use keep::{KeepOptions, Lost, LostReason};
 pub use lock::Lock;
 pub use native::Capabilities;

@@ -45,6 +45,7 @@ use crate::config::{Config, ConfigError, Retry};
 use crate::conn::{Keys, Op};
 use crate::driver::Driver;
 use crate::error::Error;
+use crate::health::{BoardReader, MasterState};
 use crate::hub::{Hub, Order, Promise, Ran, Submission};
 use crate::job::{Extend, Output};
 use crate::keep::{Keeper, Shared as KeepShared};
@@ -193,6 +194,8 @@ struct Handle {
     core: Arc<Mutex<EventLoop>>,
     thread: Mutex<Option<JoinHandle<()>>>,
     config: Config,
+    /// The masters' states, as the loop last saw them.
+    board: BoardReader,
 }
 
 /// Where callers leave operations for the loop.
@@ -478,6 +481,7 @@ impl SharedRedlock {
             blocking: AtomicUsize::new(0),
             ready: Condvar::new(),
         });
+        let board = event_loop.hub.engine().board();
         let core = Arc::new(Mutex::new(event_loop));
         let (loop_core, loop_queue) = (Arc::clone(&core), Arc::clone(&queue));
         let thread = thread::Builder::new()
@@ -490,8 +494,19 @@ impl SharedRedlock {
                 core,
                 thread: Mutex::new(Some(thread)),
                 config,
+                board,
             }),
         })
+    }
+
+    /// Each master's state as the event loop last saw it (it looks once a
+    /// turn): up, connecting, or down and why; in restart quarantine, and
+    /// until when; refusing this client (an ACL); the lock commands of its
+    /// own it offers. A master that is down or refuses this client costs a
+    /// vote, not the locks, so nothing else would say so in a build
+    /// without the `tracing` or `metrics` features.
+    pub fn masters(&self) -> Vec<MasterState> {
+        self.handle.board.read()
     }
 
     /// The settings in force.
