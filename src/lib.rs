@@ -8,7 +8,7 @@
 //! pipelined into shared writes, blocking calls and futures for any
 //! executor; [`SharedRedlock::keep`] keeps any number of locks alive from
 //! that loop ([`Watchdog`]). The semantics are the spec's
-//! (`shared/spec/redlock.md`); `SAFETY.md` says what they guarantee.
+//! (`docs/spec.md`); `SAFETY.md` says what they guarantee.
 //!
 //! Every type a caller names is re-exported here, at the root: settings
 //! ([`Config`], [`Retry`]), results ([`Lock`], [`Error`] with its
