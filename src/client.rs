@@ -2,7 +2,7 @@
 //!
 //! [`Redlock`] is the API a caller uses (its settings are in
 //! [`config`](crate::config), its errors in [`error`](crate::error)); it implements
-//! `shared/spec/redlock.md` by driving the same sans-IO [`Hub`] as the
+//! `docs/spec.md` by driving the same sans-IO [`Hub`] as the
 //! shared client, on its caller's thread, with the [`Driver`] for I/O: each
 //! operation's job (the rules that turn votes into a [`Lock`] or an
 //! [`Error`]: the quorum and validity check, the release to all N masters

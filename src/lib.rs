@@ -8,7 +8,7 @@
 //! pipelined into shared writes, blocking calls and futures for any
 //! executor; [`SharedRedlock::keep`] keeps any number of locks alive from
 //! that loop ([`Watchdog`]). The semantics are the spec's
-//! (`shared/spec/redlock.md`); `SAFETY.md` says what they guarantee.
+//! (`docs/spec.md`); `SAFETY.md` says what they guarantee.
 //!
 //! Every type a caller names is re-exported here, at the root: settings
 //! ([`Config`], [`Retry`]), results ([`Lock`], [`Error`] with its
@@ -61,7 +61,8 @@
 //! All off by default. `tls`: `rediss://` masters over rustls, with
 //! [`Config::tls`] settings ([`TlsConfig`]). `metrics`: every operation's
 //! outcome, duration and attempts, and each master's failures, recorded
-//! through the `metrics` facade's global recorder (README.md lists them).
+//! through the `metrics` facade's global recorder (docs/observability.md
+//! lists them).
 //! `tracing`: a debug span per operation. `test-knobs` is for the crate's
 //! own tests, not for dependents.
 
@@ -160,3 +161,13 @@ pub use watchdog::{LostFuture, Watchdog};
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
+
+/// The guide's Rust examples, compiled as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/guide.md")]
+struct GuideDoctests;
+
+/// The deployment page's Rust examples, compiled as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/deployment.md")]
+struct DeploymentDoctests;

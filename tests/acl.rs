@@ -1,5 +1,5 @@
 //! Real deployments' users, against real masters (issue 21): the
-//! least-privilege ACL user README gives runs every operation; a user
+//! least-privilege ACL user docs/deployment.md gives runs every operation; a user
 //! without channel rights still releases (the publish is a hint) and its
 //! waiters fall back on expiry without redialling; a wrong password or a
 //! user denied INFO (with restart quarantine on) fails fast with an error
@@ -18,8 +18,8 @@ use redlock_test::{Cluster, Server};
 
 const TTL: Duration = Duration::from_secs(10);
 
-/// README's rule for a lock user whose resources are named `locks:*`,
-/// word for word (`tests/acl.rs` checks README quotes it).
+/// docs/deployment.md's rule for a lock user whose resources are named
+/// `locks:*`, word for word (a test below checks that the page quotes it).
 const LOCKER_RULE: &str = "on >secret resetkeys ~locks:* ~redlock-mio:fence-state \
     resetchannels &redlock:released:locks:* -@all +set +get +del +exists +pexpire +pttl \
     +publish +hset +hmget +hdel +time +evalsha +eval +script|load +info +select \
@@ -43,15 +43,15 @@ fn connections(masters: &Cluster) -> u64 {
 }
 
 #[test]
-fn readme_gives_the_rule_this_test_runs() {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
-        .unwrap_or_else(|e| panic!("README.md: {e}"));
+fn the_deployment_page_gives_the_rule_this_test_runs() {
+    let page = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/deployment.md");
+    let readme = std::fs::read_to_string(page).unwrap_or_else(|e| panic!("{page}: {e}"));
     let rule = LOCKER_RULE.split_whitespace().collect::<Vec<_>>().join(" ");
     let flat = readme.split_whitespace().collect::<Vec<_>>().join(" ");
-    assert!(flat.contains(&rule), "README must quote the rule: {rule}");
+    assert!(flat.contains(&rule), "{page} must quote the rule: {rule}");
 }
 
-/// Every operation, with exactly README's least-privilege user.
+/// Every operation, with exactly docs/deployment.md's least-privilege user.
 #[test]
 fn the_least_privilege_user_runs_every_operation() {
     let masters = cluster(3);

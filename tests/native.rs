@@ -255,7 +255,7 @@ fn the_scripts_setting_runs_the_scripts_on_valkey_9_1_too() {
 #[test]
 fn a_user_without_scripting_rights_locks_on_valkey_9_1() {
     let masters = valkeys(3);
-    // README's rule: no scripting right at all.
+    // docs/deployment.md's rule: no scripting right at all.
     set_user(
         masters.iter(),
         "locker",

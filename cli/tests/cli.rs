@@ -1288,13 +1288,13 @@ fn a_ttl_over_the_quarantine_maximum_names_the_flag_that_raises_it() {
     }
 }
 
-/// The README's shell-script example passes the CLI's own TTL check with
+/// cli/README.md's shell-script example passes the CLI's own TTL check with
 /// the shipped defaults: against masters that are down it fails for that
 /// reason (69), not as a usage error (2).
 #[test]
 fn the_readme_shell_example_passes_the_ttl_check() {
-    let readme = fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
-        .expect("reading README.md");
+    let readme = fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
+        .expect("reading cli/README.md");
     let acquire = readme
         .lines()
         .find_map(|l| l.split_once("$(redlock acquire "))

@@ -19,7 +19,7 @@
 //! evict EVAL-created scripts after 500 others, Redis 7.0 never does);
 //! a waiter woken by a release; fences across a master that lost its data;
 //! restart quarantine read from INFO. What differs between the servers is
-//! in the README's "Servers" section.
+//! in docs/deployment.md, "The servers people run".
 
 mod command;
 #[path = "../../tests/common/mod.rs"]
