@@ -178,10 +178,10 @@ pub struct Config {
     /// lock is handed over within round trips. Waiting then lasts up to
     /// [`Retry::max_wait`], or `attempts * delay` without one; attempts
     /// refused because the lock is held do not use up [`Retry::attempts`].
-    /// Fenced and multi-resource acquires wait so too, but their scripts
-    /// do not report the remaining time: they wait for a release or a
-    /// retry's delay, and a multi-resource one listens to every one of its
-    /// resources' channels (any release among them wakes it). Beside a
+    /// Fenced and multi-resource acquires wait so too (their scripts
+    /// report the holder's remaining time as the waiting script does), and
+    /// a multi-resource one listens to every one of its resources'
+    /// channels (any release among them wakes it). Beside a
     /// master that fails, a refusal that makes a quorum only with it is
     /// looked at again after [`Config::per_instance_timeout`] before its
     /// key's remaining time is waited out (racers that split the other
@@ -195,9 +195,10 @@ pub struct Config {
     /// random wait in `[0, wake_spread]` once woken, so that waiters in
     /// several processes woken by one release do not all send their
     /// `SET NX` at once and split the masters' votes; the longer a waiter
-    /// has waited, the smaller its share of the spread (none past 20 ms),
-    /// so that the longest waiter tends to try first. Default 300 µs (see
-    /// README, *Waiting for a held lock*, for the measurements).
+    /// has waited, the smaller its share of the spread (a quarter at
+    /// 20 ms, then shrinking in proportion to the wait), so that the
+    /// longest waiter tends to try first. Default 300 µs (see
+    /// docs/waiting.md for the measurements).
     ///
     /// A release that names the process whose turn it is (a shared
     /// client's announced release names the waiting process that has gone

@@ -36,6 +36,7 @@
 //! | `redlock_master_quarantined` | gauge | `master` | clients in this process that hold the master in restart quarantine |
 //! | `redlock_requests_total` | counter | `via` | requests sent to masters, each master's counted, by how they went: `set_nx` (a plain acquire), `script`, or a master's own `delifeq`, `delex`, `set_ifeq` |
 //! | `redlock_native_refused_total` | counter | | requests re-sent by script after a master refused a command of its own it had advertised |
+//! | `redlock_subscribe_refused_total` | counter | | SUBSCRIBEs a master refused (a user without channel rights): waiters there wait for the holder's expiry |
 //! | `redlock_noscript_recoveries_total` | counter | `via` | `-NOSCRIPT`s recovered from, by `script_load` or `eval` |
 //!
 //! `outcome` is `ok`, or the kind of [`Error`]: `held`, `not_held` (or

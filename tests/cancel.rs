@@ -1,5 +1,5 @@
 //! What a cancelled or abandoned operation leaves behind, against real
-//! masters: the contract README and SAFETY.md state for each kind of
+//! masters: the contract SAFETY.md states for each kind of
 //! operation (acquire, extend, release, keep) when its future is dropped
 //! or its client goes away, at each point it can be dropped.
 
