@@ -477,7 +477,8 @@ impl HandshakeStep {
         }
     }
 
-    /// What an operator grants (or fixes) when this step is refused.
+    /// What an operator grants (or fixes) when this step is refused with
+    /// an error code that does not say it alone (see [`code_remedy`]).
     fn remedy(self) -> &'static str {
         match self {
             HandshakeStep::Auth => "check the user name and password in the URL",
@@ -487,6 +488,24 @@ impl HandshakeStep {
                 "grant the user +info, or turn restart quarantine off (INFO reports restarts)"
             }
         }
+    }
+}
+
+/// What to fix when a master refuses with this error code, where the code
+/// says it whatever the command: the credentials. A missing password reads
+/// `NOAUTH` on whichever command comes first (no AUTH is sent without one),
+/// so the step refused says nothing of the remedy.
+fn code_remedy(code: &[u8]) -> Option<&'static str> {
+    match code {
+        b"NOAUTH" => Some(
+            "the master needs a password and the URL has none: put the password in the URL: \
+             redis://:PASSWORD@host:port, or redis://USER:PASSWORD@host:port for an ACL user",
+        ),
+        b"WRONGPASS" => Some(
+            "wrong user name or password, or the user is disabled: check the user name and \
+             password in the URL",
+        ),
+        _ => None,
     }
 }
 
@@ -516,11 +535,18 @@ impl fmt::Display for Cause {
                     String::from_utf8_lossy(msg)
                 )?;
                 if self.is_permanent() {
-                    write!(f, " ({})", step.remedy())?;
+                    let remedy = error_code(msg).and_then(code_remedy);
+                    write!(f, " ({})", remedy.unwrap_or_else(|| step.remedy()))?;
                 }
                 Ok(())
             }
-            Cause::Server(msg) => write!(f, "error reply: {}", String::from_utf8_lossy(msg)),
+            Cause::Server(msg) => {
+                write!(f, "error reply: {}", String::from_utf8_lossy(msg))?;
+                if let Some(remedy) = error_code(msg).and_then(code_remedy) {
+                    write!(f, " ({remedy})")?;
+                }
+                Ok(())
+            }
             Cause::SameServer(other) => write!(
                 f,
                 "the same server as master #{} (same run_id): one server votes once",
@@ -2000,5 +2026,60 @@ mod tests {
             assert_eq!(cause.is_permanent(), permanent, "{name}: {cause}");
         }
         assert!(!Cause::Timeout.is_permanent() && !Cause::Closed.is_permanent());
+    }
+
+    /// Issue 41: a refusal's advice follows the server's error code where
+    /// the code says it (credentials), whichever command was refused; the
+    /// step's own advice otherwise.
+    #[test]
+    fn a_refusal_advises_from_its_error_code_before_its_step() {
+        let b = |s: &'static str| Bytes::from_static(s.as_bytes());
+        let noauth = b("NOAUTH Authentication required.");
+        let cases: [(&str, Cause, &str, &str); 6] = [
+            (
+                "no password, INFO refused first",
+                Cause::Handshake(HandshakeStep::Info, noauth.clone()),
+                "put the password in the URL: redis://:PASSWORD@host:port",
+                "quarantine",
+            ),
+            (
+                "no password, SCRIPT LOAD refused first",
+                Cause::Handshake(HandshakeStep::ScriptLoad, noauth.clone()),
+                "the master needs a password and the URL has none",
+                "+script",
+            ),
+            (
+                "no password, a command refused",
+                Cause::Server(noauth),
+                "put the password in the URL",
+                "grant",
+            ),
+            (
+                "a wrong password",
+                Cause::Handshake(
+                    HandshakeStep::Auth,
+                    b("WRONGPASS invalid username-password pair or user is disabled."),
+                ),
+                "wrong user name or password, or the user is disabled: check the user name and password in the URL",
+                "PASSWORD@",
+            ),
+            (
+                "INFO denied",
+                Cause::Handshake(HandshakeStep::Info, b("NOPERM no 'info'")),
+                "grant the user +info, or turn restart quarantine off",
+                "password",
+            ),
+            (
+                "no such database",
+                Cause::Handshake(HandshakeStep::Select, b("ERR DB index is out of range")),
+                "check the URL's database number",
+                "password",
+            ),
+        ];
+        for (name, cause, says, not) in cases {
+            let text = cause.to_string();
+            assert!(text.contains(says), "{name}: {text}");
+            assert!(!text.contains(not), "{name}: {text}");
+        }
     }
 }

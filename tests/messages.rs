@@ -1,0 +1,67 @@
+//! What a new user reads when a lock fails (issue 41): each message names
+//! the cause a user can act on, against real masters the test starts. A
+//! password the URL lacks names the password (not restart quarantine); a
+//! wrong one names the credentials.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Options, master_with, shared_config};
+use redlock_mio::{Error, Redlock};
+
+const TTL: Duration = Duration::from_secs(2);
+
+/// A client of `urls` with restart quarantine as given, connected before
+/// its first round (as far as the masters let it).
+fn client(urls: &[String], quarantine: Option<Duration>) -> Redlock {
+    let mut config = shared_config(urls);
+    config.quarantine = quarantine;
+    let mut client = Redlock::new(config).unwrap_or_else(|e| panic!("{e}"));
+    client.warm_up(Duration::from_secs(2));
+    client
+}
+
+/// A master that wants a password, named by a URL without one, with
+/// restart quarantine on and off: the message says to put the password in
+/// the URL, and neither names INFO nor quarantine.
+#[test]
+fn a_password_missing_from_the_url_is_named_with_quarantine_on_and_off() {
+    let locked = master_with(&Options::new().requirepass("secret"));
+    let urls = [locked.url()];
+    for quarantine in [Some(Duration::from_secs(60)), None] {
+        let got = client(&urls, quarantine).try_acquire("r", TTL);
+        let Err(error @ Error::Denied(_)) = &got else {
+            panic!("quarantine {quarantine:?}: a missing password is for good: {got:?}");
+        };
+        let message = error.to_string();
+        assert!(message.contains("NOAUTH"), "{message}");
+        assert!(
+            message.contains("the master needs a password")
+                && message.contains("redis://:PASSWORD@host:port"),
+            "quarantine {quarantine:?}: {message}"
+        );
+        assert!(
+            !message.contains("quarantine") && !message.contains("+info"),
+            "quarantine {quarantine:?}: {message}"
+        );
+    }
+}
+
+/// A wrong password: the message says the user name or password is wrong.
+#[test]
+fn a_wrong_password_is_named_as_wrong_credentials() {
+    let locked = master_with(&Options::new().requirepass("secret"));
+    let urls = [format!("redis://:hunter2@127.0.0.1:{}", locked.port())];
+    let got = client(&urls, None).try_acquire("r", TTL);
+    let Err(error @ Error::Denied(_)) = &got else {
+        panic!("a wrong password is for good: {got:?}");
+    };
+    let message = error.to_string();
+    assert!(message.contains("WRONGPASS"), "{message}");
+    assert!(message.contains("wrong user name or password"), "{message}");
+    assert!(
+        !message.contains("hunter2"),
+        "the password must not show: {message}"
+    );
+}
