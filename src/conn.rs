@@ -554,11 +554,16 @@ impl fmt::Display for Cause {
             ),
             Cause::Quarantined(left) => write!(
                 f,
-                "restarted recently: out of the quorum for another {} ms (restart quarantine)",
-                left.as_millis()
+                "in restart quarantine for {} s more (up for less than the max TTL)",
+                seconds_up(*left)
             ),
         }
     }
+}
+
+/// `d` in whole seconds, rounded up: a wait of 0.2 s reads 1 s, not 0 s.
+pub(crate) fn seconds_up(d: Duration) -> u64 {
+    d.as_secs() + u64::from(d.subsec_nanos() > 0)
 }
 
 impl fmt::Debug for Cause {

@@ -1,14 +1,15 @@
 //! What a new user reads when a lock fails (issue 41): each message names
 //! the cause a user can act on, against real masters the test starts. A
 //! password the URL lacks names the password (not restart quarantine); a
-//! wrong one names the credentials.
+//! wrong one names the credentials; a deployment in restart quarantine
+//! says so, for how long, and how to turn it off.
 
 mod common;
 
 use std::time::Duration;
 
-use common::{Options, master_with, shared_config};
-use redlock_mio::{Error, Redlock};
+use common::{Options, cluster, master_with, shared_config};
+use redlock_mio::{Error, Redlock, Vote};
 
 const TTL: Duration = Duration::from_secs(2);
 
@@ -64,4 +65,46 @@ fn a_wrong_password_is_named_as_wrong_credentials() {
         !message.contains("hunter2"),
         "the password must not show: {message}"
     );
+}
+
+/// Masters started a moment ago, with restart quarantine on: the error
+/// says they are in restart quarantine, for how long each, and how to
+/// turn it off for masters started empty.
+#[test]
+fn freshly_started_masters_say_they_are_in_restart_quarantine() {
+    let masters = cluster(3);
+    let got = client(&masters.urls(), Some(Duration::from_secs(60))).try_acquire("r", TTL);
+    let Err(error @ Error::NoQuorum(failure)) = &got else {
+        panic!("masters up for less than the max TTL must not count: {got:?}");
+    };
+    let message = error.to_string();
+    // Two quarantined votes decide the round; the third may come after.
+    let quarantined = failure.quarantined();
+    assert!(quarantined >= 2, "{message}");
+    assert!(
+        message.starts_with(&format!(
+            "quorum missed: {quarantined} of 3 masters in restart quarantine for up to "
+        )),
+        "{message}"
+    );
+    assert!(
+        message.contains("for masters started empty")
+            && message.contains("Config::quarantine = None turns it off"),
+        "{message}"
+    );
+    assert!(!message.contains("unreachable"), "{message}");
+    for vote in &failure.votes {
+        let Vote::Failed(cause) = &vote.vote else {
+            assert_eq!(vote.vote, Vote::Pending, "{message}");
+            continue;
+        };
+        let text = cause.to_string();
+        let seconds = text
+            .strip_prefix("in restart quarantine for ")
+            .and_then(|rest| rest.split(' ').next())
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("{text}"));
+        assert!((58..=60).contains(&seconds), "{text}");
+        assert!(text.contains(" s more"), "{text}");
+    }
 }
