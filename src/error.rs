@@ -77,9 +77,13 @@ impl fmt::Display for Failure {
         if gone > 0 {
             write!(f, " ({gone} found the key gone)")?;
         }
+        // Decided without them: a master that never answers (a port that
+        // accepts and stays silent, say) must show here too.
         for MasterVote { server, vote } in &self.votes {
-            if let Vote::Failed(cause) = vote {
-                write!(f, "; {server}: {cause}")?;
+            match vote {
+                Vote::Failed(cause) => write!(f, "; {server}: {cause}")?,
+                Vote::Pending => write!(f, "; {server}: no answer yet")?,
+                Vote::Granted | Vote::Refused | Vote::Gone => {}
             }
         }
         Ok(())
@@ -280,6 +284,27 @@ mod tests {
             let text = error.to_string();
             assert!(text.starts_with(starts), "{name}: {text}");
         }
+    }
+
+    /// Each master that did not grant or refuse is listed, in order: a
+    /// failed one with its cause, one that had not answered when the round
+    /// was decided as such.
+    #[test]
+    fn the_masters_that_did_not_vote_are_listed() {
+        let fail = failure(vec![
+            Vote::Refused,
+            Vote::Pending,
+            Vote::Failed(Cause::Closed),
+            Vote::Refused,
+            Vote::Granted,
+        ]);
+        let text = Error::Held(fail).to_string();
+        assert!(
+            text.ends_with(
+                "; redis://m1: no answer yet; redis://m2: connection closed by the master"
+            ),
+            "{text}"
+        );
     }
 
     #[test]

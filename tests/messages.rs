@@ -2,13 +2,15 @@
 //! the cause a user can act on, against real masters the test starts. A
 //! password the URL lacks names the password (not restart quarantine); a
 //! wrong one names the credentials; a deployment in restart quarantine
-//! says so, for how long, and how to turn it off.
+//! says so, for how long, and how to turn it off; a master that had not
+//! answered when the round was decided is listed.
 
 mod common;
 
+use std::net::TcpListener;
 use std::time::Duration;
 
-use common::{Options, cluster, master_with, shared_config};
+use common::{Options, cluster, hold_elsewhere, master_with, shared_config};
 use redlock_mio::{Error, Redlock, Vote};
 
 const TTL: Duration = Duration::from_secs(2);
@@ -107,4 +109,33 @@ fn freshly_started_masters_say_they_are_in_restart_quarantine() {
         assert!((58..=60).contains(&seconds), "{text}");
         assert!(text.contains(" s more"), "{text}");
     }
+}
+
+/// Two masters refuse (another client holds the key) while a third never
+/// answers: the round is decided without it, and the message lists it as
+/// not having answered yet.
+#[test]
+fn a_master_that_had_not_answered_yet_is_listed() {
+    let masters = cluster(2);
+    hold_elsewhere(masters.iter(), "r", 30_000);
+    // Accepts connections and never answers.
+    let silent = TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
+    let mut urls = masters.urls();
+    urls.push(format!(
+        "redis://127.0.0.1:{}",
+        silent.local_addr().unwrap_or_else(|e| panic!("{e}")).port()
+    ));
+    // Not warmed up: the silent master's handshake would wait out the
+    // warm-up, and could stall past its limit before the round.
+    let mut client = Redlock::new(shared_config(&urls)).unwrap_or_else(|e| panic!("{e}"));
+    let got = client.try_acquire("r", TTL);
+    let Err(error @ Error::Held(failure)) = &got else {
+        panic!("two of three refuse: {got:?}");
+    };
+    assert_eq!(failure.votes[2].vote, Vote::Pending, "{error}");
+    let message = error.to_string();
+    assert!(
+        message.ends_with(&format!("; {}: no answer yet", urls[2])),
+        "{message}"
+    );
 }
