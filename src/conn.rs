@@ -395,6 +395,10 @@ pub enum Cause {
     Tls(Arc<str>),
     /// The master sent bytes that are not RESP2.
     Protocol(ProtocolError),
+    /// The first bytes a connection received do not open as RESP does: the
+    /// port serves another protocol (HTTP, TLS, ...). The parser's error,
+    /// and the start of what the port sent (see [`Cause::of_first_reply`]).
+    NotRedis(ProtocolError, Bytes),
     /// The master sent a reply when no request was in flight.
     Unsolicited,
     /// The oldest request in flight went unanswered past the stall limit.
@@ -421,9 +425,58 @@ impl Cause {
     /// True when the master broke the protocol, as opposed to being down,
     /// slow or refusing.
     pub fn is_protocol(&self) -> bool {
-        matches!(self, Cause::Protocol(_) | Cause::Unsolicited)
+        matches!(
+            self,
+            Cause::Protocol(_) | Cause::NotRedis(..) | Cause::Unsolicited
+        )
     }
 
+    /// The cause for a connection's first reply, refused by the parser with
+    /// `error`, `received` being the bytes from the connection's start:
+    /// [`Cause::NotRedis`] when they do not open with a RESP type byte (the
+    /// port speaks another protocol: "line not terminated by CRLF" would
+    /// not tell a user that), else [`Cause::Protocol`].
+    pub fn of_first_reply(error: ProtocolError, received: &[u8]) -> Cause {
+        // RESP3's too: a server that speaks it is Redis all the same.
+        const RESP_TYPES: &[u8] = b"+-:$*_,#!=(%~|>";
+        match received.first() {
+            Some(b) if !RESP_TYPES.contains(b) => {
+                let shown = &received[..received.len().min(NOT_REDIS_SHOWN)];
+                Cause::NotRedis(error, Bytes::copy_from_slice(shown))
+            }
+            _ => Cause::Protocol(error),
+        }
+    }
+}
+
+/// How many of a foreign server's first bytes [`Cause::NotRedis`] keeps.
+const NOT_REDIS_SHOWN: usize = 64;
+
+/// What [`Cause::NotRedis`] says the port answered: a TLS record named as
+/// such, else its first line, escaped, at most 40 characters.
+fn describe_foreign(sent: &[u8], f: &mut fmt::Formatter<'_>) -> fmt::Result {
+    // A TLS record: handshake (0x16) or alert (0x15), version 3.x.
+    if let [0x15 | 0x16, 0x03, ..] = sent {
+        return f.write_str(
+            "not a Redis server in plain text: it answered in TLS (use rediss:// for a TLS port)",
+        );
+    }
+    let line = sent
+        .split(|&b| b == b'\r' || b == b'\n')
+        .next()
+        .unwrap_or(sent);
+    let mut shown = String::new();
+    for b in line {
+        shown.extend(std::ascii::escape_default(*b).map(char::from));
+        if shown.len() >= 40 {
+            shown.push_str("...");
+            break;
+        }
+    }
+    write!(f, "not a Redis server (it answered \"{shown}\")")
+}
+
+impl Cause {
     /// True when the master refuses this client for good, not for now: a
     /// handshake command refused (`WRONGPASS`, `NOAUTH`, `NOPERM`, a
     /// database that does not exist, a denied `INFO` or `SCRIPT LOAD`), or
@@ -522,6 +575,7 @@ impl fmt::Display for Cause {
             Cause::Closed => f.write_str("connection closed by the master"),
             Cause::Tls(problem) => write!(f, "TLS failed: {problem}"),
             Cause::Protocol(e) => write!(f, "protocol violation: {e}"),
+            Cause::NotRedis(_, sent) => describe_foreign(sent, f),
             Cause::Unsolicited => f.write_str("protocol violation: reply with no request"),
             Cause::Stalled => f.write_str("connection stalled: requests unanswered"),
             Cause::TooFarBehind => {
@@ -1246,6 +1300,16 @@ impl Conn {
             .sum()
     }
 
+    /// The cause for bytes the parser refused: on the first reply of a
+    /// connection, the bytes it received tell another protocol apart.
+    fn unparsable(&self, error: ProtocolError) -> Cause {
+        if self.heard {
+            Cause::Protocol(error)
+        } else {
+            Cause::of_first_reply(error, &self.inbuf)
+        }
+    }
+
     /// Reads `uptime_in_seconds` and `run_id` from an `INFO server` reply
     /// and starts the quarantine they call for.
     fn handle_info(&mut self, info: &Bytes, now: Instant) -> Result<(), Cause> {
@@ -1386,7 +1450,7 @@ impl Conn {
     pub(crate) fn poll_push(&mut self) -> Result<Option<Reply>, Cause> {
         loop {
             let Some(reply) = resp::decode_resumed(&mut self.inbuf, &mut self.scan, &self.limits)
-                .map_err(Cause::Protocol)?
+                .map_err(|e| self.unparsable(e))?
             else {
                 return Ok(None);
             };
@@ -1536,7 +1600,7 @@ impl Conn {
                 if matches!(self.in_flight.front(), Some(Expect::Probe)) {
                     self.probe_broke = true;
                 }
-                Cause::Protocol(e)
+                self.unparsable(e)
             })?
             else {
                 return Ok(None);
@@ -2031,6 +2095,53 @@ mod tests {
             assert_eq!(cause.is_permanent(), permanent, "{name}: {cause}");
         }
         assert!(!Cause::Timeout.is_permanent() && !Cause::Closed.is_permanent());
+    }
+
+    /// Issue 41: a port that speaks another protocol reads as not Redis,
+    /// quoting what it sent, from its first bytes only; bytes that open
+    /// as RESP keep the parser's error.
+    #[test]
+    fn a_first_reply_that_is_not_resp_reads_as_not_a_redis_server() {
+        let error = ProtocolError::UnknownType(b'H');
+        let long = format!("{}\r\n", "x".repeat(100));
+        let cases: [(&str, &[u8], &str); 6] = [
+            (
+                "an HTTP answer",
+                b"HTTP/1.1 400 Bad Request\r\n\r\n",
+                "not a Redis server (it answered \"HTTP/1.1 400 Bad Request\")",
+            ),
+            (
+                "a TLS alert to plain text",
+                b"\x15\x03\x03\x00\x02\x02\x46",
+                "not a Redis server in plain text: it answered in TLS (use rediss://",
+            ),
+            (
+                "a binary banner is escaped",
+                b"\x00\x01ssh\n",
+                "not a Redis server (it answered \"\\x00\\x01ssh\")",
+            ),
+            (
+                "a long line is cut",
+                long.as_bytes(),
+                "not a Redis server (it answered \"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx...\")",
+            ),
+            (
+                "RESP with a bad line ending stays a protocol violation",
+                b"+OK\rx",
+                "protocol violation: unknown RESP type byte 0x48",
+            ),
+            (
+                "RESP3 opens as RESP",
+                b"%1\r\n",
+                "protocol violation: unknown RESP type byte 0x48",
+            ),
+        ];
+        for (name, received, says) in cases {
+            let cause = Cause::of_first_reply(error, received);
+            assert!(cause.is_protocol(), "{name}");
+            let text = cause.to_string();
+            assert!(text.starts_with(says), "{name}: {text}");
+        }
     }
 
     /// Issue 41: a refusal's advice follows the server's error code where

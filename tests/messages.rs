@@ -2,11 +2,13 @@
 //! the cause a user can act on, against real masters the test starts. A
 //! password the URL lacks names the password (not restart quarantine); a
 //! wrong one names the credentials; a deployment in restart quarantine
-//! says so, for how long, and how to turn it off; a master that had not
-//! answered when the round was decided is listed.
+//! says so, for how long, and how to turn it off; a port that speaks
+//! something else says it is not Redis; a master that had not answered
+//! when the round was decided is listed.
 
 mod common;
 
+use std::io::{Read, Write};
 use std::net::TcpListener;
 use std::time::Duration;
 
@@ -109,6 +111,35 @@ fn freshly_started_masters_say_they_are_in_restart_quarantine() {
         assert!((58..=60).contains(&seconds), "{text}");
         assert!(text.contains(" s more"), "{text}");
     }
+}
+
+/// A port that answers HTTP: the master reads as not a Redis server,
+/// quoting what it answered.
+#[test]
+fn an_http_port_reads_as_not_a_redis_server() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
+    let port = listener
+        .local_addr()
+        .unwrap_or_else(|e| panic!("{e}"))
+        .port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let mut request = [0u8; 1024];
+            let _ = stream.read(&mut request);
+            let _ = stream.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n");
+        }
+    });
+    let got = client(&[format!("redis://127.0.0.1:{port}")], None).try_acquire("r", TTL);
+    let Err(error) = &got else {
+        panic!("an HTTP port grants nothing: {got:?}");
+    };
+    let message = error.to_string();
+    assert!(
+        message.contains("not a Redis server (it answered \"HTTP/1.1 400 Bad Request\")"),
+        "{message}"
+    );
+    assert!(!message.contains("CRLF"), "{message}");
 }
 
 /// Two masters refuse (another client holds the key) while a third never
