@@ -449,6 +449,31 @@ impl Cause {
     }
 }
 
+impl Cause {
+    /// The restart quarantine of a master whose `INFO server` reports an
+    /// `uptime_in_seconds` of `uptime_s`, under a maximum TTL of `max_ttl`
+    /// ([`Config::quarantine`](crate::Config::quarantine)), as of that
+    /// report: [`Cause::Quarantined`] with the time left, or `None` when it
+    /// counts already. The rule the client applies on every connect (where
+    /// a master that restarted while holding this client's locks waits a
+    /// whole max TTL besides).
+    pub fn of_uptime(uptime_s: u64, max_ttl: Duration) -> Option<Cause> {
+        quarantine_after(uptime_s, max_ttl)
+            .filter(|left| !left.is_zero())
+            .map(Cause::Quarantined)
+    }
+}
+
+/// How long after an `INFO server` that reads `uptime_s` the master stays
+/// out of the quorum under `max_ttl`. Redis reports `uptime_in_seconds` as
+/// the difference of two whole wall-clock seconds (now and the start, both
+/// truncated), so it reads 1 a millisecond after a start just before a
+/// second's end: the restart was more than `uptime - 1` s ago, and no more
+/// can be assumed. Waiting out `max_ttl - (uptime - 1)` is the safe choice.
+fn quarantine_after(uptime_s: u64, max_ttl: Duration) -> Option<Duration> {
+    max_ttl.checked_sub(Duration::from_secs(uptime_s.saturating_sub(1)))
+}
+
 /// How many of a foreign server's first bytes [`Cause::NotRedis`] keeps.
 const NOT_REDIS_SHOWN: usize = 64;
 
@@ -1338,14 +1363,7 @@ impl Conn {
             self.run_id = Some(run_id);
             return Ok(());
         };
-        // Redis reports uptime_in_seconds as the difference of two whole
-        // wall-clock seconds (now and the start, both truncated), so it
-        // reads 1 a millisecond after a start just before a second's end:
-        // the restart was more than `uptime - 1` s ago, and no more can be
-        // assumed. Waiting out `max_ttl - (uptime - 1)` is the safe choice.
-        let mut until = max_ttl
-            .checked_sub(Duration::from_secs(uptime.saturating_sub(1)))
-            .and_then(|left| now.checked_add(left));
+        let mut until = quarantine_after(uptime, max_ttl).and_then(|left| now.checked_add(left));
         let restarted = self.run_id.as_ref().is_some_and(|old| *old != run_id);
         let held = self
             .last_grant
@@ -2141,6 +2159,24 @@ mod tests {
             assert!(cause.is_protocol(), "{name}");
             let text = cause.to_string();
             assert!(text.starts_with(says), "{name}: {text}");
+        }
+    }
+
+    /// The rule `redlock probe` shows is the one a connection applies.
+    #[test]
+    fn a_master_is_quarantined_until_its_uptime_passes_the_max_ttl() {
+        let s = Duration::from_secs;
+        let cases = [
+            ("just started", 0, Some(s(60))),
+            ("a second may be a millisecond", 1, Some(s(60))),
+            ("up 2 s: more than 1 s", 2, Some(s(59))),
+            ("the last second", 60, Some(s(1))),
+            ("over", 61, None),
+            ("long over", 86_400, None),
+        ];
+        for (name, uptime, left) in cases {
+            let want = left.map(Cause::Quarantined);
+            assert_eq!(Cause::of_uptime(uptime, s(60)), want, "{name}");
         }
     }
 

@@ -311,7 +311,7 @@ fn dispatch(cli: &Cli) -> Result<u8, Failure> {
         Command::Probe => probe::probe(
             &server_urls(&cli.servers)?,
             cli.timeout.unwrap_or(PROBE_TIMEOUT),
-            cli.max_ttl,
+            quarantine,
             &tls,
         ),
     }
