@@ -411,14 +411,38 @@ fn acquire_prints_a_token_that_release_and_extend_take() {
         .count();
     assert!(extended >= 2, "a quorum should have the new TTL");
 
+    // Well formed, and not the lock's: not held (1).
+    let other = "0".repeat(48);
     let mut wrong = one_shot(&urls);
-    wrong.args(["extend", "shell", "not-the-token", "--ttl", "90s"]);
+    wrong.args(["extend", "shell", &other, "--ttl", "90s"]);
     assert_eq!(code(&finish(wrong)), 1);
+    let mut wrong = one_shot(&urls);
+    wrong.args(["release", "shell", &other]);
+    let out = finish(wrong);
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    assert!(stderr(&out).contains("no longer held"), "{}", stderr(&out));
 
-    let mut malformed = redlock(&urls);
-    malformed.args(["release", "shell", "two words"]);
-    let out = finish(malformed);
-    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    // Not what `acquire` prints (issue 41: a mistyped token read as "no
+    // longer held", exit 1): a usage error (2), that names the shape.
+    let cut = &token[..47];
+    let upper = token.to_uppercase();
+    for malformed_token in ["two words", "not-the-token", cut, &upper] {
+        for op in ["release", "extend"] {
+            let mut malformed = redlock(&urls);
+            malformed.args([op, "shell", malformed_token]);
+            if op == "extend" {
+                malformed.args(["--ttl", "90s"]);
+            }
+            let out = finish(malformed);
+            assert_eq!(code(&out), 2, "{op} {malformed_token:?}: {}", stderr(&out));
+            assert!(
+                stderr(&out).contains("malformed token"),
+                "{op} {malformed_token:?}: {}",
+                stderr(&out)
+            );
+        }
+    }
+    assert_held(&masters, "shell", token);
 
     // The masters may also come from the environment.
     let mut release = one_shot(&[]);
