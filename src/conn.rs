@@ -395,6 +395,10 @@ pub enum Cause {
     Tls(Arc<str>),
     /// The master sent bytes that are not RESP2.
     Protocol(ProtocolError),
+    /// The first bytes a connection received do not open as RESP does: the
+    /// port serves another protocol (HTTP, TLS, ...). The parser's error,
+    /// and the start of what the port sent (see [`Cause::of_first_reply`]).
+    NotRedis(ProtocolError, Bytes),
     /// The master sent a reply when no request was in flight.
     Unsolicited,
     /// The oldest request in flight went unanswered past the stall limit.
@@ -421,9 +425,83 @@ impl Cause {
     /// True when the master broke the protocol, as opposed to being down,
     /// slow or refusing.
     pub fn is_protocol(&self) -> bool {
-        matches!(self, Cause::Protocol(_) | Cause::Unsolicited)
+        matches!(
+            self,
+            Cause::Protocol(_) | Cause::NotRedis(..) | Cause::Unsolicited
+        )
     }
 
+    /// The cause for a connection's first reply, refused by the parser with
+    /// `error`, `received` being the bytes from the connection's start:
+    /// [`Cause::NotRedis`] when they do not open with a RESP type byte (the
+    /// port speaks another protocol: "line not terminated by CRLF" would
+    /// not tell a user that), else [`Cause::Protocol`].
+    pub fn of_first_reply(error: ProtocolError, received: &[u8]) -> Cause {
+        // RESP3's too: a server that speaks it is Redis all the same.
+        const RESP_TYPES: &[u8] = b"+-:$*_,#!=(%~|>";
+        match received.first() {
+            Some(b) if !RESP_TYPES.contains(b) => {
+                let shown = &received[..received.len().min(NOT_REDIS_SHOWN)];
+                Cause::NotRedis(error, Bytes::copy_from_slice(shown))
+            }
+            _ => Cause::Protocol(error),
+        }
+    }
+}
+
+impl Cause {
+    /// The restart quarantine of a master whose `INFO server` reports an
+    /// `uptime_in_seconds` of `uptime_s`, under a maximum TTL of `max_ttl`
+    /// ([`Config::quarantine`](crate::Config::quarantine)), as of that
+    /// report: [`Cause::Quarantined`] with the time left, or `None` when it
+    /// counts already. The rule the client applies on every connect (where
+    /// a master that restarted while holding this client's locks waits a
+    /// whole max TTL besides).
+    pub fn of_uptime(uptime_s: u64, max_ttl: Duration) -> Option<Cause> {
+        quarantine_after(uptime_s, max_ttl)
+            .filter(|left| !left.is_zero())
+            .map(Cause::Quarantined)
+    }
+}
+
+/// How long after an `INFO server` that reads `uptime_s` the master stays
+/// out of the quorum under `max_ttl`. Redis reports `uptime_in_seconds` as
+/// the difference of two whole wall-clock seconds (now and the start, both
+/// truncated), so it reads 1 a millisecond after a start just before a
+/// second's end: the restart was more than `uptime - 1` s ago, and no more
+/// can be assumed. Waiting out `max_ttl - (uptime - 1)` is the safe choice.
+fn quarantine_after(uptime_s: u64, max_ttl: Duration) -> Option<Duration> {
+    max_ttl.checked_sub(Duration::from_secs(uptime_s.saturating_sub(1)))
+}
+
+/// How many of a foreign server's first bytes [`Cause::NotRedis`] keeps.
+const NOT_REDIS_SHOWN: usize = 64;
+
+/// What [`Cause::NotRedis`] says the port answered: a TLS record named as
+/// such, else its first line, escaped, at most 40 characters.
+fn describe_foreign(sent: &[u8], f: &mut fmt::Formatter<'_>) -> fmt::Result {
+    // A TLS record: handshake (0x16) or alert (0x15), version 3.x.
+    if let [0x15 | 0x16, 0x03, ..] = sent {
+        return f.write_str(
+            "not a Redis server in plain text: it answered in TLS (use rediss:// for a TLS port)",
+        );
+    }
+    let line = sent
+        .split(|&b| b == b'\r' || b == b'\n')
+        .next()
+        .unwrap_or(sent);
+    let mut shown = String::new();
+    for b in line {
+        shown.extend(std::ascii::escape_default(*b).map(char::from));
+        if shown.len() >= 40 {
+            shown.push_str("...");
+            break;
+        }
+    }
+    write!(f, "not a Redis server (it answered \"{shown}\")")
+}
+
+impl Cause {
     /// True when the master refuses this client for good, not for now: a
     /// handshake command refused (`WRONGPASS`, `NOAUTH`, `NOPERM`, a
     /// database that does not exist, a denied `INFO` or `SCRIPT LOAD`), or
@@ -477,7 +555,8 @@ impl HandshakeStep {
         }
     }
 
-    /// What an operator grants (or fixes) when this step is refused.
+    /// What an operator grants (or fixes) when this step is refused with
+    /// an error code that does not say it alone (see [`code_remedy`]).
     fn remedy(self) -> &'static str {
         match self {
             HandshakeStep::Auth => "check the user name and password in the URL",
@@ -487,6 +566,24 @@ impl HandshakeStep {
                 "grant the user +info, or turn restart quarantine off (INFO reports restarts)"
             }
         }
+    }
+}
+
+/// What to fix when a master refuses with this error code, where the code
+/// says it whatever the command: the credentials. A missing password reads
+/// `NOAUTH` on whichever command comes first (no AUTH is sent without one),
+/// so the step refused says nothing of the remedy.
+fn code_remedy(code: &[u8]) -> Option<&'static str> {
+    match code {
+        b"NOAUTH" => Some(
+            "the master needs a password and the URL has none: put the password in the URL: \
+             redis://:PASSWORD@host:port, or redis://USER:PASSWORD@host:port for an ACL user",
+        ),
+        b"WRONGPASS" => Some(
+            "wrong user name or password, or the user is disabled: check the user name and \
+             password in the URL",
+        ),
+        _ => None,
     }
 }
 
@@ -503,6 +600,7 @@ impl fmt::Display for Cause {
             Cause::Closed => f.write_str("connection closed by the master"),
             Cause::Tls(problem) => write!(f, "TLS failed: {problem}"),
             Cause::Protocol(e) => write!(f, "protocol violation: {e}"),
+            Cause::NotRedis(_, sent) => describe_foreign(sent, f),
             Cause::Unsolicited => f.write_str("protocol violation: reply with no request"),
             Cause::Stalled => f.write_str("connection stalled: requests unanswered"),
             Cause::TooFarBehind => {
@@ -516,11 +614,18 @@ impl fmt::Display for Cause {
                     String::from_utf8_lossy(msg)
                 )?;
                 if self.is_permanent() {
-                    write!(f, " ({})", step.remedy())?;
+                    let remedy = error_code(msg).and_then(code_remedy);
+                    write!(f, " ({})", remedy.unwrap_or_else(|| step.remedy()))?;
                 }
                 Ok(())
             }
-            Cause::Server(msg) => write!(f, "error reply: {}", String::from_utf8_lossy(msg)),
+            Cause::Server(msg) => {
+                write!(f, "error reply: {}", String::from_utf8_lossy(msg))?;
+                if let Some(remedy) = error_code(msg).and_then(code_remedy) {
+                    write!(f, " ({remedy})")?;
+                }
+                Ok(())
+            }
             Cause::SameServer(other) => write!(
                 f,
                 "the same server as master #{} (same run_id): one server votes once",
@@ -528,11 +633,16 @@ impl fmt::Display for Cause {
             ),
             Cause::Quarantined(left) => write!(
                 f,
-                "restarted recently: out of the quorum for another {} ms (restart quarantine)",
-                left.as_millis()
+                "in restart quarantine for {} s more (up for less than the max TTL)",
+                seconds_up(*left)
             ),
         }
     }
+}
+
+/// `d` in whole seconds, rounded up: a wait of 0.2 s reads 1 s, not 0 s.
+pub(crate) fn seconds_up(d: Duration) -> u64 {
+    d.as_secs() + u64::from(d.subsec_nanos() > 0)
 }
 
 impl fmt::Debug for Cause {
@@ -1215,6 +1325,16 @@ impl Conn {
             .sum()
     }
 
+    /// The cause for bytes the parser refused: on the first reply of a
+    /// connection, the bytes it received tell another protocol apart.
+    fn unparsable(&self, error: ProtocolError) -> Cause {
+        if self.heard {
+            Cause::Protocol(error)
+        } else {
+            Cause::of_first_reply(error, &self.inbuf)
+        }
+    }
+
     /// Reads `uptime_in_seconds` and `run_id` from an `INFO server` reply
     /// and starts the quarantine they call for.
     fn handle_info(&mut self, info: &Bytes, now: Instant) -> Result<(), Cause> {
@@ -1243,14 +1363,7 @@ impl Conn {
             self.run_id = Some(run_id);
             return Ok(());
         };
-        // Redis reports uptime_in_seconds as the difference of two whole
-        // wall-clock seconds (now and the start, both truncated), so it
-        // reads 1 a millisecond after a start just before a second's end:
-        // the restart was more than `uptime - 1` s ago, and no more can be
-        // assumed. Waiting out `max_ttl - (uptime - 1)` is the safe choice.
-        let mut until = max_ttl
-            .checked_sub(Duration::from_secs(uptime.saturating_sub(1)))
-            .and_then(|left| now.checked_add(left));
+        let mut until = quarantine_after(uptime, max_ttl).and_then(|left| now.checked_add(left));
         let restarted = self.run_id.as_ref().is_some_and(|old| *old != run_id);
         let held = self
             .last_grant
@@ -1355,7 +1468,7 @@ impl Conn {
     pub(crate) fn poll_push(&mut self) -> Result<Option<Reply>, Cause> {
         loop {
             let Some(reply) = resp::decode_resumed(&mut self.inbuf, &mut self.scan, &self.limits)
-                .map_err(Cause::Protocol)?
+                .map_err(|e| self.unparsable(e))?
             else {
                 return Ok(None);
             };
@@ -1505,7 +1618,7 @@ impl Conn {
                 if matches!(self.in_flight.front(), Some(Expect::Probe)) {
                     self.probe_broke = true;
                 }
-                Cause::Protocol(e)
+                self.unparsable(e)
             })?
             else {
                 return Ok(None);
@@ -2000,5 +2113,125 @@ mod tests {
             assert_eq!(cause.is_permanent(), permanent, "{name}: {cause}");
         }
         assert!(!Cause::Timeout.is_permanent() && !Cause::Closed.is_permanent());
+    }
+
+    /// Issue 41: a port that speaks another protocol reads as not Redis,
+    /// quoting what it sent, from its first bytes only; bytes that open
+    /// as RESP keep the parser's error.
+    #[test]
+    fn a_first_reply_that_is_not_resp_reads_as_not_a_redis_server() {
+        let error = ProtocolError::UnknownType(b'H');
+        let long = format!("{}\r\n", "x".repeat(100));
+        let cases: [(&str, &[u8], &str); 6] = [
+            (
+                "an HTTP answer",
+                b"HTTP/1.1 400 Bad Request\r\n\r\n",
+                "not a Redis server (it answered \"HTTP/1.1 400 Bad Request\")",
+            ),
+            (
+                "a TLS alert to plain text",
+                b"\x15\x03\x03\x00\x02\x02\x46",
+                "not a Redis server in plain text: it answered in TLS (use rediss://",
+            ),
+            (
+                "a binary banner is escaped",
+                b"\x00\x01ssh\n",
+                "not a Redis server (it answered \"\\x00\\x01ssh\")",
+            ),
+            (
+                "a long line is cut",
+                long.as_bytes(),
+                "not a Redis server (it answered \"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx...\")",
+            ),
+            (
+                "RESP with a bad line ending stays a protocol violation",
+                b"+OK\rx",
+                "protocol violation: unknown RESP type byte 0x48",
+            ),
+            (
+                "RESP3 opens as RESP",
+                b"%1\r\n",
+                "protocol violation: unknown RESP type byte 0x48",
+            ),
+        ];
+        for (name, received, says) in cases {
+            let cause = Cause::of_first_reply(error, received);
+            assert!(cause.is_protocol(), "{name}");
+            let text = cause.to_string();
+            assert!(text.starts_with(says), "{name}: {text}");
+        }
+    }
+
+    /// The rule `redlock probe` shows is the one a connection applies.
+    #[test]
+    fn a_master_is_quarantined_until_its_uptime_passes_the_max_ttl() {
+        let s = Duration::from_secs;
+        let cases = [
+            ("just started", 0, Some(s(60))),
+            ("a second may be a millisecond", 1, Some(s(60))),
+            ("up 2 s: more than 1 s", 2, Some(s(59))),
+            ("the last second", 60, Some(s(1))),
+            ("over", 61, None),
+            ("long over", 86_400, None),
+        ];
+        for (name, uptime, left) in cases {
+            let want = left.map(Cause::Quarantined);
+            assert_eq!(Cause::of_uptime(uptime, s(60)), want, "{name}");
+        }
+    }
+
+    /// Issue 41: a refusal's advice follows the server's error code where
+    /// the code says it (credentials), whichever command was refused; the
+    /// step's own advice otherwise.
+    #[test]
+    fn a_refusal_advises_from_its_error_code_before_its_step() {
+        let b = |s: &'static str| Bytes::from_static(s.as_bytes());
+        let noauth = b("NOAUTH Authentication required.");
+        let cases: [(&str, Cause, &str, &str); 6] = [
+            (
+                "no password, INFO refused first",
+                Cause::Handshake(HandshakeStep::Info, noauth.clone()),
+                "put the password in the URL: redis://:PASSWORD@host:port",
+                "quarantine",
+            ),
+            (
+                "no password, SCRIPT LOAD refused first",
+                Cause::Handshake(HandshakeStep::ScriptLoad, noauth.clone()),
+                "the master needs a password and the URL has none",
+                "+script",
+            ),
+            (
+                "no password, a command refused",
+                Cause::Server(noauth),
+                "put the password in the URL",
+                "grant",
+            ),
+            (
+                "a wrong password",
+                Cause::Handshake(
+                    HandshakeStep::Auth,
+                    b("WRONGPASS invalid username-password pair or user is disabled."),
+                ),
+                "wrong user name or password, or the user is disabled: check the user name and password in the URL",
+                "PASSWORD@",
+            ),
+            (
+                "INFO denied",
+                Cause::Handshake(HandshakeStep::Info, b("NOPERM no 'info'")),
+                "grant the user +info, or turn restart quarantine off",
+                "password",
+            ),
+            (
+                "no such database",
+                Cause::Handshake(HandshakeStep::Select, b("ERR DB index is out of range")),
+                "check the URL's database number",
+                "password",
+            ),
+        ];
+        for (name, cause, says, not) in cases {
+            let text = cause.to_string();
+            assert!(text.contains(says), "{name}: {text}");
+            assert!(!text.contains(not), "{name}: {text}");
+        }
     }
 }

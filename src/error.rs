@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::ConfigError;
+use crate::conn::{Cause, seconds_up};
 use crate::quorum::Vote;
 
 /// One master's part in a failed operation.
@@ -38,6 +39,27 @@ pub struct Failure {
     pub attempts: u32,
 }
 
+impl Failure {
+    /// How many masters are in restart quarantine: they answered, but their
+    /// votes do not count yet (see [`Cause::Quarantined`]).
+    pub fn quarantined(&self) -> usize {
+        self.quarantine_lefts().count()
+    }
+
+    /// The longest restart quarantine left among the masters in one, `None`
+    /// when none is: waiting this long lets them count again.
+    pub fn quarantine_left(&self) -> Option<Duration> {
+        self.quarantine_lefts().max()
+    }
+
+    fn quarantine_lefts(&self) -> impl Iterator<Item = Duration> + '_ {
+        self.votes.iter().filter_map(|v| match v.vote {
+            Vote::Failed(Cause::Quarantined(left)) => Some(left),
+            _ => None,
+        })
+    }
+}
+
 impl fmt::Display for Failure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
@@ -55,9 +77,13 @@ impl fmt::Display for Failure {
         if gone > 0 {
             write!(f, " ({gone} found the key gone)")?;
         }
+        // Decided without them: a master that never answers (a port that
+        // accepts and stays silent, say) must show here too.
         for MasterVote { server, vote } in &self.votes {
-            if let Vote::Failed(cause) = vote {
-                write!(f, "; {server}: {cause}")?;
+            match vote {
+                Vote::Failed(cause) => write!(f, "; {server}: {cause}")?,
+                Vote::Pending => write!(f, "; {server}: no answer yet")?,
+                Vote::Granted | Vote::Refused | Vote::Gone => {}
             }
         }
         Ok(())
@@ -146,7 +172,21 @@ impl fmt::Display for Error {
             Error::Config(e) => write!(f, "invalid setting: {e}"),
             Error::Held(fail) => write!(f, "lock held by another client: {fail}"),
             Error::NotHeld(fail) => write!(f, "lock no longer held: {fail}"),
-            Error::NoQuorum(fail) => write!(f, "quorum of masters unreachable: {fail}"),
+            Error::NoQuorum(fail) => match fail.quarantine_left() {
+                // They answer: "unreachable" would send the user looking
+                // for a network fault.
+                Some(left) => write!(
+                    f,
+                    "quorum missed: {} of {} masters in restart quarantine for up to {} s more \
+                     (a master up for less than the max TTL may have lost locks in a restart; \
+                     for masters started empty, or that persist every write, \
+                     Config::quarantine = None turns it off): {fail}",
+                    fail.quarantined(),
+                    fail.votes.len(),
+                    seconds_up(left)
+                ),
+                None => write!(f, "quorum of masters unreachable: {fail}"),
+            },
             Error::Denied(fail) => write!(f, "masters refuse this client: {fail}"),
             Error::Protocol(fail) => write!(f, "a master broke the protocol: {fail}"),
             Error::ValidityExpired(fail) => write!(f, "validity used up by a slow round: {fail}"),
@@ -179,5 +219,100 @@ impl std::error::Error for Error {}
 impl From<ConfigError> for Error {
     fn from(e: ConfigError) -> Self {
         Error::Config(e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn failure(votes: Vec<Vote>) -> Failure {
+        Failure {
+            quorum: votes.len() / 2 + 1,
+            granted: votes.iter().filter(|v| **v == Vote::Granted).count(),
+            refused: votes
+                .iter()
+                .filter(|v| matches!(v, Vote::Refused | Vote::Gone))
+                .count(),
+            votes: votes
+                .into_iter()
+                .enumerate()
+                .map(|(i, vote)| MasterVote {
+                    server: format!("redis://m{i}").into(),
+                    vote,
+                })
+                .collect(),
+            elapsed: Duration::from_millis(1),
+            attempts: 1,
+        }
+    }
+
+    /// Issue 41: what a user reads first says why the quorum was missed.
+    #[test]
+    fn the_top_line_names_what_the_votes_say() {
+        let quarantined = |ms| Vote::Failed(Cause::Quarantined(Duration::from_millis(ms)));
+        let cases = [
+            (
+                "masters in restart quarantine answer: not unreachable",
+                Error::NoQuorum(failure(vec![
+                    quarantined(59_001),
+                    quarantined(60_000),
+                    Vote::Failed(Cause::Timeout),
+                ])),
+                "quorum missed: 2 of 3 masters in restart quarantine for up to 60 s more (",
+            ),
+            (
+                "a part of a second left reads as a second",
+                Error::NoQuorum(failure(vec![
+                    quarantined(200),
+                    Vote::Failed(Cause::Closed),
+                    Vote::Failed(Cause::Closed),
+                ])),
+                "quorum missed: 1 of 3 masters in restart quarantine for up to 1 s more (",
+            ),
+            (
+                "down masters are unreachable",
+                Error::NoQuorum(failure(vec![
+                    Vote::Granted,
+                    Vote::Failed(Cause::Closed),
+                    Vote::Failed(Cause::Timeout),
+                ])),
+                "quorum of masters unreachable: 1 of 3 masters granted",
+            ),
+        ];
+        for (name, error, starts) in cases {
+            let text = error.to_string();
+            assert!(text.starts_with(starts), "{name}: {text}");
+        }
+    }
+
+    /// Each master that did not grant or refuse is listed, in order: a
+    /// failed one with its cause, one that had not answered when the round
+    /// was decided as such.
+    #[test]
+    fn the_masters_that_did_not_vote_are_listed() {
+        let fail = failure(vec![
+            Vote::Refused,
+            Vote::Pending,
+            Vote::Failed(Cause::Closed),
+            Vote::Refused,
+            Vote::Granted,
+        ]);
+        let text = Error::Held(fail).to_string();
+        assert!(
+            text.ends_with(
+                "; redis://m1: no answer yet; redis://m2: connection closed by the master"
+            ),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_quarantined_master_says_how_long_it_has_left() {
+        let text = Cause::Quarantined(Duration::from_millis(59_998)).to_string();
+        assert!(
+            text.starts_with("in restart quarantine for 60 s more"),
+            "{text}"
+        );
     }
 }

@@ -463,7 +463,7 @@ fn cause_index(cause: &Cause) -> usize {
         Cause::Io(_) => 6,
         Cause::Closed => 7,
         Cause::Tls(_) => 8,
-        Cause::Protocol(_) => 9,
+        Cause::Protocol(_) | Cause::NotRedis(..) => 9,
         Cause::Unsolicited => 10,
         Cause::Stalled => 11,
         Cause::TooFarBehind => 12,

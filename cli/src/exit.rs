@@ -42,7 +42,7 @@ Exit status:
            release/extend: the token does not hold the lock (it expired)
   2        usage error: bad arguments, no masters, malformed URL or token
   69       a quorum of masters is unreachable (or broke the protocol);
-           probe: fewer than a quorum healthy
+           probe: fewer than a quorum healthy and out of restart quarantine
   70       an unexpected library error
   71       the OS refused a resource (poll, random bytes, pipe, output)
   75       run: the lock was lost while the command ran (it was terminated),
@@ -115,6 +115,20 @@ pub fn lock_error(context: &str, error: &Error, conflict: u8) -> Failure {
              masters that persist every write (appendfsync always)",
             humantime::format_duration(*max)
         ),
+        // The library names its setting; a user of the command needs the
+        // flags.
+        Error::NoQuorum(failure) if failure.quarantined() > 0 => {
+            let left = failure.quarantine_left().unwrap_or_default();
+            format!(
+                "{context}: quorum missed: {} of {} masters in restart quarantine for up to {} \
+                 s more (a master up for less than the max TTL, --max-ttl, may have lost locks \
+                 in a restart; for masters started empty, or that persist every write \
+                 (appendfsync always), --no-quarantine turns it off): {failure}",
+                failure.quarantined(),
+                failure.votes.len(),
+                left.as_secs() + u64::from(left.subsec_nanos() > 0)
+            )
+        }
         _ => format!("{context}: {error}"),
     };
     Failure::new(code_for(error, conflict), message)
@@ -167,6 +181,41 @@ mod tests {
                 .starts_with("cannot acquire \"r\": quorum of masters unreachable")
         );
         assert!(!failure.message.contains('\n'));
+    }
+
+    #[test]
+    fn masters_in_restart_quarantine_name_the_flag_that_turns_it_off() {
+        use redlock_mio::{Cause, MasterVote, Vote};
+        let mut failure = votes();
+        for left in [Duration::from_millis(59_500), Duration::from_secs(3)] {
+            failure.votes.push(MasterVote {
+                server: "redis://m".into(),
+                vote: Vote::Failed(Cause::Quarantined(left)),
+            });
+        }
+        failure.votes.push(MasterVote {
+            server: "redis://n".into(),
+            vote: Vote::Failed(Cause::Timeout),
+        });
+        let failure = lock_error("cannot acquire \"r\"", &Error::NoQuorum(failure), 1);
+        assert_eq!(failure.code, UNAVAILABLE);
+        let message = failure.message;
+        assert!(
+            message.starts_with(
+                "cannot acquire \"r\": quorum missed: 2 of 3 masters in restart quarantine \
+                 for up to 60 s more ("
+            ),
+            "{message}"
+        );
+        assert!(
+            message.contains("--no-quarantine turns it off"),
+            "{message}"
+        );
+        assert!(!message.contains("Config::"), "{message}");
+        assert!(
+            message.ends_with("; redis://n: no reply within the per-instance timeout"),
+            "{message}"
+        );
     }
 
     #[test]

@@ -311,7 +311,7 @@ fn dispatch(cli: &Cli) -> Result<u8, Failure> {
         Command::Probe => probe::probe(
             &server_urls(&cli.servers)?,
             cli.timeout.unwrap_or(PROBE_TIMEOUT),
-            cli.max_ttl,
+            quarantine,
             &tls,
         ),
     }
@@ -482,9 +482,28 @@ fn acquire(mut redlock: Redlock, args: &AcquireArgs) -> Result<u8, Failure> {
 }
 
 fn parts(args: &TokenArgs) -> Result<Lock, Failure> {
-    let token = Token::parse(args.token.trim())
-        .map_err(|e| Failure::usage(format!("malformed token: {e}")))?;
+    let text = args.token.trim();
+    let token = Token::parse(text).map_err(|e| Failure::usage(format!("malformed token: {e}")))?;
+    // Only `acquire`'s tokens can be held: one cut short or mistyped is a
+    // usage error, not a lock "no longer held".
+    if !is_printed_token(text) {
+        return Err(Failure::usage(format!(
+            "malformed token {text:?}: `redlock acquire` prints {PRINTED_TOKEN_LEN} lowercase \
+             hex digits"
+        )));
+    }
     Ok(Lock::from_parts(args.resource.clone(), token))
+}
+
+/// How long a token `redlock acquire` prints is.
+const PRINTED_TOKEN_LEN: usize = 48;
+
+/// Whether `text` has the shape of a token `redlock acquire` prints.
+fn is_printed_token(text: &str) -> bool {
+    text.len() == PRINTED_TOKEN_LEN
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
 fn release(mut redlock: Redlock, args: &TokenArgs) -> Result<u8, Failure> {
@@ -560,6 +579,22 @@ mod tests {
             ["redis://a:1", "redis://b:2", "unix:///s", "redis://c"]
         );
         assert!(split_servers(" , ").is_empty());
+    }
+
+    #[test]
+    fn only_tokens_shaped_as_acquire_prints_them_are_taken() {
+        let printed = "0123456789abcdef0123456789abcdef0123456789abcdef";
+        let cases = [
+            ("as printed", printed.to_owned(), true),
+            ("cut short", printed[..47].to_owned(), false),
+            ("one too many", format!("{printed}0"), false),
+            ("upper case", printed.to_uppercase(), false),
+            ("not hex", printed.replacen('a', "g", 1), false),
+            ("a word", "not-the-token".to_owned(), false),
+        ];
+        for (name, text, taken) in cases {
+            assert_eq!(is_printed_token(&text), taken, "{name}");
+        }
     }
 
     #[test]

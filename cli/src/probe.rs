@@ -26,14 +26,14 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::BytesMut;
 use redlock_mio::resp::{Arg, Limits, Reply, decode, encode_command};
-use redlock_mio::{Capabilities, Endpoint, LockCommands};
+use redlock_mio::{Capabilities, Cause, Endpoint, LockCommands};
 use redlock_mio::{ServerAddr, TlsConfig};
 use rustls::pki_types::ServerName;
 use rustls::{ClientConfig, ClientConnection, ProtocolVersion, StreamOwned};
 
 use crate::cert::{self, Validity};
 use crate::exit::{self, Failure};
-use crate::say;
+use crate::{Quarantine, say};
 
 pub const LONG_ABOUT: &str = "Check each master: reachable or the error, the server and its \
     version as it names itself (redis 7.0.15, valkey 8.0.1), round-trip time of a PING \
@@ -50,8 +50,11 @@ pub const LONG_ABOUT: &str = "Check each master: reachable or the error, the ser
     --tls-cert/--tls-key for a master that asks for a client certificate. A \
     certificate that fails verification (an unknown issuer, expired, made out to \
     another name) makes the master UNREACHABLE, with rustls's reason.\n\n\
-    A master is healthy when it answers PING as a master (not a replica). Exits 69 \
-    when fewer than a quorum (N/2+1) are healthy, 0 otherwise, warnings or not. \
+    A master is healthy when it answers PING as a master (not a replica). One up \
+    for less than the maximum TTL (--max-ttl, 60 s by default) is shown in restart \
+    quarantine, for as long as a lock client leaves it out of the quorum \
+    (--no-quarantine: never). Exits 69 when fewer than a quorum (N/2+1) are healthy \
+    and out of restart quarantine, 0 otherwise, warnings or not. \
     --timeout (default 2s) bounds each connect, read and write (and so each step \
     of a TLS handshake).";
 
@@ -97,6 +100,9 @@ struct Findings {
     /// the client's handshake reads them.
     commands: Option<String>,
     uptime_s: Option<u64>,
+    /// The restart quarantine left, by the lock client's rule, as of the
+    /// INFO reading: the master's votes do not count until it ends.
+    quarantine: Option<Duration>,
     run_id: Option<String>,
     /// Why the master cannot hold locks although it answers.
     unfit: Option<String>,
@@ -109,17 +115,22 @@ struct Findings {
 /// # Errors
 /// A usage failure for a malformed URL.
 /// `timeout` bounds each connect, read and write; a certificate that
-/// expires within `max_ttl` (the largest TTL in use, when longer than
-/// [`EXPIRY_WARNING`]) is warned about.
+/// expires within `--max-ttl` (the largest TTL in use, when longer than
+/// [`EXPIRY_WARNING`]) is warned about. A master is in restart quarantine
+/// as `quarantine` sets it for the lock commands.
 pub fn probe(
     urls: &[String],
     timeout: Duration,
-    max_ttl: Option<Duration>,
+    quarantine: Quarantine,
     tls: &TlsConfig,
 ) -> Result<u8, Failure> {
     // It asks each master itself what it offers, whatever the setting.
-    let config = crate::config(urls, tls, LockCommands::Auto)?;
-    let horizon = max_ttl.map_or(EXPIRY_WARNING, |ttl| ttl.max(EXPIRY_WARNING));
+    let mut config = crate::config(urls, tls, LockCommands::Auto)?;
+    quarantine.apply(&mut config);
+    let max_ttl = config.quarantine;
+    let horizon = quarantine
+        .max_ttl
+        .map_or(EXPIRY_WARNING, |ttl| ttl.max(EXPIRY_WARNING));
     // Loaded once, and only when a master asks for TLS, as the library does;
     // settings that cannot work are a usage error, as for the lock commands.
     let tls = if config.servers.iter().any(|s| s.tls) {
@@ -133,7 +144,7 @@ pub fn probe(
         let handles: Vec<_> = config
             .servers
             .iter()
-            .map(|addr| scope.spawn(move || check(addr, tls, timeout, horizon)))
+            .map(|addr| scope.spawn(move || check(addr, tls, timeout, horizon, max_ttl)))
             .collect();
         handles
             .into_iter()
@@ -145,20 +156,33 @@ pub fn probe(
             .collect()
     });
     let mut out = String::new();
-    let mut healthy = 0;
+    // The quarantine left on each healthy master, zero when out of it.
+    let mut waits = Vec::new();
     for (addr, result) in config.servers.iter().zip(&results) {
-        let line = describe(addr, result);
+        let line = describe(addr, result, max_ttl);
         out.push_str(&line);
-        if matches!(result, Ok(f) if f.unfit.is_none()) {
-            healthy += 1;
+        if let Ok(f) = result
+            && f.unfit.is_none()
+        {
+            waits.push(f.quarantine.unwrap_or_default());
         }
     }
+    waits.sort_unstable();
     let n = config.servers.len();
     let quorum = n / 2 + 1;
-    let verdict = if healthy >= quorum {
-        "ok"
-    } else {
-        "NOT ENOUGH for a lock"
+    let healthy = waits.len();
+    let quarantined = waits.iter().filter(|w| !w.is_zero()).count();
+    // How long until a quorum of healthy masters is out of quarantine.
+    let wait = waits.get(quorum - 1).copied();
+    let verdict = match wait {
+        None => "NOT ENOUGH for a lock".to_owned(),
+        Some(wait) if !wait.is_zero() => format!(
+            "NO LOCK for {} s more: {quarantined} in restart quarantine (for masters started \
+             empty, or that persist every write, --no-quarantine turns it off)",
+            seconds_up(wait)
+        ),
+        Some(_) if quarantined > 0 => format!("ok ({quarantined} in restart quarantine)"),
+        Some(_) => "ok".to_owned(),
     };
     out.push_str(&format!(
         "{healthy} of {n} masters healthy, quorum {quorum}: {verdict}\n"
@@ -167,26 +191,53 @@ pub fn probe(
         .lock()
         .write_all(out.as_bytes())
         .map_err(|e| Failure::new(exit::OSERR, format!("cannot write the report: {e}")))?;
-    if healthy < quorum {
-        say(&format!(
+    match wait {
+        None => say(&format!(
             "only {healthy} of {n} masters healthy, {quorum} needed"
-        ));
-        return Ok(exit::UNAVAILABLE);
+        )),
+        Some(wait) if !wait.is_zero() => say(&format!(
+            "only {} of {n} masters healthy and out of restart quarantine, {quorum} needed",
+            healthy - quarantined
+        )),
+        Some(_) => return Ok(exit::OK),
     }
-    Ok(exit::OK)
+    Ok(exit::UNAVAILABLE)
 }
 
-/// The report's lines for one master.
-fn describe(addr: &ServerAddr, result: &Result<Findings, Down>) -> String {
+/// `d` in whole seconds, rounded up: 0.2 s left reads 1 s, not 0 s.
+fn seconds_up(d: Duration) -> u64 {
+    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+}
+
+/// A maximum TTL as the user gave it: `60 s`, or `1s 500ms`.
+fn ttl_text(d: Duration) -> String {
+    if d.subsec_nanos() == 0 {
+        format!("{} s", d.as_secs())
+    } else {
+        humantime::format_duration(d).to_string()
+    }
+}
+
+/// The report's lines for one master; `max_ttl` is restart quarantine's.
+fn describe(
+    addr: &ServerAddr,
+    result: &Result<Findings, Down>,
+    max_ttl: Option<Duration>,
+) -> String {
     let f = match result {
         Ok(f) => f,
         Err(Down::Unreachable(e)) => return format!("{addr}  UNREACHABLE: {e}\n"),
         Err(Down::Refused(e)) => return format!("{addr}  UNHEALTHY: {e}\n"),
     };
     let mut line = format!("{addr}  ");
-    match &f.unfit {
-        None => line.push_str("ok"),
-        Some(why) => line.push_str(&format!("UNHEALTHY: {why}")),
+    match (&f.unfit, f.quarantine.zip(f.uptime_s).zip(max_ttl)) {
+        (Some(why), _) => line.push_str(&format!("UNHEALTHY: {why}")),
+        (None, Some(((left, uptime), max_ttl))) => line.push_str(&format!(
+            "in restart quarantine for {} s more (uptime {uptime} s < max TTL {})",
+            seconds_up(left),
+            ttl_text(max_ttl)
+        )),
+        (None, None) => line.push_str("ok"),
     }
     line.push_str(&format!(
         "  {}  rtt {:.2} ms",
@@ -308,6 +359,9 @@ struct Conn {
     stream: Stream,
     buf: BytesMut,
     limits: Limits,
+    /// Whether a reply was read: the first tells a port that speaks
+    /// another protocol (see [`Cause::of_first_reply`]).
+    heard: bool,
 }
 
 impl Conn {
@@ -358,6 +412,7 @@ impl Conn {
         };
         let conn = Conn {
             stream,
+            heard: false,
             buf: BytesMut::new(),
             limits: Limits {
                 // INFO and CONFIG replies only; room for a verbose INFO.
@@ -375,9 +430,21 @@ impl Conn {
         let mut chunk = [0u8; 4096];
         loop {
             match decode(&mut self.buf, &self.limits) {
-                Ok(Some(reply)) => return Ok(reply),
+                Ok(Some(reply)) => {
+                    self.heard = true;
+                    return Ok(reply);
+                }
                 Ok(None) => {}
-                Err(e) => return Err(io::Error::new(io::ErrorKind::InvalidData, e)),
+                Err(e) if self.heard => {
+                    return Err(io::Error::new(io::ErrorKind::InvalidData, e));
+                }
+                Err(e) => {
+                    let cause = Cause::of_first_reply(e, &self.buf);
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        cause.to_string(),
+                    ));
+                }
             }
             match self.stream.read(&mut chunk) {
                 Ok(0) => {
@@ -518,6 +585,7 @@ fn check(
     tls: Option<&Arc<ClientConfig>>,
     timeout: Duration,
     horizon: Duration,
+    max_ttl: Option<Duration>,
 ) -> Result<Findings, Down> {
     let (mut conn, session) = Conn::open(addr, tls, timeout)?;
     let call = |conn: &mut Conn, args: &[Arg<'_>]| conn.call(args).map_err(Down::from);
@@ -567,6 +635,14 @@ fn check(
         (Some(info), _) => {
             findings.server = server_identity(&info);
             findings.uptime_s = info_field(&info, "uptime_in_seconds").and_then(|s| s.parse().ok());
+            // The lock client's own rule.
+            findings.quarantine = match (findings.uptime_s, max_ttl) {
+                (Some(uptime), Some(max_ttl)) => match Cause::of_uptime(uptime, max_ttl) {
+                    Some(Cause::Quarantined(left)) => Some(left),
+                    _ => None,
+                },
+                _ => None,
+            };
             findings.run_id = info_field(&info, "run_id").map(str::to_owned);
         }
         (None, Some(e)) => findings.notes.push(format!("INFO server refused: {e}")),

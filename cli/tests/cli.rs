@@ -411,14 +411,38 @@ fn acquire_prints_a_token_that_release_and_extend_take() {
         .count();
     assert!(extended >= 2, "a quorum should have the new TTL");
 
+    // Well formed, and not the lock's: not held (1).
+    let other = "0".repeat(48);
     let mut wrong = one_shot(&urls);
-    wrong.args(["extend", "shell", "not-the-token", "--ttl", "90s"]);
+    wrong.args(["extend", "shell", &other, "--ttl", "90s"]);
     assert_eq!(code(&finish(wrong)), 1);
+    let mut wrong = one_shot(&urls);
+    wrong.args(["release", "shell", &other]);
+    let out = finish(wrong);
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    assert!(stderr(&out).contains("no longer held"), "{}", stderr(&out));
 
-    let mut malformed = redlock(&urls);
-    malformed.args(["release", "shell", "two words"]);
-    let out = finish(malformed);
-    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    // Not what `acquire` prints (issue 41: a mistyped token read as "no
+    // longer held", exit 1): a usage error (2), that names the shape.
+    let cut = &token[..47];
+    let upper = token.to_uppercase();
+    for malformed_token in ["two words", "not-the-token", cut, &upper] {
+        for op in ["release", "extend"] {
+            let mut malformed = redlock(&urls);
+            malformed.args([op, "shell", malformed_token]);
+            if op == "extend" {
+                malformed.args(["--ttl", "90s"]);
+            }
+            let out = finish(malformed);
+            assert_eq!(code(&out), 2, "{op} {malformed_token:?}: {}", stderr(&out));
+            assert!(
+                stderr(&out).contains("malformed token"),
+                "{op} {malformed_token:?}: {}",
+                stderr(&out)
+            );
+        }
+    }
+    assert_held(&masters, "shell", token);
 
     // The masters may also come from the environment.
     let mut release = one_shot(&[]);
@@ -873,11 +897,95 @@ fn restart_quarantine_is_on_by_default_and_names_itself() {
     let out = finish(acquire);
     // Masters up for less than the 60 s maximum TTL do not count yet.
     assert_eq!(code(&out), 69, "{}", stderr(&out));
+    let err = stderr(&out);
     assert!(
-        stderr(&out).contains("restart quarantine"),
-        "{}",
-        stderr(&out)
+        err.starts_with(
+            "redlock: cannot acquire \"fresh\": quorum missed: 3 of 3 masters in restart \
+             quarantine for up to 60 s more ("
+        ) || err.contains(": quorum missed: 2 of 3 masters in restart quarantine"),
+        "{err}"
     );
+    // The command's own switch, not the library's setting.
+    assert!(err.contains("--no-quarantine"), "{err}");
+    assert!(!err.contains("Config::"), "{err}");
+    assert!(err.contains("in restart quarantine for 60 s more"), "{err}");
+}
+
+/// Issue 41: `probe` at uptime 0 said "3 of 3 masters healthy: ok" while
+/// every lock failed. Each master in restart quarantine says so, by the
+/// client's rule (`--max-ttl` honoured), and a quorum in quarantine is no
+/// quorum for a lock yet: exit 69. `--no-quarantine` turns it off.
+#[test]
+fn probe_shows_masters_in_restart_quarantine() {
+    let masters = common::cluster(3);
+    let urls = masters.urls();
+    let mut probe = shipped(&urls);
+    probe.args(["--max-ttl", "30s", "probe"]);
+    let out = finish(probe);
+    let report = stdout(&out);
+    assert_eq!(code(&out), 69, "{report}{}", stderr(&out));
+    for url in &urls {
+        let line = report
+            .lines()
+            .find(|l| l.starts_with(url.as_str()))
+            .unwrap_or_else(|| panic!("{url}: {report}"));
+        // Up 0 or 1 s: a quarantine of 30 s, as the client reckons it.
+        let quarantined = ["(uptime 0 s < max TTL 30 s)", "(uptime 1 s < max TTL 30 s)"];
+        assert!(
+            line.starts_with(&format!("{url}  in restart quarantine for 30 s more ("))
+                && quarantined.iter().any(|q| line.contains(q)),
+            "{report}"
+        );
+    }
+    assert!(
+        report.contains("3 of 3 masters healthy, quorum 2: NO LOCK for 30 s more"),
+        "{report}"
+    );
+    assert!(report.contains("--no-quarantine"), "{report}");
+
+    let mut off = shipped(&urls);
+    off.args(["--no-quarantine", "probe"]);
+    let out = finish(off);
+    let report = stdout(&out);
+    assert_eq!(code(&out), 0, "{report}{}", stderr(&out));
+    assert!(!report.contains("quarantine"), "{report}");
+    assert!(
+        report.contains("3 of 3 masters healthy, quorum 2: ok"),
+        "{report}"
+    );
+}
+
+/// Issue 41: a port that answers HTTP reads as not a Redis server, in
+/// `probe` as in the lock commands.
+#[test]
+fn an_http_port_reads_as_not_a_redis_server() {
+    use std::io::Write;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a loopback port");
+    let port = listener.local_addr().expect("its address").port();
+    thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let mut request = [0u8; 1024];
+            let _ = stream.read(&mut request);
+            let _ = stream.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n");
+        }
+    });
+    let urls = [format!("redis://127.0.0.1:{port}")];
+    let said = "not a Redis server (it answered \"HTTP/1.1 400 Bad Request\")";
+    let mut probe = redlock(&urls);
+    probe.arg("probe");
+    let out = finish(probe);
+    let report = stdout(&out);
+    assert_eq!(code(&out), 69, "{report}");
+    assert!(
+        report.contains(&format!("{}  UNREACHABLE: {said}", urls[0])),
+        "{report}"
+    );
+    let mut acquire = one_shot(&urls);
+    acquire.args(["acquire", "--nonblock", "r"]);
+    let out = finish(acquire);
+    assert_eq!(code(&out), 69, "{}", stderr(&out));
+    assert!(stderr(&out).contains(said), "{}", stderr(&out));
 }
 
 #[test]
