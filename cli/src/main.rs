@@ -13,6 +13,7 @@ mod bench;
 mod cert;
 mod exit;
 mod group;
+mod openloop;
 mod probe;
 mod run;
 mod signals;
