@@ -153,6 +153,9 @@ pub struct BenchArgs {
     /// one core per thread; per-thread clients only)
     #[arg(long)]
     spin: bool,
+
+    #[command(flatten)]
+    open_loop: crate::openloop::RateArgs,
 }
 
 /// How a waiting acquire waits for a held lock: `Config::wake_on_release`.
@@ -394,6 +397,34 @@ pub fn bench(
         quorum: urls.len() / 2 + 1,
         wake_spread: config.wake_on_release.then_some(config.wake_spread),
     };
+    if let Some(plan) = args.open_loop.plan()? {
+        let shape = crate::openloop::Shape {
+            threads: args.threads,
+            client_per_thread: args.client_per_thread,
+            tasks: args.tasks,
+            resources: args.resources,
+            ttl: args.ttl,
+            hold: args.hold,
+            retry_delay: args.retry_delay,
+            batch: args.batch,
+            duration: args.duration,
+            json: args.json,
+        };
+        let masters = crate::openloop::Masters {
+            count: setup.masters,
+            spawned: setup.spawned,
+            tls: setup.tls_masters,
+            quorum: setup.quorum,
+        };
+        let outcome = crate::openloop::bench(&config, &shape, &plan, &masters, &signals);
+        drop(cluster);
+        let (report, code) = outcome?;
+        io::stdout()
+            .lock()
+            .write_all(report.as_bytes())
+            .map_err(|e| Failure::new(exit::OSERR, format!("cannot write the report: {e}")))?;
+        return Ok(code);
+    }
     let (tally, elapsed, interrupted) = match args.tasks {
         Some(tasks) => measure_tasks(&config, args, tasks, &signals)?,
         None => measure(&config, args, &signals)?,
@@ -622,12 +653,12 @@ fn draw_progress(elapsed: Duration, total: Duration, cycles: u64) {
 }
 
 /// xorshift64*: enough to spread picks over R resources.
-struct Pick(u64);
+pub(crate) struct Pick(pub(crate) u64);
 
 impl Pick {
     /// Moves `k` distinct entries of `order`, drawn uniformly, to its
     /// front (a partial Fisher-Yates shuffle) and returns them.
-    fn distinct<'a, T>(&mut self, order: &'a mut [T], k: usize) -> &'a [T] {
+    pub(crate) fn distinct<'a, T>(&mut self, order: &'a mut [T], k: usize) -> &'a [T] {
         let k = k.min(order.len());
         for i in 0..k {
             let j = i + self.below(order.len() - i);
@@ -637,7 +668,7 @@ impl Pick {
     }
 
     /// One of `names`, drawn uniformly (the only one, without a draw).
-    fn resource(&mut self, names: &[Bytes]) -> Bytes {
+    pub(crate) fn resource(&mut self, names: &[Bytes]) -> Bytes {
         let index = if names.len() == 1 {
             0
         } else {
@@ -659,13 +690,13 @@ impl Pick {
 /// A bench thread's client: its own, or a handle to the shared one.
 // One per thread, made once: its size does not matter.
 #[allow(clippy::large_enum_variant)]
-enum Client {
+pub(crate) enum Client {
     Own(Redlock),
     Shared(SharedRedlock),
 }
 
 impl Client {
-    fn acquire_with(
+    pub(crate) fn acquire_with(
         &mut self,
         resource: Bytes,
         ttl: Duration,
@@ -677,21 +708,21 @@ impl Client {
         }
     }
 
-    fn try_acquire(&mut self, resource: Bytes, ttl: Duration) -> Result<Lock, Error> {
+    pub(crate) fn try_acquire(&mut self, resource: Bytes, ttl: Duration) -> Result<Lock, Error> {
         match self {
             Client::Own(c) => c.try_acquire(resource, ttl),
             Client::Shared(c) => c.try_acquire(resource, ttl),
         }
     }
 
-    fn release(&mut self, lock: &Lock) -> Result<(), Error> {
+    pub(crate) fn release(&mut self, lock: &Lock) -> Result<(), Error> {
         match self {
             Client::Own(c) => c.release(lock),
             Client::Shared(c) => c.release(lock),
         }
     }
 
-    fn try_acquire_batch(
+    pub(crate) fn try_acquire_batch(
         &mut self,
         resources: &[Bytes],
         ttl: Duration,
@@ -702,7 +733,7 @@ impl Client {
         }
     }
 
-    fn release_batch(&mut self, locks: &[Lock]) -> Vec<Result<(), Error>> {
+    pub(crate) fn release_batch(&mut self, locks: &[Lock]) -> Vec<Result<(), Error>> {
         match self {
             Client::Own(c) => c.release_batch(locks),
             Client::Shared(c) => c.release_batch(locks),
