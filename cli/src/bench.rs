@@ -154,8 +154,10 @@ pub struct BenchArgs {
     #[arg(long)]
     spin: bool,
 
+    // Boxed: the open-loop flags are many, and Command's variants stay
+    // of a size.
     #[command(flatten)]
-    open_loop: crate::openloop::RateArgs,
+    open_loop: Box<crate::openloop::RateArgs>,
 }
 
 /// How a waiting acquire waits for a held lock: `Config::wake_on_release`.

@@ -15,9 +15,11 @@
 
 pub(crate) mod drive;
 pub(crate) mod exec;
+pub(crate) mod plot;
 pub(crate) mod record;
 pub(crate) mod report;
 pub(crate) mod schedule;
+pub(crate) mod sweep;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -31,13 +33,34 @@ use crate::signals::Signals;
 use schedule::Arrivals;
 
 /// The open-loop flags of `redlock bench`.
-#[derive(Args, Debug, Default)]
+#[derive(Args, Debug)]
 pub(crate) struct RateArgs {
     /// Open loop: start R operations a second in total, whatever the
     /// replies do, and time each from its intended start (latency) and
     /// from its actual send (service time)
-    #[arg(long, value_name = "R", value_parser = parse_rate)]
+    #[arg(long, value_name = "R", value_parser = parse_rate, conflicts_with = "sweep")]
     pub(crate) rate: Option<f64>,
+
+    /// Open loop at --steps rates from FROM to TO a second, each the last
+    /// times one factor; with --slo, the highest rate that meets it
+    #[arg(long, value_name = "FROM..TO", value_parser = sweep::parse_range)]
+    pub(crate) sweep: Option<(f64, f64)>,
+
+    /// With --sweep: how many rates
+    #[arg(long, value_name = "N", default_value_t = 6, value_parser = clap::value_parser!(u32).range(2..=64))]
+    pub(crate) steps: u32,
+
+    /// With --sweep: the latency objective, from the intended start, as
+    /// pXX=D (p99=2ms); each step says whether it meets it, and the
+    /// report the highest rate that does (headroom)
+    #[arg(long, value_name = "pXX=D", value_parser = sweep::parse_slo)]
+    pub(crate) slo: Option<sweep::Slo>,
+
+    /// With --rate or --sweep: draw the percentile spectrum (latency
+    /// against 1/(1-percentile), one line per rate) and, for a sweep, the
+    /// percentiles against the rate with the SLO, as an SVG file
+    #[arg(long, value_name = "FILE.svg")]
+    pub(crate) plot: Option<PathBuf>,
 
     /// With --rate: how starts are spaced, exactly 1/R apart or as a
     /// Poisson process of rate R
@@ -70,7 +93,7 @@ pub(crate) enum ArrivalKind {
     Poisson,
 }
 
-fn parse_rate(text: &str) -> Result<f64, String> {
+pub(crate) fn parse_rate(text: &str) -> Result<f64, String> {
     let rate: f64 = text
         .trim()
         .trim_end_matches("/s")
@@ -128,49 +151,76 @@ pub(crate) struct Masters {
     pub(crate) quorum: usize,
 }
 
-/// One open-loop run at one rate.
+/// The open-loop runs asked for: one rate, or a sweep's.
 #[derive(Debug, Clone)]
 pub(crate) struct Plan {
-    pub(crate) rate: f64,
+    /// The rates, in the order run.
+    pub(crate) rates: Vec<f64>,
+    /// A sweep (even of one rate): the report has steps and a headroom.
+    pub(crate) sweep: bool,
     pub(crate) arrivals: Arrivals,
     pub(crate) warm_up: Duration,
     pub(crate) hdr_log: Option<PathBuf>,
+    pub(crate) slo: Option<sweep::Slo>,
+    pub(crate) plot: Option<PathBuf>,
 }
 
 impl RateArgs {
     /// The plan these flags ask for; `None` for the closed loop.
     ///
     /// # Errors
-    /// Open-loop flags without `--rate`.
+    /// Open-loop flags without `--rate` or `--sweep`; `--slo` or
+    /// `--hdr-log` with the other mode.
     pub(crate) fn plan(&self) -> Result<Option<Plan>, Failure> {
-        let Some(rate) = self.rate else {
-            if self.hdr_log.is_some()
-                || self.arrivals != ArrivalKind::Constant
-                || self.warm_up != Duration::from_secs(1)
-            {
-                return Err(Failure::usage(
-                    "--arrivals, --warm-up and --hdr-log apply to an open loop: give --rate",
-                ));
+        let rates = match (self.rate, self.sweep) {
+            (Some(rate), _) => vec![rate],
+            (None, Some((from, to))) => sweep::geometric(from, to, self.steps as usize),
+            (None, None) => {
+                if self.hdr_log.is_some()
+                    || self.plot.is_some()
+                    || self.slo.is_some()
+                    || self.arrivals != ArrivalKind::Constant
+                    || self.warm_up != Duration::from_secs(1)
+                {
+                    return Err(Failure::usage(
+                        "--arrivals, --warm-up, --hdr-log, --slo and --plot apply to an open \
+                         loop: give --rate or --sweep",
+                    ));
+                }
+                return Ok(None);
             }
-            return Ok(None);
         };
+        let sweep = self.sweep.is_some();
+        if sweep && self.hdr_log.is_some() {
+            return Err(Failure::usage(
+                "--hdr-log writes one rate's intervals: give --rate, not --sweep",
+            ));
+        }
+        if !sweep && self.slo.is_some() {
+            return Err(Failure::usage("--slo applies to --sweep"));
+        }
         let arrivals = match self.arrivals {
             ArrivalKind::Constant => Arrivals::Constant,
             ArrivalKind::Poisson => Arrivals::Poisson { seed: self.seed },
         };
         Ok(Some(Plan {
-            rate,
+            rates,
+            sweep,
             arrivals,
             warm_up: self.warm_up,
             hdr_log: self.hdr_log.clone(),
+            slo: self.slo.clone(),
+            plot: self.plot.clone(),
         }))
     }
 }
 
-/// Runs the open loop; the report for stdout and the exit code.
+/// Runs the open loop at each rate of the plan; the report for stdout
+/// and the exit code.
 ///
 /// # Errors
-/// A client that cannot be made, a log that cannot be written.
+/// A client that cannot be made, a log or a picture that cannot be
+/// written.
 pub(crate) fn bench(
     config: &Config,
     shape: &Shape,
@@ -178,19 +228,39 @@ pub(crate) fn bench(
     masters: &Masters,
     signals: &Signals,
 ) -> Result<(String, u8), Failure> {
-    let run = drive::run(config, shape, plan, signals)?;
-    if let Some(path) = &plan.hdr_log {
-        report::write_hdr_log(path, plan, &run)
-            .map_err(|e| Failure::new(exit::OSERR, format!("cannot write {path:?}: {e}")))?;
+    let mut runs = Vec::with_capacity(plan.rates.len());
+    for &rate in &plan.rates {
+        let run = drive::run(config, shape, plan, rate, signals)?;
+        let interrupted = run.interrupted.is_some();
+        runs.push(run);
+        if interrupted {
+            break;
+        }
     }
-    let text = if shape.json {
-        report::json(masters, shape, plan, &run)
-    } else {
-        report::text(masters, shape, plan, &run)
+    let cannot = |path: &std::path::Path, e: std::io::Error| {
+        Failure::new(exit::OSERR, format!("cannot write {}: {e}", path.display()))
     };
-    let code = match run.interrupted {
+    if let (Some(path), [run]) = (&plan.hdr_log, &runs[..]) {
+        report::write_hdr_log(path, plan, run).map_err(|e| cannot(path, e))?;
+    }
+    if let Some(path) = &plan.plot {
+        report::plot(path, masters, shape, plan, &runs).map_err(|e| cannot(path, e))?;
+    }
+    let text = match (plan.sweep, shape.json, &runs[..]) {
+        (false, false, [run]) => report::text(masters, shape, plan, run),
+        (false, true, [run]) => report::json(masters, shape, plan, run),
+        (true, false, _) => report::sweep_text(masters, shape, plan, &runs),
+        _ => report::sweep_json(masters, shape, plan, &runs),
+    };
+    let last = runs.last();
+    let code = match last.and_then(|r| r.interrupted) {
         Some(signal) => u8::try_from(128 + signal).unwrap_or(exit::SOFTWARE),
-        None if run.recorder.done == 0 && run.recorder.errored > 0 => exit::UNAVAILABLE,
+        None if runs
+            .iter()
+            .all(|r| r.recorder.done == 0 && r.recorder.errored > 0) =>
+        {
+            exit::UNAVAILABLE
+        }
         None => exit::OK,
     };
     Ok((text, code))

@@ -207,6 +207,17 @@ fn open_loop_flags_without_a_rate_are_refused() {
     let out = finish(bench);
     assert_eq!(code(&out), 2, "{}", stderr(&out));
     assert!(stderr(&out).contains("give --rate"), "{}", stderr(&out));
+    for flags in [
+        &["--sweep", "100..200", "--hdr-log", "/dev/null"][..],
+        &["--rate", "100", "--slo", "p99=1ms"],
+        &["--rate", "100", "--sweep", "100..200"],
+        &["--sweep", "200..100"],
+    ] {
+        let mut bench = redlock(&[]);
+        bench.arg("bench").args(flags);
+        let out = finish(bench);
+        assert_eq!(code(&out), 2, "{flags:?}: {}", stderr(&out));
+    }
 }
 
 /// Two of three masters stopped (SIGSTOP) for 200 ms during a 2,000/s run
@@ -285,4 +296,87 @@ fn base64_decode(text: &str) -> Vec<u8> {
             bytes[1..chunk.len()].to_vec()
         })
         .collect()
+}
+
+/// `--sweep FROM..TO --steps N --slo` runs each rate, says of each
+/// whether it met the SLO, and reports the headroom; `--plot` draws it.
+/// The SLOs are out of reach either way (10 s, 1 µs), so that nothing
+/// here depends on the machine's speed.
+#[test]
+fn a_sweep_reports_each_rate_and_the_headroom_and_draws_it() {
+    let masters = common::cluster(3);
+    let urls = masters.urls();
+    let dir = redlock_test::TempDir::create().expect("a temporary directory");
+    let svg = dir.path().join("sweep.svg");
+    let svg_path = svg.to_str().expect("a UTF-8 path");
+    for (slo, headroom) in [("p99=10s", Some(400.0)), ("p99.9=1us", None)] {
+        let mut bench = redlock(&urls);
+        bench.args([
+            "bench",
+            "--sweep",
+            "100..400",
+            "--steps",
+            "3",
+            "--slo",
+            slo,
+            "--warm-up",
+            "100ms",
+            "--duration",
+            "500ms",
+            "--timeout",
+            "2s",
+            "--json",
+            "--plot",
+            svg_path,
+        ]);
+        let out = finish(bench);
+        assert_eq!(code(&out), 0, "{}", stderr(&out));
+        let r: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("JSON");
+        assert_eq!(r["mode"], "open-loop sweep", "{r}");
+        let rates: Vec<f64> = r["steps"]
+            .as_array()
+            .expect("steps")
+            .iter()
+            .map(|s| s["intended_per_sec"].as_f64().unwrap())
+            .collect();
+        assert_eq!(rates, [100.0, 200.0, 400.0], "geometric: {r}");
+        assert_eq!(r["headroom_per_sec"].as_f64(), headroom, "{slo}: {r}");
+        for step in r["steps"].as_array().unwrap() {
+            assert_eq!(
+                step["meets_slo"].as_bool(),
+                Some(headroom.is_some()),
+                "{step}"
+            );
+            assert!(
+                step["latency_us"]["p99"].as_u64() >= step["service_us"]["p99"].as_u64(),
+                "{step}"
+            );
+        }
+        let picture = std::fs::read_to_string(&svg).expect("the picture");
+        assert!(picture.starts_with("<svg"), "{picture:.200}");
+        assert!(picture.contains("SLO: "), "the SLO is drawn");
+        assert!(
+            picture.contains("400/s, from the intended start"),
+            "one line per rate"
+        );
+    }
+}
+
+#[test]
+fn a_single_rate_draws_its_spectrum() {
+    let masters = common::cluster(3);
+    let dir = redlock_test::TempDir::create().expect("a temporary directory");
+    let svg = dir.path().join("one.svg");
+    let path = svg.to_str().expect("a UTF-8 path");
+    report(&finish(open_loop(&masters.urls(), &["--plot", path])));
+    let picture = std::fs::read_to_string(&svg).expect("the picture");
+    assert!(
+        picture.contains("500/s, from the intended start"),
+        "{picture:.300}"
+    );
+    assert!(
+        picture.contains("500/s, from the send (service)"),
+        "{picture:.300}"
+    );
+    assert!(picture.contains("p99.9"), "the percentile axis");
 }

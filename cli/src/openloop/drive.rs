@@ -44,6 +44,8 @@ const LOOK_EVERY: Duration = Duration::from_millis(50);
 /// What a run measured.
 #[derive(Debug)]
 pub(crate) struct Measured {
+    /// The rate asked, a second.
+    pub(crate) rate: f64,
     /// Every caller's record, merged.
     pub(crate) recorder: Recorder,
     /// Starts handed out or abandoned: every one the schedule had.
@@ -98,7 +100,7 @@ impl Shared {
     }
 }
 
-/// Runs one open loop at `plan.rate`.
+/// Runs one open loop at `rate`.
 ///
 /// # Errors
 /// A client that cannot be made, a schedule that cannot be (a rate that
@@ -107,6 +109,7 @@ pub(crate) fn run(
     config: &Config,
     shape: &Shape,
     plan: &Plan,
+    rate: f64,
     signals: &Signals,
 ) -> Result<Measured, Failure> {
     let made = |e: Error| exit::lock_error("cannot make a client", &e, exit::SOFTWARE);
@@ -135,14 +138,14 @@ pub(crate) fn run(
     // against the run (the tests stop masters during it).
     crate::say(&format!(
         "open loop at {}/s: {} of warm-up, then {} measured",
-        plan.rate,
+        rate,
         humantime::format_duration(plan.warm_up),
         humantime::format_duration(shape.duration)
     ));
     let origin = Instant::now() + LEAD;
     let started = SystemTime::now() + LEAD;
     let length = plan.warm_up + shape.duration;
-    let schedule = Schedule::new(origin, plan.rate, length, plan.arrivals)
+    let schedule = Schedule::new(origin, rate, length, plan.arrivals)
         .map_err(|e| Failure::usage(e.to_string()))?;
     let end = origin + length;
     let shared = Shared {
@@ -211,6 +214,7 @@ pub(crate) fn run(
         .into_inner()
         .unwrap_or_else(PoisonError::into_inner);
     Ok(Measured {
+        rate,
         recorder,
         intended: schedule.issued(),
         unsent,

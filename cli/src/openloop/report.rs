@@ -99,7 +99,7 @@ pub(crate) fn json_value(
         "warm_up_s": plan.warm_up.as_secs_f64(),
         "duration_s": run.window.as_secs_f64(),
         "interrupted": run.interrupted.is_some(),
-        "intended_per_sec": plan.rate,
+        "intended_per_sec": run.rate,
         "achieved_per_sec": achieved(run),
         "intended": run.intended,
         "warm_up_ops": r.warm_up,
@@ -183,7 +183,7 @@ pub(crate) fn text_body(shape: &Shape, plan: &Plan, run: &Measured) -> String {
         out,
         "rate: intended {:.0}/s ({} arrivals), achieved {:.0}/s over {:.2} s measured, \
          after {} of warm-up ({} operations sent, not recorded)",
-        plan.rate,
+        run.rate,
         arrivals_name(plan.arrivals),
         achieved(run),
         run.window.as_secs_f64(),
@@ -280,4 +280,202 @@ pub(crate) fn write_hdr_log(path: &Path, plan: &Plan, run: &Measured) -> io::Res
     }
     drop(log);
     file.flush()
+}
+
+/// Whether each run met the plan's SLO, in run order (all false without
+/// one).
+fn met(plan: &Plan, runs: &[Measured]) -> Vec<bool> {
+    runs.iter()
+        .map(|r| {
+            plan.slo
+                .as_ref()
+                .is_some_and(|slo| slo.is_met(&r.recorder.total.latency, r.unsent))
+        })
+        .collect()
+}
+
+/// The headroom of a sweep: the highest rate meeting the SLO, with every
+/// lower step meeting it too.
+fn headroom(plan: &Plan, runs: &[Measured]) -> Option<f64> {
+    plan.slo.as_ref()?;
+    let steps: Vec<(f64, bool)> = runs.iter().map(|r| r.rate).zip(met(plan, runs)).collect();
+    super::sweep::headroom(&steps)
+}
+
+/// A sweep as one JSON object: its steps (each a run's object, with
+/// `meets_slo`), the SLO and `headroom_per_sec`.
+pub(crate) fn sweep_json(
+    masters: &Masters,
+    shape: &Shape,
+    plan: &Plan,
+    runs: &[Measured],
+) -> String {
+    let steps: Vec<serde_json::Value> = runs
+        .iter()
+        .zip(met(plan, runs))
+        .map(|(run, met)| {
+            let mut v = json_value(masters, shape, plan, run);
+            if plan.slo.is_some() {
+                v["meets_slo"] = met.into();
+            }
+            v
+        })
+        .collect();
+    let value = serde_json::json!({
+        "mode": "open-loop sweep",
+        "rates": plan.rates,
+        "slo": plan.slo.as_ref().map(|s| serde_json::json!({
+            "percentile": s.name,
+            "quantile": s.quantile,
+            "us": super::record::micros(s.bound),
+        })),
+        "headroom_per_sec": headroom(plan, runs),
+        "steps": steps,
+    });
+    format!("{value}\n")
+}
+
+/// A sweep as text: one row a rate, then the headroom.
+pub(crate) fn sweep_text(
+    masters: &Masters,
+    shape: &Shape,
+    plan: &Plan,
+    runs: &[Measured],
+) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "{}", header(masters, shape));
+    let _ = writeln!(
+        out,
+        "sweep: {} rates ({} arrivals), each {} of warm-up then {} measured",
+        plan.rates.len(),
+        arrivals_name(plan.arrivals),
+        humantime::format_duration(plan.warm_up),
+        humantime::format_duration(shape.duration),
+    );
+    let _ = writeln!(out);
+    let _ = write!(
+        out,
+        "{:>9} {:>9}  latency from the intended start (µs)",
+        "rate/s", "achieved"
+    );
+    let _ = writeln!(out);
+    let _ = write!(out, "{:>9} {:>9}", "", "");
+    for (_, _, head) in QUANTILES {
+        let _ = write!(out, " {head:>8}");
+    }
+    let _ = write!(
+        out,
+        " {:>8} {:>11} {:>8} {:>7}",
+        "max", "service p50", "errors", "unsent"
+    );
+    if let Some(slo) = &plan.slo {
+        let _ = write!(
+            out,
+            "  {} <= {}",
+            slo.name,
+            humantime::format_duration(slo.bound)
+        );
+    }
+    let _ = writeln!(out);
+    for (run, met) in runs.iter().zip(met(plan, runs)) {
+        let _ = write!(out, "{:>9.0} {:>9.0}", run.rate, achieved(run));
+        for v in percentiles(&run.recorder.total.latency) {
+            let _ = write!(out, " {v:>8}");
+        }
+        let service = percentiles(&run.recorder.total.service)[0];
+        let _ = write!(
+            out,
+            " {service:>11} {:>8} {:>7}",
+            run.recorder.errored, run.unsent
+        );
+        if plan.slo.is_some() {
+            let _ = write!(out, "  {}", if met { "yes" } else { "NO" });
+        }
+        let _ = writeln!(out);
+    }
+    if let Some(slo) = &plan.slo {
+        let _ = writeln!(out);
+        match headroom(plan, runs) {
+            Some(rate) => {
+                let _ = writeln!(
+                    out,
+                    "headroom: {rate:.0}/s, the highest rate of this sweep with {} <= {} \
+                     (and every lower rate meeting it too)",
+                    slo.name,
+                    humantime::format_duration(slo.bound)
+                );
+            }
+            None => {
+                let _ = writeln!(out, "headroom: none; the lowest rate missed the SLO");
+            }
+        }
+    }
+    if runs.iter().any(|r| r.unsent > 0) {
+        let _ = writeln!(
+            out,
+            "THE GENERATOR FELL BEHIND at the rates with unsent operations: their figures \
+             are not what the rate asked; give more callers (--threads, --tasks)"
+        );
+    }
+    if runs.iter().any(|r| r.interrupted.is_some()) {
+        let _ = writeln!(out, "interrupted: the sweep stopped at the last rate shown");
+    }
+    out
+}
+
+/// Draws the runs: their spectrum, and for a sweep the percentiles
+/// against the rate with the SLO.
+///
+/// # Errors
+/// The file cannot be written.
+pub(crate) fn plot(
+    path: &Path,
+    masters: &Masters,
+    shape: &Shape,
+    plan: &Plan,
+    runs: &[Measured],
+) -> io::Result<()> {
+    use super::plot::{Line, SloLine, Step};
+    let mut lines = Vec::new();
+    for (i, run) in runs.iter().enumerate() {
+        lines.push(Line {
+            label: format!("{:.0}/s, from the intended start", run.rate),
+            histogram: &run.recorder.total.latency,
+            faint: false,
+            colour: i,
+        });
+        lines.push(Line {
+            label: format!("{:.0}/s, from the send (service)", run.rate),
+            histogram: &run.recorder.total.service,
+            faint: true,
+            colour: i,
+        });
+    }
+    let title = format!(
+        "redlock bench, open loop: {} masters, {} callers",
+        masters.count,
+        shape.callers()
+    );
+    if !plan.sweep {
+        return super::plot::spectrum(path, &title, &lines);
+    }
+    let labels: Vec<&str> = QUANTILES
+        .iter()
+        .map(|(_, _, head)| *head)
+        .chain(["max"])
+        .collect();
+    let steps: Vec<Step> = runs
+        .iter()
+        .map(|r| Step {
+            rate: r.rate,
+            values: percentiles(&r.recorder.total.latency).to_vec(),
+        })
+        .collect();
+    let slo = plan.slo.as_ref().map(|s| SloLine {
+        label: format!("SLO: {} <= {}", s.name, humantime::format_duration(s.bound)),
+        us: super::record::micros(s.bound),
+    });
+    // The spectrum of a sweep: latency lines only, one per rate.
+    let latency_lines: Vec<Line<'_>> = lines.into_iter().filter(|l| !l.faint).collect();
+    super::plot::sweep(path, &title, &latency_lines, &labels, &steps, slo.as_ref())
 }
