@@ -15,6 +15,7 @@
 
 pub(crate) mod drive;
 pub(crate) mod exec;
+pub(crate) mod handoff;
 pub(crate) mod plot;
 pub(crate) mod record;
 pub(crate) mod report;

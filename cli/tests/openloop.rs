@@ -130,21 +130,36 @@ fn contended_shapes_count_failures_and_holds_wait() {
         &["--threads", "4", "--resources", "1"],
     )));
     assert!(r["done"].as_u64().unwrap() > 0, "{r}");
+    assert!(r["handoff_us"].is_null(), "no waiting, no hand-off: {r}");
+}
+
+/// `--resources 1 --hold 2ms` at 1,000/s: each lock is held longer than
+/// the gap between starts, so every acquire but the first waits for the
+/// one before it, and each grant after a release is a hand-off, timed on
+/// its own histogram.
+#[test]
+fn hand_offs_of_one_contended_resource_have_their_own_histogram() {
+    let masters = common::cluster(3);
     let r = report(&finish(open_loop(
-        &urls,
+        &masters.urls(),
         &[
             "--threads",
             "4",
             "--resources",
             "1",
             "--hold",
-            "1ms",
+            "2ms",
             "--rate",
-            "200",
+            "1000",
         ],
     )));
-    assert_eq!(r["hold_ms"].as_f64(), Some(1.0), "{r}");
+    assert_eq!(r["hold_ms"].as_f64(), Some(2.0), "{r}");
     assert!(r["done"].as_u64().unwrap() > 0, "{r}");
+    let handoffs = &r["handoff_us"];
+    assert!(handoffs["count"].as_u64().unwrap() > 0, "{r}");
+    for q in QUANTILES {
+        assert!(handoffs[q].is_u64(), "handoff_us.{q}: {r}");
+    }
 }
 
 #[test]

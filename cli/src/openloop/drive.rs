@@ -23,6 +23,7 @@ use bytes::Bytes;
 use redlock_mio::{Config, Error, Redlock, Retry, SharedRedlock};
 
 use super::exec::{self, precise_timers, sleep_until, wait_until};
+use super::handoff::Handoffs;
 use super::record::{Outcome, Recorder, Timing};
 use super::schedule::Schedule;
 use super::{Plan, Shape};
@@ -60,6 +61,9 @@ pub(crate) struct Measured {
     pub(crate) interrupted: Option<i32>,
     /// The first error's message, for the report.
     pub(crate) first_error: Option<String>,
+    /// Release to the next holder's grant, with `--resources` and
+    /// `--hold` (waiting acquires).
+    pub(crate) handoffs: Option<hdrhistogram::Histogram<u64>>,
 }
 
 /// What the callers share.
@@ -72,6 +76,8 @@ struct Shared {
     unsent: AtomicU64,
     finished: AtomicUsize,
     first_error: Mutex<Option<String>>,
+    /// Shared resources and waiting acquires: hand-offs to pair.
+    handoffs: Option<Mutex<Handoffs>>,
 }
 
 impl Shared {
@@ -157,6 +163,10 @@ pub(crate) fn run(
         unsent: AtomicU64::new(0),
         finished: AtomicUsize::new(0),
         first_error: Mutex::new(None),
+        handoffs: match (shape.resources, shape.hold) {
+            (Some(r), Some(_)) => Some(Mutex::new(Handoffs::new(r, origin + plan.warm_up))),
+            _ => None,
+        },
     };
     let (recorders, interrupted) = thread::scope(|scope| {
         let handles: Vec<_> = if shape.tasks.is_some() {
@@ -225,6 +235,11 @@ pub(crate) fn run(
             .first_error
             .into_inner()
             .unwrap_or_else(PoisonError::into_inner),
+        handoffs: shared.handoffs.map(|h| {
+            h.into_inner()
+                .unwrap_or_else(PoisonError::into_inner)
+                .histogram
+        }),
     })
 }
 
@@ -268,7 +283,10 @@ fn caller(
         let (outcome, done) = match (shape.hold, shape.batch) {
             (Some(hold), _) => {
                 let resource = pick.resource(names);
-                hold_once(&mut client, resource, hold, shape, shared)
+                // The resource's place among the shared names, for the
+                // hand-offs (names are few where they are shared).
+                let place = names.iter().position(|n| *n == resource).unwrap_or(0);
+                hold_once(&mut client, resource, place, hold, shape, shared)
             }
             (None, 1) => {
                 let resource = pick.resource(names);
@@ -316,23 +334,35 @@ fn cycle(
 
 /// Acquire, waiting for a held lock as the retry policy says (until the
 /// drain ends), hold, release; timed to the grant, since the hold is the
-/// caller's own time.
+/// caller's own time. The grant and the release's send go to the
+/// hand-offs when resources are shared.
 fn hold_once(
     client: &mut Client,
     resource: Bytes,
+    place: usize,
     hold: Duration,
     shape: &Shape,
     shared: &Shared,
 ) -> (Outcome, Instant) {
+    let began = Instant::now();
     let retry = Retry {
         attempts: u32::MAX,
         delay: shape.retry_delay,
-        max_wait: Some(shared.drain_until.saturating_duration_since(Instant::now())),
+        max_wait: Some(shared.drain_until.saturating_duration_since(began)),
     };
     match client.acquire_with(resource, shape.ttl, &retry) {
         Ok(lock) => {
             let granted = Instant::now();
+            if let Some(h) = &shared.handoffs {
+                let mut h = h.lock().unwrap_or_else(PoisonError::into_inner);
+                let _ = h.handle_grant(place, began, granted);
+            }
             thread::sleep(hold);
+            if let Some(h) = &shared.handoffs {
+                h.lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .handle_release(place, Instant::now());
+            }
             match client.release(&lock) {
                 Ok(()) => (Outcome::Done, granted),
                 Err(e) => {

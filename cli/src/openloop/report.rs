@@ -112,6 +112,7 @@ pub(crate) fn json_value(
         "max_send_lag_us": super::record::micros(r.max_send_lag),
         "latency_us": json_latency(&r.total.latency),
         "service_us": json_latency(&r.total.service),
+        "handoff_us": run.handoffs.as_ref().map(json_latency),
         "first_error": run.first_error,
     })
 }
@@ -245,6 +246,13 @@ pub(crate) fn text_body(shape: &Shape, plan: &Plan, run: &Measured) -> String {
             let _ = write!(out, " {v:>8}");
         }
         let _ = writeln!(out);
+    }
+    if let Some(h) = &run.handoffs {
+        let _ = write!(out, "{:<34}", "hand-off, release to next grant");
+        for v in percentiles(h) {
+            let _ = write!(out, " {v:>8}");
+        }
+        let _ = writeln!(out, "  ({} hand-offs)", h.len());
     }
     let _ = writeln!(
         out,
