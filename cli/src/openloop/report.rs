@@ -302,8 +302,7 @@ fn met(plan: &Plan, runs: &[Measured]) -> Vec<bool> {
         .collect()
 }
 
-/// The headroom of a sweep: the highest rate meeting the SLO, with every
-/// lower step meeting it too.
+/// The headroom of a sweep: the highest rate meeting the SLO.
 fn headroom(plan: &Plan, runs: &[Measured]) -> Option<f64> {
     plan.slo.as_ref()?;
     let steps: Vec<(f64, bool)> = runs.iter().map(|r| r.rate).zip(met(plan, runs)).collect();
@@ -408,13 +407,13 @@ pub(crate) fn sweep_text(
                 let _ = writeln!(
                     out,
                     "headroom: {rate:.0}/s, the highest rate of this sweep with {} <= {} \
-                     (and every lower rate meeting it too)",
+                     and every start sent",
                     slo.name,
                     humantime::format_duration(slo.bound)
                 );
             }
             None => {
-                let _ = writeln!(out, "headroom: none; the lowest rate missed the SLO");
+                let _ = writeln!(out, "headroom: none; no rate of this sweep met the SLO");
             }
         }
     }
