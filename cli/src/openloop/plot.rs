@@ -121,6 +121,15 @@ fn draw_spectrum<DB: DrawingBackend>(
     Ok(())
 }
 
+/// A rate to two significant digits: "950", "1300", "16000".
+pub(crate) fn rate_label(rate: f64) -> String {
+    if rate < 1.0 {
+        return format!("{rate:.2}");
+    }
+    let magnitude = 10f64.powi(rate.log10().floor() as i32 - 1);
+    format!("{:.0}", (rate / magnitude).round() * magnitude)
+}
+
 /// "p90" for 10, "p99.9" for 1000.
 pub(crate) fn percentile_label(x: f64) -> String {
     if x < 1.5 {
@@ -160,8 +169,6 @@ pub(crate) fn sweep(
     root.fill(&WHITE).map_err(to_error)?;
     let (upper, lower) = root.split_vertically(HEIGHT);
     draw_spectrum(&upper, title, lines)?;
-    let low_rate = steps.iter().map(|s| s.rate).fold(f64::INFINITY, f64::min);
-    let high_rate = steps.iter().map(|s| s.rate).fold(0.0, f64::max);
     let values = steps.iter().flat_map(|s| s.values.iter().map(|&v| ms(v)));
     let top = values
         .clone()
@@ -169,11 +176,6 @@ pub(crate) fn sweep(
         .fold(0.01f64, f64::max)
         * 2.0;
     let bottom = values.chain(slo.map(|s| ms(s.us))).fold(top, f64::min) / 2.0;
-    let (low_rate, high_rate) = if low_rate < high_rate {
-        (low_rate / 1.1, high_rate * 1.1)
-    } else {
-        (low_rate / 2.0, low_rate * 2.0)
-    };
     let mut chart = ChartBuilder::on(&lower)
         .caption(
             "latency from the intended start, by rate",
@@ -182,21 +184,36 @@ pub(crate) fn sweep(
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(60)
+        // The steps evenly spaced (a sweep's rates are geometric), each
+        // labelled with its rate: plotters' log axis would label round
+        // numbers between them and crowd its minor lines.
         .build_cartesian_2d(
-            (low_rate..high_rate).log_scale(),
+            -0.5..steps.len() as f64 - 0.5,
             (bottom.max(0.001)..top).log_scale(),
         )
         .map_err(to_error)?;
+    let step_label = |x: &f64| {
+        let k = x.round();
+        match steps.get(k as usize) {
+            Some(step) if (x - k).abs() < 1e-6 && k >= 0.0 => rate_label(step.rate),
+            _ => String::new(),
+        }
+    };
     chart
         .configure_mesh()
         .x_desc("rate asked (operations/s)")
         .y_desc("latency (ms)")
-        .x_label_formatter(&|x| format!("{x:.0}"))
+        .x_labels(steps.len() + 1)
+        .x_label_formatter(&step_label)
         .draw()
         .map_err(to_error)?;
     for (i, label) in labels.iter().enumerate() {
         let c = colour(i);
-        let points: Vec<(f64, f64)> = steps.iter().map(|s| (s.rate, ms(s.values[i]))).collect();
+        let points: Vec<(f64, f64)> = steps
+            .iter()
+            .enumerate()
+            .map(|(k, s)| (k as f64, ms(s.values[i])))
+            .collect();
         chart
             .draw_series(LineSeries::new(points.clone(), c.stroke_width(2)))
             .map_err(to_error)?
@@ -210,7 +227,7 @@ pub(crate) fn sweep(
         let y = ms(slo.us);
         chart
             .draw_series(LineSeries::new(
-                [(low_rate, y), (high_rate, y)],
+                [(-0.5, y), (steps.len() as f64 - 0.5, y)],
                 RED.stroke_width(3),
             ))
             .map_err(to_error)?
@@ -242,6 +259,20 @@ mod tests {
         ];
         for (x, want) in cases {
             assert_eq!(percentile_label(x), want, "{x}");
+        }
+    }
+
+    #[test]
+    fn rates_are_labelled_to_two_significant_digits() {
+        let cases = [
+            (1000.0, "1000"),
+            (1104.9, "1100"),
+            (16384.0, "16000"),
+            (95.2, "95"),
+            (0.5, "0.50"),
+        ];
+        for (rate, want) in cases {
+            assert_eq!(rate_label(rate), want, "{rate}");
         }
     }
 
