@@ -582,60 +582,6 @@ impl SharedRedlock {
         Ok(self.guard(lock))
     }
 
-    /// Runs `work` while `resource` is held and kept alive, then releases
-    /// it: the scoped form (node-redlock's `using`). The lock is taken as
-    /// [`SharedRedlock::acquire`] takes it, extended every third of `ttl`
-    /// by a [`Watchdog`](crate::Watchdog) (see [`SharedRedlock::keep`]),
-    /// and released when `work` returns. `work` gets the watchdog, to ask
-    /// [`Watchdog::is_held`](crate::Watchdog::is_held) between steps or
-    /// [`Watchdog::remaining`](crate::Watchdog::remaining) before a write.
-    ///
-    /// A release that fails after `work` returned (a lock already lost, a
-    /// master unreachable) is not reported: `work` learned of a loss from
-    /// the watchdog, and keys not released expire after their TTL.
-    ///
-    /// # Errors
-    /// As [`SharedRedlock::acquire`] and [`SharedRedlock::keep`]: `work`
-    /// did not run.
-    pub fn using<T>(
-        &self,
-        resource: impl ResourceName,
-        ttl: Duration,
-        work: impl FnOnce(&crate::Watchdog) -> T,
-    ) -> Result<T, Error> {
-        let lock = self.acquire(resource, ttl)?;
-        let kept = self.keep(lock, crate::KeepOptions::default())?;
-        let out = work(&kept);
-        let _ = kept.release();
-        Ok(out)
-    }
-
-    /// [`SharedRedlock::using`] for async work: `work` gets a
-    /// [`LostFuture`](crate::LostFuture) that completes if the lock is
-    /// lost, to race against its own steps (with `select!`, say). Nothing
-    /// blocks, the release included. Dropped while `work` runs, the future
-    /// drops the watchdog, which releases the lock and waits for that
-    /// release (one round trip).
-    ///
-    /// # Errors
-    /// As [`SharedRedlock::using`].
-    pub async fn using_async<T, F, Fut>(
-        &self,
-        resource: impl ResourceName,
-        ttl: Duration,
-        work: F,
-    ) -> Result<T, Error>
-    where
-        F: FnOnce(crate::LostFuture) -> Fut,
-        Fut: std::future::Future<Output = T>,
-    {
-        let lock = self.acquire_async(resource, ttl).await?;
-        let kept = self.keep(lock, crate::KeepOptions::default())?;
-        let out = work(kept.lost_async()).await;
-        let _ = kept.release_async().await;
-        Ok(out)
-    }
-
     /// Guards `lock`: it is released when the guard is dropped.
     pub fn guard(&self, lock: Lock) -> SharedLockGuard {
         SharedLockGuard {

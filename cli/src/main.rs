@@ -10,6 +10,7 @@
 
 mod acquire;
 mod bench;
+mod caller;
 mod cert;
 mod exit;
 mod group;

@@ -18,7 +18,7 @@ pub use crate::knobs::{Injected, inject};
 pub mod knobs {
     use std::time::Duration;
 
-    use crate::Config;
+    use crate::config::Config;
 
     /// Adds `by` to every validity `config`'s client computes: a lock then
     /// claims to outlive its keys.

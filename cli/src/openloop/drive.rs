@@ -27,7 +27,7 @@ use super::handoff::Handoffs;
 use super::record::{Outcome, Recorder, Timing};
 use super::schedule::Schedule;
 use super::{Plan, Shape};
-use crate::bench::{Client, Pick};
+use crate::caller::{Client, Pick};
 use crate::exit::{self, Failure};
 use crate::signals::Signals;
 
