@@ -9,16 +9,17 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll, Wake, Waker};
 use std::thread::{self, Thread};
 
-/// The futures woken since the executor last looked.
-struct Ready {
-    queue: Mutex<Vec<usize>>,
-    executor: Thread,
+/// The futures woken since the executor last looked (this executor's,
+/// and the open loop's with timers, `openloop/exec.rs`).
+pub(crate) struct Ready {
+    pub(crate) queue: Mutex<Vec<usize>>,
+    pub(crate) executor: Thread,
 }
 
 /// Wakes future `index`: queues it and unparks the executor.
-struct TaskWaker {
-    index: usize,
-    ready: Arc<Ready>,
+pub(crate) struct TaskWaker {
+    pub(crate) index: usize,
+    pub(crate) ready: Arc<Ready>,
 }
 
 impl Wake for TaskWaker {

@@ -25,8 +25,7 @@ mod command;
 #[path = "../../tests/common/mod.rs"]
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use command::{code, finish, one_shot, redlock, shipped, stderr, stdout};
@@ -79,20 +78,7 @@ impl Flavor {
             Flavor::Valkey81 => ("REDLOCK_VALKEY_8_1", "valkey-8.1/valkey-server"),
             Flavor::Valkey91 => ("REDLOCK_VALKEY_9_1", "valkey-9.1/valkey-server"),
         };
-        if let Some(given) = std::env::var_os(env).filter(|v| !v.is_empty()) {
-            return PathBuf::from(given);
-        }
-        let path = workspace().join("target/servers").join(fetched);
-        if !path.exists()
-            && let Err(why) = fetch_servers()
-        {
-            panic!(
-                "{self:?}: {} is missing and scripts/servers.sh failed ({why}); \
-                 set {env} to the binary",
-                path.display()
-            );
-        }
-        path
+        common::matrix_binary(env, fetched)
     }
 
     fn options(self) -> Options {
@@ -102,30 +88,6 @@ impl Flavor {
     fn cluster(self, k: usize) -> Cluster {
         Cluster::start(k, &self.options()).unwrap_or_else(|e| panic!("{self:?}: {e}"))
     }
-}
-
-fn workspace() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("the CLI crate sits in the workspace")
-}
-
-/// Runs `scripts/servers.sh` once for every test of this file.
-fn fetch_servers() -> Result<(), String> {
-    static FETCHED: OnceLock<Result<(), String>> = OnceLock::new();
-    FETCHED
-        .get_or_init(|| {
-            let out = std::process::Command::new("bash")
-                .arg(workspace().join("scripts/servers.sh"))
-                .output()
-                .map_err(|e| format!("cannot run it: {e}"))?;
-            if out.status.success() {
-                Ok(())
-            } else {
-                Err(String::from_utf8_lossy(&out.stderr).trim().to_owned())
-            }
-        })
-        .clone()
 }
 
 /// Each scenario below, once per server.

@@ -13,8 +13,10 @@ use std::collections::BinaryHeap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::task::{Context, Poll, Wake, Waker};
-use std::thread::{self, Thread};
+use std::task::{Context, Poll, Waker};
+use std::thread;
+
+use crate::tasks::{Ready, TaskWaker};
 use std::time::{Duration, Instant};
 
 /// How long before a deadline a waiter stops sleeping and spins
@@ -81,32 +83,6 @@ impl Future for SleepUntil {
         let index = CURRENT.with(std::cell::Cell::get);
         TIMERS.with(|t| t.borrow_mut().push(Reverse((self.at, index))));
         Poll::Pending
-    }
-}
-
-/// The futures woken since the executor last looked.
-struct Ready {
-    queue: Mutex<Vec<usize>>,
-    executor: Thread,
-}
-
-struct TaskWaker {
-    index: usize,
-    ready: Arc<Ready>,
-}
-
-impl Wake for TaskWaker {
-    fn wake(self: Arc<Self>) {
-        self.wake_by_ref();
-    }
-
-    fn wake_by_ref(self: &Arc<Self>) {
-        self.ready
-            .queue
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(self.index);
-        self.ready.executor.unpark();
     }
 }
 
