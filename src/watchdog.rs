@@ -32,8 +32,11 @@ use crate::token::Token;
 /// write per master. [`Watchdog::keep`] does the same on a client of its
 /// own. The holder asks at any moment, without
 /// network I/O, whether the lock is still held ([`Watchdog::is_held`]) and
-/// until when ([`Watchdog::deadline`]). [`Watchdog::release`], or dropping
-/// the watchdog, stops the thread and releases the lock on every master.
+/// until when ([`Watchdog::deadline`]). [`Watchdog::release`] stops the
+/// extensions and releases the lock on every master, returning when the
+/// release is answered; dropping the watchdog does the same without
+/// waiting (the event loop carries the release out), so that a drop never
+/// blocks, in async code neither.
 ///
 /// # Extension policy
 /// With `ttl` and `every` from [`KeepOptions`], and the *period*
@@ -283,8 +286,10 @@ impl Watchdog {
 impl Drop for Watchdog {
     fn drop(&mut self) {
         if !self.released {
-            // Nothing to report to: keys not released expire after the TTL.
-            let _ = self.redlock.unkeep(&self.shared);
+            // Handed to the loop, which stops the extensions and releases
+            // the lock whether or not anyone waits for it; nothing to
+            // report to (keys not released expire after the TTL).
+            drop(self.redlock.unkeep_async(&self.shared));
             self.shared.state().subscribers.clear();
         }
     }
@@ -371,8 +376,8 @@ impl SharedRedlock {
     /// [`LostFuture`] that completes if the lock is
     /// lost, to race against its own steps (with `select!`, say). Nothing
     /// blocks, the release included. Dropped while `work` runs, the future
-    /// drops the watchdog, which releases the lock and waits for that
-    /// release (one round trip).
+    /// drops the watchdog, which hands the release to the event loop
+    /// without waiting for it.
     ///
     /// # Errors
     /// As [`SharedRedlock::using`].

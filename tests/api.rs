@@ -1,7 +1,8 @@
-//! The public API as a new user writes it (issue 41): names built at run
+//! The public API as a new user writes it: names built at run
 //! time, an empty name refused before anything is sent, a guard of the
 //! shared client that releases on drop (also when a `?` leaves the
-//! function early), and the blocking fenced acquire of both clients.
+//! function early), the blocking fenced acquire of both clients, and the
+//! scoped form, whose drop never blocks.
 //! Real masters, started empty (restart quarantine off).
 
 mod common;
@@ -160,5 +161,55 @@ fn using_async_tells_the_work_when_the_lock_is_lost() {
     assert!(
         matches!(lost.reason, LostReason::Failed(Error::NotHeld(_))),
         "{lost:?}"
+    );
+}
+
+/// Dropping `using_async`'s future while the work runs hands the release
+/// to the loop and returns at once, as a drop in async code must: here
+/// every master is paused first, so a drop that waited for the release's
+/// answer could not return before they resume (the per-instance timeout
+/// is a minute). Once they resume, the key is gone: released, not
+/// expired (the TTL is minutes).
+#[test]
+fn dropping_using_async_mid_work_hands_the_release_over_without_waiting() {
+    use std::future::Future;
+    use std::task::{Context, Waker};
+
+    let mut masters = cluster(3);
+    let mut config = shared_config(&masters.urls());
+    config.per_instance_timeout = Duration::from_secs(60);
+    let shared = SharedRedlock::new(config).unwrap();
+    // Another handle stays: the last one's drop stops the loop, which
+    // finishes what it has under way first.
+    let _kept_open = shared.clone();
+    let mut scoped = Box::pin(async move {
+        shared
+            .using_async("dropped", Duration::from_secs(300), |_lost| {
+                std::future::pending::<()>()
+            })
+            .await
+    });
+    let mut cx = Context::from_waker(Waker::noop());
+    assert!(
+        eventually(SETTLE, || {
+            assert!(scoped.as_mut().poll(&mut cx).is_pending());
+            exists(&masters, "dropped") == [true; 3]
+        }),
+        "the lock was never taken"
+    );
+    for m in masters.servers_mut() {
+        m.pause().unwrap_or_else(|e| panic!("{e}"));
+    }
+    let dropped = common::within(SETTLE, move || drop(scoped));
+    for m in masters.servers_mut() {
+        m.resume().unwrap_or_else(|e| panic!("{e}"));
+    }
+    assert!(
+        dropped.is_some(),
+        "the drop waited for masters that could not answer"
+    );
+    assert!(
+        eventually(SETTLE, || exists(&masters, "dropped") == [false; 3]),
+        "the dropped work's lock was not released"
     );
 }
