@@ -24,7 +24,7 @@ impl BootInstant {
     }
 
     /// A reading of `since_boot`, for a clock that is simulated.
-    #[cfg(any(test, feature = "test-knobs"))]
+    #[cfg(any(test, redlock_sim))]
     pub(crate) fn from_since_boot(since_boot: Duration) -> BootInstant {
         BootInstant(since_boot)
     }

@@ -267,24 +267,24 @@ pub struct Config {
     /// [`LockCommands::Auto`]: each master's own where it has them.
     pub lock_commands: LockCommands,
     /// Bugs put in on purpose by the crate's own tests (set through
-    /// `sim::knobs`, with the `test-knobs` feature); private, so that the
+    /// `sim::knobs`, under `--cfg redlock_sim`); private, so that the
     /// settings' shape is the same whatever features a dependent turns on.
     pub(crate) knobs: Knobs,
 }
 
-/// The test knobs a [`Config`] carries: nothing without the `test-knobs`
-/// feature.
+/// The test knobs a [`Config`] carries: nothing without `--cfg
+/// redlock_sim`.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct Knobs {
     /// Added to every validity the client computes, so that a lock claims
     /// to outlive its keys: `tests/safety.rs` shows its checker catching
     /// a validity wrong by a few milliseconds. Default zero.
-    #[cfg(feature = "test-knobs")]
+    #[cfg(any(test, redlock_sim))]
     pub(crate) overstate_validity: Duration,
     /// The shared client's event loop panics when it starts an operation
     /// on this resource: `tests/loop_stops.rs` shows what callers see when
     /// the loop ends by a panic. Default none.
-    #[cfg(feature = "test-knobs")]
+    #[cfg(any(test, redlock_sim))]
     pub(crate) panic_on_resource: Option<bytes::Bytes>,
 }
 
@@ -353,10 +353,10 @@ impl Config {
 
     /// `ttl - drift` with this client's drift factor: how long after a
     /// round's start its keys surely stand (see [`Validity::span`]); with
-    /// the `test-knobs` feature, overstated by the knob that says so.
+    /// `--cfg redlock_sim`, overstated by the knob that says so.
     pub(crate) fn validity_span(&self, ttl: Duration) -> Option<Duration> {
         let span = Validity::span(ttl, self.drift_factor);
-        #[cfg(feature = "test-knobs")]
+        #[cfg(any(test, redlock_sim))]
         let span = span.map(|span| span + self.knobs.overstate_validity);
         span
     }
@@ -590,7 +590,7 @@ mod tests {
         assert_eq!(checked_ttl(Duration::MAX), Err(ConfigError::TtlTooLarge));
     }
 
-    /// Issue 20, item 7: a duration the event loop would add to the clock
+    /// A duration the event loop would add to the clock
     /// past its range (a panic on its thread) is refused up front, at the
     /// limit and one past it.
     #[test]

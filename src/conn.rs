@@ -1518,7 +1518,7 @@ impl Conn {
 
     /// How many bytes are queued and unwritten, connecting or not (the
     /// simulator tells from it which requests were queued together).
-    #[cfg(any(test, feature = "test-knobs"))]
+    #[cfg(any(test, redlock_sim))]
     pub(crate) fn unwritten(&self) -> usize {
         self.out.len().saturating_sub(self.written)
     }
@@ -1892,7 +1892,7 @@ mod tests {
             .collect()
     }
 
-    /// Issue 20, item 8: a subscriber's command is awaited as a request
+    /// A subscriber's command is awaited as a request
     /// is. A SUBSCRIBE naming two channels waits for two confirmations,
     /// messages between them answer nothing, the stall limit runs until
     /// the last one, and a confirmation nothing awaits breaks the
@@ -1937,7 +1937,7 @@ mod tests {
         assert_eq!(conn.poll_push(), Err(Cause::Unsolicited));
     }
 
-    /// Issue 11: with many rounds in flight, ending rounds while the
+    /// With many rounds in flight, ending rounds while the
     /// connection is still connecting must drop exactly their unsent
     /// requests: the bytes and the in-flight queue stay in step, request by
     /// request, or a reply would be matched to another request.
@@ -2031,7 +2031,7 @@ mod tests {
         assert!(encoded(Op::AcquireFenced, 500, false).ends_with("$3\r\n500\r\n"));
     }
 
-    /// Issue 21: which refusals are for good (fail fast) and which are a
+    /// Which refusals are for good (fail fast) and which are a
     /// master that is busy for now (retried).
     #[test]
     fn permanent_refusals_are_told_from_transient_ones() {
@@ -2115,7 +2115,7 @@ mod tests {
         assert!(!Cause::Timeout.is_permanent() && !Cause::Closed.is_permanent());
     }
 
-    /// Issue 41: a port that speaks another protocol reads as not Redis,
+    /// A port that speaks another protocol reads as not Redis,
     /// quoting what it sent, from its first bytes only; bytes that open
     /// as RESP keep the parser's error.
     #[test]
@@ -2180,7 +2180,7 @@ mod tests {
         }
     }
 
-    /// Issue 41: a refusal's advice follows the server's error code where
+    /// A refusal's advice follows the server's error code where
     /// the code says it (credentials), whichever command was refused; the
     /// step's own advice otherwise.
     #[test]

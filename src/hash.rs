@@ -16,7 +16,7 @@ pub(crate) type FxBuild = BuildHasherDefault<FxHasher>;
 pub(crate) type FxMap<K, V> = std::collections::HashMap<K, V, FxBuild>;
 
 /// A hash set with [`FxHasher`].
-#[cfg(any(test, feature = "test-knobs"))]
+#[cfg(any(test, redlock_sim))]
 pub(crate) type FxSet<T> = std::collections::HashSet<T, FxBuild>;
 
 /// The Fx hash: a rotate, a xor and a multiply per word.

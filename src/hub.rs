@@ -298,7 +298,7 @@ impl<P: Promise, L: Links> Hub<P, L> {
     }
 
     /// The waiting room, for a simulation's checkers to read.
-    #[cfg(any(test, feature = "test-knobs"))]
+    #[cfg(any(test, redlock_sim))]
     pub(crate) fn room(&self) -> &Room {
         &self.room
     }
@@ -586,7 +586,7 @@ impl<P: Promise, L: Links> Hub<P, L> {
         };
         match self.make_job(order, now) {
             Ok(mut job) => {
-                #[cfg(feature = "test-knobs")]
+                #[cfg(any(test, redlock_sim))]
                 if job.resource().is_some_and(|r| {
                     self.config.knobs.panic_on_resource.as_deref() == Some(r.as_ref())
                 }) {

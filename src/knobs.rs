@@ -1,9 +1,9 @@
 //! Bugs put in on purpose, to show that the simulator's checkers catch
-//! them (issue 22, item 4). Only with the `test-knobs` feature (or in the
+//! them. Only under `--cfg redlock_sim` (or in the
 //! crate's unit tests), and only on the thread that turned one on: the
 //! simulator runs every client's core on its own thread, so one test's
 //! bug never reaches another test, nor any shared client's event loop.
-//! Without the feature, [`injected`] is `false` and compiles away.
+//! Without it, [`injected`] is `false` and compiles away.
 
 /// A bug the code can be made to have.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -13,11 +13,11 @@ pub enum Bug {
     /// The drift term left out of every validity.
     DriftDropped,
     /// An extend leaves the caller's lock as it was until the extend
-    /// completes (as before issue 20): a dropped extend can leave it
+    /// completes (as the client once did): a dropped extend can leave it
     /// claiming validity the keys no longer have.
     ExtendNotShortened,
     /// A waiting acquire takes a round with a failed master and fewer than
-    /// a quorum of refusals for a split vote (as before issue 20), and
+    /// a quorum of refusals for a split vote (as the client once did), and
     /// tries again at round-trip rate.
     FailureCountedAsSplit,
     /// A late `-NOSCRIPT` to an acquire whose round was decided is
@@ -40,23 +40,23 @@ pub enum Bug {
     /// TTL.
     CleanupSkipsGranted,
     /// Retries, wake-ups, hand-over attempts and cleanups go straight to
-    /// the wire, past the admission gate new orders wait at (as before
-    /// issue 39): a burst of woken waiters drops connections at the
+    /// the wire, past the admission gate new orders wait at (as the client
+    /// once did): a burst of woken waiters drops connections at the
     /// in-flight bound.
     AdmissionBypassed,
     /// A release hands the lock over to a head waiter whose attempt is
-    /// under way, unannounced (as before issue 39): if that attempt is
+    /// under way, unannounced (as the client once did): if that attempt is
     /// its last, the lock sits free, nobody told, until the old key's TTL.
     HandoverToAttempt,
     /// A lock won after its caller went away is released without letting
-    /// go of its "held here" mark (as before issue 39): without channel
+    /// go of its "held here" mark (as the client once did): without channel
     /// rights no message clears it, and local waiters wait out its TTL.
     AbandonedStaysHeld,
     /// A waiting acquire whose caller went away while it was queued still
-    /// makes an attempt (as before issue 39).
+    /// makes an attempt (as the client once did).
     DroppedWaiterTries,
     /// Every `-NOSCRIPT` is answered with a `SCRIPT LOAD` of its own (as
-    /// before issue 39): after a `SCRIPT FLUSH` a connection holds about
+    /// the client once did): after a `SCRIPT FLUSH` a connection holds about
     /// twice what it held, past the in-flight bound.
     ScriptLoadedPerNoscript,
     /// A native extend (`SET ... IFEQ ... GET`) goes without its `PX`: the
@@ -64,7 +64,7 @@ pub enum Bug {
     ExtendDropsPx,
 }
 
-#[cfg(any(test, feature = "test-knobs"))]
+#[cfg(any(test, redlock_sim))]
 thread_local! {
     static INJECTED: std::cell::Cell<Option<Bug>> = const { std::cell::Cell::new(None) };
 }
@@ -72,9 +72,9 @@ thread_local! {
 /// Whether `bug` is on for this thread.
 #[inline(always)]
 pub(crate) fn injected(bug: Bug) -> bool {
-    #[cfg(any(test, feature = "test-knobs"))]
+    #[cfg(any(test, redlock_sim))]
     return INJECTED.with(|b| b.get() == Some(bug));
-    #[cfg(not(any(test, feature = "test-knobs")))]
+    #[cfg(not(any(test, redlock_sim)))]
     {
         let _ = bug;
         false
@@ -82,18 +82,18 @@ pub(crate) fn injected(bug: Bug) -> bool {
 }
 
 /// Turns `bug` on for this thread until the guard is dropped.
-#[cfg(any(test, feature = "test-knobs"))]
+#[cfg(any(test, redlock_sim))]
 pub fn inject(bug: Option<Bug>) -> Injected {
     INJECTED.with(|b| b.set(bug));
     Injected(())
 }
 
 /// Turns the injected bug off when dropped.
-#[cfg(any(test, feature = "test-knobs"))]
+#[cfg(any(test, redlock_sim))]
 #[derive(Debug)]
 pub struct Injected(());
 
-#[cfg(any(test, feature = "test-knobs"))]
+#[cfg(any(test, redlock_sim))]
 impl Drop for Injected {
     fn drop(&mut self) {
         INJECTED.with(|b| b.set(None));

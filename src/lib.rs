@@ -63,8 +63,9 @@
 //! outcome, duration and attempts, and each master's failures, recorded
 //! through the `metrics` facade's global recorder (docs/observability.md
 //! lists them).
-//! `tracing`: a debug span per operation. `test-knobs` is for the crate's
-//! own tests, not for dependents.
+//! `tracing`: a debug span per operation. No feature exists for the
+//! crate's own tests: its simulator and test knobs are compiled only under
+//! `--cfg redlock_sim`, which no dependent sets.
 
 // docs.rs labels each item that needs a feature ([package.metadata.docs.rs]).
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -88,10 +89,10 @@ mod resource;
 
 mod clock;
 
-// Bugs put in on purpose for the simulator's checkers (`test-knobs`).
-#[cfg_attr(any(test, feature = "test-knobs"), doc(hidden))]
+// Bugs put in on purpose for the simulator's checkers (`--cfg redlock_sim`).
+#[cfg_attr(any(test, redlock_sim), doc(hidden))]
 #[allow(unreachable_pub)]
-#[cfg_attr(not(any(test, feature = "test-knobs")), allow(dead_code))]
+#[cfg_attr(not(any(test, redlock_sim)), allow(dead_code))]
 pub(crate) mod knobs;
 
 mod addr;
@@ -136,7 +137,7 @@ mod shared;
 mod watchdog;
 
 // Beside the data flow, for the crate's own tests: the simulated world.
-#[cfg(any(test, feature = "test-knobs"))]
+#[cfg(any(test, redlock_sim))]
 #[doc(hidden)]
 pub mod sim;
 

@@ -226,7 +226,7 @@ impl Room {
     }
 
     /// See `contention_epoch`.
-    #[cfg(any(test, feature = "test-knobs"))]
+    #[cfg(any(test, redlock_sim))]
     pub(crate) fn contention_epoch(&self) -> u64 {
         self.contention_epoch
     }

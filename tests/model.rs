@@ -1,4 +1,4 @@
-//! The model of a master (`redlock_mio::sim::model::Master`, issue 22)
+//! The model of a master (`redlock_mio::sim::model::Master`)
 //! against a real redis-server: random command sequences from fixed seeds
 //! go to both, and every reply, and every frame a subscriber receives,
 //! must be the same. This file owns that comparison; the model itself is
@@ -15,12 +15,16 @@
 //! and the divergence is printed; Valkey 9.1 also leaves the SHA out of a
 //! script error's `script: <sha>, on @user_script:<line>.`). `REDIS_SERVER` picks the server, as for
 //! every test using the kit; the model answers as the [`Flavour`] found by
-//! asking the server which of the lock commands it has (issue 40): `SET
+//! asking the server which of the lock commands it has: `SET
 //! ... IFEQ` (Valkey 8.1+), `DELIFEQ` (Valkey 9.0+), `DELEX` (Redis 8.4+).
 //! The random runs send those commands to every server, so that one
 //! without them is checked to refuse them as the model does, and
 //! `COMMAND DOCS SET DELIFEQ DELEX` must tell the same capabilities from
 //! both sides ([`Capabilities`]).
+
+// The model is part of the simulator, compiled only under `--cfg
+// redlock_sim` (the README's test command sets it).
+#![cfg(redlock_sim)]
 
 mod common;
 
@@ -655,7 +659,7 @@ impl Draw {
         (command, check)
     }
 
-    /// One of the commands issue 40 uses where a server has them, or a
+    /// One of the lock commands the client uses where a server has them, or a
     /// mistake with one (a digest condition, NX beside IFEQ, IFEQ without
     /// PX, a key that is not a string, a wrong count): every server gets
     /// them, so that one without them is checked to refuse them as the
@@ -1295,7 +1299,7 @@ fn command_docs_tell_the_capabilities_the_server_has() {
     eprintln!("COMMAND DOCS against {kind}: {flavour:?}, {caps:?}");
 }
 
-/// The least-privileged lock user of issue 40: no scripting (`-@scripting`)
+/// The least-privileged lock user: no scripting (`-@scripting`)
 /// and no `COMMAND`, on the server and on the model as the flavour the
 /// server is. Scripts and `COMMAND DOCS` are refused; plain acquires, the
 /// native commands where the server has them, and publishing are not.

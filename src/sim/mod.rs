@@ -1,6 +1,6 @@
-//! The world around the client, simulated (issue 22): models of what the
+//! The world around the client, simulated: models of what the
 //! client talks to, driven by seeded tests. Compiled for the crate's own
-//! tests only (`cfg(test)` or the `test-knobs` feature): not API.
+//! tests only (`cfg(test)`, or `--cfg redlock_sim` in RUSTFLAGS): not API.
 
 pub mod rng;
 

@@ -143,7 +143,7 @@ const HANDOVER_SALT: u64 = 0x6861_6e64_6f76_6572;
 /// Mixed into a seed for the draw of its shape (see [`Shape`]).
 const SHAPE_SALT: u64 = 0x7368_6170_6573_3339;
 /// Whether the masters answer as the servers of a mix drawn per seed (see
-/// [`flavours`]; issue 40) rather than all as Redis 7.0: the client then
+/// [`flavours`]) rather than all as Redis 7.0: the client then
 /// releases and extends with each master's own commands where it has
 /// them, and the checkers read those (`wire::effect`). A seed's other
 /// draws are the same either way, only what the masters have differs.
@@ -287,7 +287,7 @@ fn resource_index(key: &[u8]) -> Option<usize> {
 
 /// What a seed's run looks like beyond its operations' draws: drawn from
 /// a source of its own (see [`SHAPE_SALT`]), each to give a checker the
-/// conditions it watches for (issue 39).
+/// conditions it watches for.
 #[derive(Debug, Clone, Copy)]
 struct Shape {
     /// `Config::max_in_flight` at its least (32), where a burst of
@@ -867,7 +867,7 @@ enum Event {
     Resume { master: usize },
 }
 
-/// A burst (issue 39), in the seeds that have one: one client takes every
+/// A burst, in the seeds that have one: one client takes every
 /// wide resource; the other clients queue waiting acquires for them (some
 /// two deep, the second queued behind the first), and their callers drop
 /// some; then the holder releases them all at once, in batches: each
@@ -2236,7 +2236,7 @@ impl World {
     /// would have told it. Each client subscribed to the resource's channel
     /// where a release deleted the key (and the master lets it publish)
     /// counts as told once the lock is free: its waiters owe the lock
-    /// within the bound, as after a message read (issue 39: the hand-over
+    /// within the bound, as after a message read (once, the hand-over
     /// to a head whose attempt was its last left the lock free until the
     /// old key's TTL, and the timer excused it).
     fn virtual_notices(&mut self, master: usize, releaser: usize, r: usize, token: TokenKey) {
@@ -3352,7 +3352,7 @@ mod tests {
             Some(Bug::ExtendDropsPx) => " --bug extend-drops-px",
         };
         format!(
-            "cargo run --release --features test-knobs --example simulate -- --seed {seed} \
+            "cargo simulate --seed {seed} \
              --clients {} --masters {} --ops {}{bug}",
             settings.clients, settings.masters, settings.ops
         )
@@ -3636,7 +3636,7 @@ mod tests {
         assert!(said(&violations, "cleanup"), "seed {seed}: {violations:?}");
     }
 
-    /// Issue 39's holes, each put back by its knob (which comes with its
+    /// The stalls waiting once had, each put back by its knob (which comes with its
     /// fix): each caught by the checker made to see it.
     #[test]
     fn a_connection_dropped_by_the_in_flight_bound_is_caught() {
@@ -3671,7 +3671,7 @@ mod tests {
         assert!(said(&violations, "cancel"), "seed {seed}: {violations:?}");
     }
 
-    /// Issue 40: `SET ... IFEQ` without `PX` leaves a lock key with no TTL
+    /// `SET ... IFEQ` without `PX` leaves a lock key with no TTL
     /// on the masters that have it (the flavour mix).
     #[test]
     fn a_native_extend_without_px_leaves_a_key_that_never_expires() {
