@@ -1,5 +1,5 @@
 //! Lock+unlock cycles against local masters: redlock-mio beside the
-//! physical floor of a one-pass design, in the same run (issue 5).
+//! physical floor of a one-pass design, in the same run.
 //!
 //! The **floor** is the minimal blocking fan-out in plain std: N
 //! `std::net::TcpStream`s with `TCP_NODELAY`; an acquire writes one

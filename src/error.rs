@@ -247,7 +247,7 @@ mod tests {
         }
     }
 
-    /// Issue 41: what a user reads first says why the quorum was missed.
+    /// What a user reads first says why the quorum was missed.
     #[test]
     fn the_top_line_names_what_the_votes_say() {
         let quarantined = |ms| Vote::Failed(Cause::Quarantined(Duration::from_millis(ms)));

@@ -1728,7 +1728,7 @@ impl SplitMix64 {
 mod tests {
     use super::*;
 
-    /// Issue 20, item 7: the waiting script's reply is a master's data; an
+    /// The waiting script's reply is a master's data; an
     /// `i64::MIN` (minus a PTTL no key has) must not overflow, in a debug
     /// build or any other.
     #[test]

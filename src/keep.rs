@@ -836,7 +836,7 @@ mod tests {
         }
     }
 
-    /// Issue 20, item 11: after a suspend longer than the validity left,
+    /// After a suspend longer than the validity left,
     /// the keys are gone on the masters; the schedule must see it at once
     /// (the boot clock counts the suspend), not wait for the monotonic
     /// deadline fixed before the suspend.
@@ -874,7 +874,7 @@ mod tests {
         assert_eq!(keeper.poll(awake), KeepStep::Wait(at.mono + ms(300)));
     }
 
-    /// Issue 20, item 1, for kept locks: an extension shortens the lock the
+    /// For kept locks: an extension shortens the lock the
     /// holder sees before it is sent, so that a loop that never hears back
     /// leaves no claim beyond what the keys keep.
     #[test]
@@ -896,7 +896,7 @@ mod tests {
         assert_eq!(keeper.shared.state().lock, before);
     }
 
-    /// Issue 20, item 3: kept locks that one shared failure (a dropped
+    /// Kept locks that one shared failure (a dropped
     /// connection) failed at one instant retry at different instants,
     /// each within the second half of the retry gap.
     #[test]

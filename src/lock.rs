@@ -134,7 +134,7 @@ mod tests {
     use super::*;
     use crate::token::TokenSource;
 
-    /// Issue 10, item 3: a lock taken 10 s before now on the boot clock but
+    /// A lock taken 10 s before now on the boot clock but
     /// only just now on the monotonic one, as after a 10 s suspend, has
     /// 10 s less validity than `Instant` alone would say.
     #[test]

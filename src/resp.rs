@@ -994,7 +994,7 @@ mod tests {
         }
     }
 
-    /// Issue 10, item 12: a master that sends a reply a byte at a time.
+    /// A master that sends a reply a byte at a time.
     /// Scanning it from its start on every byte (what `decode` does, and
     /// what the connection did) is quadratic; the resumed scan looks at
     /// each header a bounded number of times.

@@ -191,7 +191,7 @@ pub const RELEASE_MANY_SOURCE: &str = "local all = 1 for i = 1, #KEYS do if redi
 /// expiry), so no waiter waits for it; a publish would wake the waiters of other processes, whose next
 /// attempts would be refused as this one was, and their cleanups would
 /// wake this one's process again: a storm at round-trip rate until the
-/// holder's keys expire (found by the simulator, issue 22).
+/// holder's keys expire (found by the simulator).
 pub const CLEANUP_SOURCE: &str = "if redis.call(\"get\",KEYS[1]) == ARGV[1] then return redis.call(\"del\",KEYS[1]) else return 0 end";
 
 /// [`CLEANUP_SOURCE`] for a multi-resource attempt: deletes each of `KEYS`

@@ -1,4 +1,4 @@
-//! Real deployments' users, against real masters (issue 21): the
+//! Real deployments' users, against real masters: the
 //! least-privilege ACL user docs/deployment.md gives runs every operation; a user
 //! without channel rights still releases (the publish is a hint) and its
 //! waiters fall back on expiry without redialling; a wrong password or a

@@ -14,7 +14,7 @@ use std::time::Duration;
 use common::{cluster, dbsize, eventually, shared_config as config};
 use redlock_mio::{Error, KeepOptions, SharedRedlock};
 
-/// Issue 20, item 3. `try_acquire_batch` of 1,100 free resources, with
+/// `try_acquire_batch` of 1,100 free resources, with
 /// other callers at work on the same client: the batch is refused before
 /// anything is sent, with an error that says how to raise the bound, and
 /// every other caller's operations succeed. Before, every master was
@@ -71,7 +71,7 @@ fn a_batch_over_the_bound_is_refused_and_breaks_no_other_caller() {
     }
 }
 
-/// Issue 20, item 3, for kept locks: 64 kept locks whose extensions fall
+/// For kept locks: 64 kept locks whose extensions fall
 /// due at one instant, on a client whose connections hold at most 32
 /// requests in flight. Extensions go through admission (16 at a time
 /// here), so every one of them succeeds; before, they were all sent in

@@ -1,8 +1,8 @@
-//! Zero allocation in steady state (issue 5): after a warm-up, acquire,
+//! Zero allocation in steady state: after a warm-up, acquire,
 //! extend and release allocate nothing, for N = 3 real masters, also while
-//! one master lags behind the other two (issue 14), and through the shared
+//! one master lags behind the other two, and through the shared
 //! client, on the callers' threads and its event loop thread alike
-//! (issue 11). Over TLS (issue 13) the engine still allocates nothing, but
+//! alike. Over TLS the engine still allocates nothing, but
 //! rustls allocates per TLS record: that count is measured and printed
 //! beside plain TCP's zero, under a generous bound (see
 //! [`over_tls_rustls_allocates_per_record_and_plain_tcp_nothing`]).
@@ -280,7 +280,7 @@ fn measure(client: &mut Redlock, resource: impl Fn() -> Bytes) -> Counts {
 /// Fewer than the in-flight bound, so that it stays a voter.
 const LAGGING_CYCLES: u64 = 250;
 
-/// Issue 14: an operation returns at its quorum, so the slowest master's
+/// An operation returns at its quorum, so the slowest master's
 /// in-flight queue grows while it lags. A master that lags on a loaded
 /// machine must cost no allocation: the queue, the write buffer and the
 /// read buffer have their storage from the connect on. Here the lag is
@@ -356,7 +356,7 @@ const RECORDS_PER_MASTER_ROUND: u64 = 2;
 /// a record split or merged differently on a loaded machine.
 const TLS_BOUND_PER_RECORD: u64 = 2;
 
-/// Issue 13: the same cycles over TLS-only masters (`rediss://`, TLS 1.3
+/// The same cycles over TLS-only masters (`rediss://`, TLS 1.3
 /// with rustls on ring) and over plain TCP, in one test. Plain TCP
 /// allocates nothing. Over TLS the engine and the driver still allocate
 /// nothing of their own, but rustls's buffered `ClientConnection`
@@ -415,7 +415,7 @@ fn over_tls_rustls_allocates_per_record_and_plain_tcp_nothing() {
     }
 }
 
-/// Issue 11: blocking calls through the shared client allocate nothing in
+/// Blocking calls through the shared client allocate nothing in
 /// steady state, on the callers' threads (each reuses its completion) or on
 /// the event loop thread (jobs, rounds and queues reuse their storage), with
 /// several callers at once.

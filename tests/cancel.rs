@@ -44,7 +44,7 @@ fn pttl(server: &redlock_test::Server, key: &str) -> i64 {
     }
 }
 
-/// Issue 20, item 1: a lock taken for 30 s; two of three masters stalled;
+/// A lock taken for 30 s; two of three masters stalled;
 /// `extend_async(&mut lock, 2 s)` polled once, then dropped (as
 /// `tokio::time::timeout` drops it). Once the masters resume they run the
 /// script and the keys expire within 2 s, so the lock must not claim more:
@@ -74,7 +74,7 @@ fn a_dropped_extend_leaves_the_lock_no_longer_than_the_keys() {
     );
 }
 
-/// Issue 20, item 6. Acquires submitted just before the last handle goes,
+/// Acquires submitted just before the last handle goes,
 /// waiting for a lock another client holds with `Retry::until(1 h)`: the
 /// drop must not block for the hour. Every order ends at shutdown, those
 /// the loop takes as it closes included: one attempt, no retries.
@@ -119,7 +119,7 @@ fn dropping_the_last_handle_ends_the_orders_submitted_just_before() {
     }
 }
 
-/// Issue 20, item 6. An acquire wins, its future is never polled again,
+/// An acquire wins, its future is never polled again,
 /// the last handle goes (the loop ends), then the future is dropped: the
 /// lock it won must get a release attempt, not be left for its whole TTL
 /// (60 s here). Before, the release went to a queue nobody read.

@@ -784,8 +784,7 @@ fn after_a_script_flush_release_and_extend_still_succeed() {
         .unwrap_or_else(|e| panic!("extend after SCRIPT FLUSH: {e}"));
     assert_eq!(redlock.settle(WAIT), 0, "every master answered");
     // A quorum ran the extend; a master whose -NOSCRIPT came after the
-    // decision is not sent it again (issue 10: a decided extend is never
-    // re-sent), and keeps the old TTL.
+    // decision is not sent it again (a decided extend is never re-sent), and keeps the old TTL.
     let raised = servers
         .iter()
         .filter(|server| pttl(server, "flushed") > ms(TTL))
@@ -866,7 +865,7 @@ fn a_password_in_the_url_authenticates_and_a_wrong_one_is_reported_without_leaki
             .try_acquire("secret", TTL)
             .expect_err("authentication must fail");
         assert!(started.elapsed() < PROMPT);
-        // A refusal for good, not an unreachable master (issue 21).
+        // A refusal for good, not an unreachable master.
         assert!(matches!(err, Error::Denied(_)), "{what}: {err:?}");
         let text = err.to_string();
         let debug = format!("{err:?}");
@@ -1542,7 +1541,7 @@ fn warm_up_connects_every_live_master_before_the_first_operation() {
     redlock.release(&lock).unwrap_or_else(|e| panic!("{e}"));
 }
 
-/// Issue 20, item 10: a stalled master (its connect succeeds, its
+/// A stalled master (its connect succeeds, its
 /// handshake is never answered) does not hold `warm_up_quorum` for its
 /// timeout, here a minute: it returns once the two others are ready and
 /// the grace is over. The call runs on a thread that the test waits for
@@ -1677,8 +1676,8 @@ fn spin_mode_locks_and_unlocks_like_the_default() {
 /// (`conn::OUT_CAPACITY`, 16 KiB) goes out whole, rounds after rounds: the
 /// buffer holds a round's requests until they are written, and only a
 /// master that leaves `Config::max_in_flight` requests unanswered is too
-/// far behind. (A first cut of issue 14 failed every acquire of a batch of
-/// 128 here.)
+/// far behind. (A first cut of the lagging-master bound failed every
+/// acquire of a batch of 128 here.)
 #[test]
 fn a_batch_larger_than_the_write_buffer_goes_out_whole() {
     let masters = cluster(3);

@@ -209,7 +209,7 @@ fn names(servers: &[&str]) -> Vec<Arc<str>> {
     servers.iter().map(|s| Arc::from(*s)).collect()
 }
 
-/// The scenario of issue 10, item 8, on three real masters: a fence that
+/// The scenario of SAFETY.md's fencing section, on three real masters: a fence that
 /// reached only M1 and M2 (M3 unreachable) must not be handed out again
 /// after M2 lost its data and M1 is slow, when the grants come from M2
 /// and M3. Before the marker, B got fence 5 a second time.

@@ -1,4 +1,4 @@
-//! Each master's state, readable in every build (issue 41): a master that
+//! Each master's state, readable in every build: a master that
 //! refuses this client, or is not there at all, costs a vote, not the
 //! locks, and `masters()` says so where nothing else would without the
 //! `tracing` or `metrics` features. Real masters, started empty (restart

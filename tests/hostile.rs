@@ -704,7 +704,7 @@ fn a_silent_master_costs_one_vote_and_alone_times_out() {
     assert_eq!(cause, Cause::Timeout);
 }
 
-/// Issue 14: a master that reads every request and never answers, beside
+/// A master that reads every request and never answers, beside
 /// two real masters, while the client keeps locking through the real ones.
 /// Its requests pile up in flight until the bound
 /// ([`Config::max_in_flight`]); then its vote fails as too far behind, the

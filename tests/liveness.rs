@@ -1,10 +1,10 @@
-//! Waiting that never stalls (issue 39), against real masters: a burst of
+//! Waiting that never stalls, against real masters: a burst of
 //! woken waiters drops no connection, a release behind a waiter's last
 //! attempt is heard by other processes, a lock won after its future was
 //! dropped goes to the next local waiter without any channel rights, and
 //! a waiter dropped while queued makes no attempt.
 //!
-//! Each test failed on the code before issue 39 (the failure is in its
+//! Each test failed on the code before waiting had its own room (the failure is in its
 //! doc). None waits a fixed time: the waiters' `max_wait` is far below the
 //! holders' TTL, so a waiter that gets the lock got it from a release, not
 //! from an expiry, and the masters' state is polled against generous
@@ -90,7 +90,7 @@ fn on_every(masters: &Cluster, args: &[Arg<'_>]) {
 /// which drops them (and what was queued on them). Here 200 waiters of a
 /// client with `max_in_flight` 64 are woken by one batch of releases:
 /// each gets its lock, and no connection of any client is made again.
-/// Before issue 39 the client's connections were remade several times per
+/// Before the fix the client's connections were remade several times per
 /// master (a connection count of 4 to 7 where 1 is this test's own).
 #[test]
 fn a_burst_of_woken_waiters_drops_no_connection() {
@@ -193,7 +193,7 @@ fn commands_behind_a_paused_one(server: &Server) -> bool {
 /// or heard of it. Here the head's last attempt is held at the masters by
 /// `CLIENT PAUSE WRITE` while its client releases the lock behind it;
 /// another process's waiter gets the lock once the masters go on, far
-/// within [`SETTLE`]. Before issue 39 it was still waiting then, for the
+/// within [`SETTLE`]. Before the fix it was still waiting then, for the
 /// released key's TTL.
 #[test]
 fn a_release_behind_a_waiters_last_attempt_is_heard_by_other_processes() {
@@ -267,7 +267,7 @@ fn a_release_behind_a_waiters_last_attempt_is_heard_by_other_processes() {
 /// WRITE` until its future is gone; the waiter behind it, waiting for
 /// another holder's key that was deleted without a message, gets the lock
 /// as soon as the dropped acquire's lock is released, far within
-/// [`SETTLE`]. Before issue 39 it was still waiting then (for its last
+/// [`SETTLE`]. Before the fix it was still waiting then (for its last
 /// attempt, at its `max_wait`, the holder's TTL).
 #[test]
 fn a_lock_won_for_a_dropped_future_goes_to_the_next_local_waiter_without_channel_rights() {
@@ -324,7 +324,7 @@ fn a_lock_won_for_a_dropped_future_goes_to_the_next_local_waiter_without_channel
 /// on every master. Here the second of two local waiters for a held lock is
 /// dropped; then the client takes and releases another lock, which goes
 /// out after anything the drop set off. The masters ran that lock's `SET`
-/// and release, and nothing else. Before issue 39 each ran one more `SET`:
+/// and release, and nothing else. Before the fix each ran one more `SET`:
 /// the dropped waiter's attempt.
 #[test]
 fn a_waiter_dropped_while_queued_makes_no_attempt() {
@@ -411,7 +411,7 @@ fn sync_through(client: &SharedRedlock, masters: &Cluster, key: &str) {
 }
 
 /// The review's aside (found by a test of its own, `tests/liveness.rs` as
-/// first written for issue 39): a caller's lock X lapsed, another caller
+/// first written): a caller's lock X lapsed, another caller
 /// took the lock since (Y, held here), a third (Z) waits for Y's. X's
 /// release, late, releases nothing: it must hand nothing over. Before,
 /// the hand-over did not ask whether the lock released was the current

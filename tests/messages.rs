@@ -1,4 +1,4 @@
-//! What a new user reads when a lock fails (issue 41): each message names
+//! What a new user reads when a lock fails: each message names
 //! the cause a user can act on, against real masters the test starts. A
 //! password the URL lacks names the password (not restart quarantine); a
 //! wrong one names the credentials; a deployment in restart quarantine

@@ -428,7 +428,7 @@ fn restart_quarantine_is_a_gauge_per_master() {
     assert_eq!(gauges(), [0.0; 3]);
 }
 
-/// Issue 21, item 4: each `-NOSCRIPT` recovered from is counted, by how.
+/// Each `-NOSCRIPT` recovered from is counted, by how.
 #[test]
 fn noscript_recoveries_are_counted_by_how() {
     let _serial = serial();

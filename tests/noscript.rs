@@ -1,4 +1,4 @@
-//! Recovery from `-NOSCRIPT` against real masters (issue 21, item 4):
+//! Recovery from `-NOSCRIPT` against real masters:
 //! after `SCRIPT FLUSH`, a long-lived client loads its script again with
 //! `SCRIPT LOAD` and sends the `EVALSHA` again, in one round trip, rather
 //! than running it by `EVAL`: since Redis 7.4 scripts created by EVAL live

@@ -1,4 +1,4 @@
-//! Waiting for a held lock with release notifications (issue 12), against
+//! Waiting for a held lock with release notifications, against
 //! real masters.
 //!
 //! A release publishes its token on `redlock:released:<resource>`
@@ -1058,7 +1058,7 @@ fn established(local: u16, remote: u16) -> bool {
     })
 }
 
-/// Issue 20, item 8: a master stopped with SIGSTOP keeps its connections
+/// A master stopped with SIGSTOP keeps its connections
 /// open (its kernel takes the bytes) and answers nothing. The shared
 /// client's subscriber connection to it is dropped once a SUBSCRIBE has
 /// gone unconfirmed past the stall limit, instead of counting as listening
@@ -1208,7 +1208,7 @@ fn racers_that_split_the_masters_are_told_from_a_holder_and_not_waited_for() {
     b.release(&lock).unwrap_or_else(|e| panic!("{e}"));
 }
 
-/// Issue 22 (found by the simulator): waiters in two processes, a lock
+/// Waiters in two processes, a lock
 /// held elsewhere on two of three masters, the third free. Each waiting
 /// attempt wins the free master and is refused by the other two; its
 /// cleanup deleted the key it had just set there, and the release script
@@ -1324,7 +1324,7 @@ fn a_release_with_a_waiter_in_the_same_client_hands_the_lock_over_unannounced() 
     }
 }
 
-/// Issue 23: a row of hand-overs ends after `Config::local_handovers`
+/// A row of hand-overs ends after `Config::local_handovers`
 /// only while other processes compete for the lock. Once a row has ended
 /// (its release announced) and no other client's release is heard, this
 /// client's callers pass the lock on until the window ends the row: the
@@ -1460,7 +1460,7 @@ fn a_row_ended_where_publish_is_refused_still_tells_the_clients_own_waiter() {
         .unwrap_or_else(|e| panic!("the waiter's release: {e}"));
 }
 
-/// Issue 23: a lock passing between a client's callers, released while
+/// A lock passing between a client's callers, released while
 /// none of them waits, is held a moment for one coming back
 /// (`Config::local_handover_linger`), and handed to it unannounced; with
 /// no linger the release is announced, and every process's waiters would
@@ -1538,7 +1538,7 @@ fn a_lock_passing_between_callers_waits_a_moment_for_the_next_one() {
     }
 }
 
-/// Issue 23: a fenced waiter in the same client is handed the lock too,
+/// A fenced waiter in the same client is handed the lock too,
 /// unannounced, and its fence is new and larger: its two-phase acquire
 /// runs behind the release, reading the fence after it.
 #[test]
@@ -1696,7 +1696,7 @@ fn row_of_hand_overs_then_announced(handovers: u32, window: Duration) {
     released_everywhere(servers, &last);
 }
 
-/// Issue 23: a new acquire does not race the process a release named.
+/// A new acquire does not race the process a release named.
 /// C takes the lock and releases it while B's waiter waits, so B knows C
 /// (seated in B's turns); then C goes away. B's waiter's lock, released
 /// with nobody else waiting in B, is announced naming C, whose turn it
@@ -1745,7 +1745,7 @@ fn a_new_acquire_gives_the_process_a_release_named_its_turn() {
     released_everywhere(servers, &fresh);
 }
 
-/// Issue 23, item 3: a multi-resource waiter listens to every one of its
+/// A multi-resource waiter listens to every one of its
 /// resources' releases, not its first's alone, and joins no queue: a
 /// holder of the second resource releasing it wakes the waiter, which
 /// then takes the whole set, rather than after a retry delay (longer

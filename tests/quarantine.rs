@@ -158,7 +158,7 @@ fn a_ttl_over_the_quarantine_maximum_is_refused_before_anything_is_sent() {
     );
 }
 
-/// Issue 20, item 2. A lock kept alive by extends for longer than the
+/// A lock kept alive by extends for longer than the
 /// max TTL after its acquire, when one master's name starts reaching
 /// another, long-running server: that server may hold none of our keys,
 /// so its answers must not count for a max TTL, exactly as after a grant

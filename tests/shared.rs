@@ -444,7 +444,7 @@ fn a_burst_larger_than_the_in_flight_bound_waits_its_turn() {
     }
 }
 
-/// Issue 11, item 3: many locks kept alive by the one event loop thread,
+/// Many locks kept alive by the one event loop thread,
 /// no thread per lock: each outlives its TTL several times over, and all
 /// are released at the end.
 #[test]

@@ -1,4 +1,4 @@
-//! Validity that never lies (issue 10): a caller is never told it holds a
+//! Validity that never lies: a caller is never told it holds a
 //! lock whose keys may be gone. Each test here reproduces a scenario the
 //! review found, against real masters.
 

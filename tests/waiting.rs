@@ -21,7 +21,7 @@ fn lock_commands(server: &Server) -> u64 {
         .sum()
 }
 
-/// Issue 20, item 5. N = 5, a holder whose keys sit on exactly three
+/// N = 5, a holder whose keys sit on exactly three
 /// masters, one of which is down: a waiter's attempt is refused by two,
 /// failed by one, granted by two. That is a held lock (the down master
 /// may hold the key), not a split between racers: the waiter must wait

@@ -422,7 +422,7 @@ fn acquire_prints_a_token_that_release_and_extend_take() {
     assert_eq!(code(&out), 1, "{}", stderr(&out));
     assert!(stderr(&out).contains("no longer held"), "{}", stderr(&out));
 
-    // Not what `acquire` prints (issue 41: a mistyped token read as "no
+    // Not what `acquire` prints (a mistyped token once read as "no
     // longer held", exit 1): a usage error (2), that names the shape.
     let cut = &token[..47];
     let upper = token.to_uppercase();
@@ -911,7 +911,7 @@ fn restart_quarantine_is_on_by_default_and_names_itself() {
     assert!(err.contains("in restart quarantine for 60 s more"), "{err}");
 }
 
-/// Issue 41: `probe` at uptime 0 said "3 of 3 masters healthy: ok" while
+/// `probe` at uptime 0 said "3 of 3 masters healthy: ok" while
 /// every lock failed. Each master in restart quarantine says so, by the
 /// client's rule (`--max-ttl` honoured), and a quorum in quarantine is no
 /// quorum for a lock yet: exit 69. `--no-quarantine` turns it off.
@@ -955,7 +955,7 @@ fn probe_shows_masters_in_restart_quarantine() {
     );
 }
 
-/// Issue 41: a port that answers HTTP reads as not a Redis server, in
+/// A port that answers HTTP reads as not a Redis server, in
 /// `probe` as in the lock commands.
 #[test]
 fn an_http_port_reads_as_not_a_redis_server() {
@@ -1099,7 +1099,7 @@ fn wait_until(limit: Duration, what: &str, mut done: impl FnMut() -> bool) {
     );
 }
 
-/// The acceptance test of issue 10: a command that ignores SIGTERM, under a
+/// A command that ignores SIGTERM, under a
 /// 3 s lock whose majority stalls, with `--kill-after 30s`. It must be dead
 /// by the lock's deadline, not 30 s after the loss.
 ///
@@ -1430,7 +1430,7 @@ fn the_readme_shell_example_passes_the_ttl_check() {
     }
 }
 
-/// Issue 10, item 7: one server named twice is refused before it can vote
+/// One server named twice is refused before it can vote
 /// twice: exit 2, both URLs named, nothing left on the master.
 #[test]
 fn one_server_named_twice_is_a_usage_error_naming_both_urls() {
@@ -1539,7 +1539,7 @@ fn bench_runs_async_callers_on_one_thread() {
     assert_eq!(report["acquire_failed"].as_u64(), Some(0), "{text}");
 }
 
-/// `--hold D` (issue 12's contention bench): threads wait for one held
+/// `--hold D` (the contention bench): threads wait for one held
 /// resource instead of counting it as contention; the JSON gives the hold,
 /// how waiters wait (notified, with a wake spread, or polling), the waits
 /// (open ones counted until the end) and each thread's share.
@@ -1608,7 +1608,7 @@ fn subscribers(master: &common::Server, channel: &[u8]) -> i64 {
     }
 }
 
-/// Issue 12: `redlock acquire` waits for a held lock by notification. The
+/// `redlock acquire` waits for a held lock by notification. The
 /// test holds `r` for 30 s; `redlock acquire --wait 20s` must subscribe to
 /// `r`'s release channel on every master (a polling waiter never does) and
 /// take the lock as soon as the test releases it. A waiter that only knew
@@ -1672,7 +1672,7 @@ fn acquire_waits_for_a_held_lock_by_release_notification() {
     assert_held(&masters, "r", token);
 }
 
-/// Issue 13's acceptance: `acquire` over three TLS-only masters trusting
+/// `acquire` over three TLS-only masters trusting
 /// their CA (`--tls-ca`) stores the token on all three; `release` (the CA
 /// from REDLOCK_TLS_CA) removes it; a client trusting another CA, or the
 /// system's roots, is refused with a message naming the certificate
@@ -1751,7 +1751,7 @@ impl Drop for Stalled {
     }
 }
 
-/// Issue 20, item 10: one master of three stalled (SIGSTOP: its TCP
+/// One master of three stalled (SIGSTOP: its TCP
 /// connects succeed, nothing is answered) costs the one-shot commands
 /// nothing: they go on with the quorum that answers. With a 60 s connect
 /// timeout and a 60 s per-master timeout, a command that waited for the
@@ -1814,7 +1814,7 @@ fn lock_clients(master: &Server) -> Vec<(String, String)> {
         .collect()
 }
 
-/// Issue 20, item 2 (the CLI's half): `run` keeps its lock alive through
+/// `run` keeps its lock alive through
 /// the client that acquired it, so that the client extending the lock saw
 /// it granted and read each master's `run_id` at the time (restart
 /// quarantine needs both). Seen from the masters: the connection that ran
@@ -1885,7 +1885,7 @@ fn run_extends_its_lock_on_the_connections_that_acquired_it() {
 /// away from redlock's stderr, which [`Running::wait`] reads to the end.
 const STUBBORN_WORKER: &str = r#"trap "" TERM; echo $$ > "$1.tmp" && mv "$1.tmp" "$1"; i=0; while [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done"#;
 
-/// Issue 20, item 9: a command whose work runs in its children (`sh -c
+/// A command whose work runs in its children (`sh -c
 /// 'worker & wait'`) is stopped whole at a loss: SIGTERM goes to its
 /// process group, and a worker that ignores it is killed with the group
 /// after `--kill-after`, though the shell it ran under is gone by then.
@@ -1943,7 +1943,7 @@ fn process_group(pid: libc::pid_t) -> libc::pid_t {
         .expect("a process group")
 }
 
-/// Issue 20, item 9: the command runs in a process group of its own (so
+/// The command runs in a process group of its own (so
 /// that `run` can signal whatever it starts), and with `--foreground` in
 /// redlock's (so that it may read the terminal and gets the terminal's
 /// signals itself).
@@ -2092,7 +2092,7 @@ fn ctrl_z_on_the_terminal_stops_the_command_with_redlock_and_fg_continues_both()
     assert_free(&masters, "ctrl-z");
 }
 
-/// Issue 21's acceptance, with Redis 7's default for a new user (no
+/// With Redis 7's default for a new user (no
 /// channel rights): acquire and release work (exit 0, the key gone on
 /// every master), and a `run` waiting for a held lock gets it when the
 /// holder releases, opening only a handful of connections.

@@ -1,4 +1,4 @@
-//! `redlock bench --rate` against real masters (issue 42): every shape of
+//! `redlock bench --rate` against real masters: every shape of
 //! the bench in an open loop, the JSON and the HdrHistogram log it
 //! writes, and a stall that the latency from the intended start shows.
 //!

@@ -1,4 +1,4 @@
-//! The servers people run (issue 21, item 5; issue 40, item 6): the same
+//! The servers people run: the same
 //! scenarios on Debian's Redis 7.0, Redis 8.2, Valkey 8.1 and Valkey 9.1,
 //! each a real server process on a free loopback port.
 //!
@@ -235,7 +235,7 @@ fn flood_with_evals(server: &Server) {
     }
 }
 
-/// The acceptance of issue 21 for the script cache: a long-lived client
+/// The script cache: a long-lived client
 /// recovers from SCRIPT FLUSH with SCRIPT LOAD, and then pays no NOSCRIPT
 /// when other clients flood the cache with EVALs. With EVAL as the
 /// fallback, its scripts would be EVAL-created and evicted on Redis 8.2 and

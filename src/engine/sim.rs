@@ -752,7 +752,7 @@ fn a_reply_after_the_decision_is_dropped_not_matched_to_the_next_request() {
     assert_eq!(sim.conn(2).in_flight(), 0);
 }
 
-/// Issue 21, item 4: `-NOSCRIPT` is answered on that connection by
+/// `-NOSCRIPT` is answered on that connection by
 /// `SCRIPT LOAD` and the `EVALSHA` again, in one write: the script is then
 /// loaded for good (since Redis 7.4, scripts created by EVAL are evicted
 /// by other clients' EVALs; loaded ones are not).
@@ -824,7 +824,7 @@ fn a_refused_script_load_falls_back_on_eval() {
     }
 }
 
-/// Issue 39: after a `SCRIPT FLUSH` every script request in flight comes
+/// After a `SCRIPT FLUSH` every script request in flight comes
 /// back `-NOSCRIPT`. Each is sent again behind the one `SCRIPT LOAD` of its
 /// script in flight, not behind a load of its own, which about doubled
 /// what the connection held, past the in-flight bound the admission keeps
@@ -1393,7 +1393,7 @@ fn a_fenced_acquire_takes_the_largest_fence_among_the_granting_masters_only() {
     assert_eq!(sim.round().max_granted_value(0), Some(4));
 }
 
-/// Issue 10, item 4: a multi-resource acquire that was decided lost (two
+/// A multi-resource acquire that was decided lost (two
 /// refusals) while one master's `-NOSCRIPT` was still on its way. The
 /// cleanup release goes out first; the late `-NOSCRIPT` must not be
 /// answered by re-sending the acquire as EVAL, which would set the keys
@@ -1452,7 +1452,7 @@ fn a_late_noscript_to_a_release_is_still_answered_with_eval() {
     assert_eq!(sent, ["EVALSHA", "EVALSHA", "SCRIPT LOAD", "EVALSHA"]);
 }
 
-/// Issue 10, item 5: a release queued on a connection that is still
+/// A release queued on a connection that is still
 /// connecting when its round ends is kept and sent once connected (the
 /// spec's case: the SET may have taken effect with its reply lost); the
 /// acquire queued beside it in an earlier round is dropped.
@@ -1482,7 +1482,7 @@ fn a_release_queued_while_connecting_is_sent_once_connected() {
     assert_eq!(sent, ["EVALSHA"], "the release only, not the acquire");
 }
 
-/// Issue 10, item 7: two connections to one server process (the same
+/// Two connections to one server process (the same
 /// run_id in INFO, as when one server is named twice) vote once. Here the
 /// extend script answers 1 on both: two votes would be a fake quorum while
 /// the third master is silent.
@@ -1499,7 +1499,7 @@ fn one_server_behind_two_connections_votes_once() {
     assert_eq!(sim.votes()[1], Vote::Failed(Cause::SameServer(0)));
 }
 
-/// Issue 11: rounds started one after another are in flight together on
+/// Rounds started one after another are in flight together on
 /// the same connections, and each is decided by its own replies: every
 /// connection's FIFO matches replies to (round, slot) across rounds, and a
 /// round's completion is reported once.
@@ -1543,7 +1543,7 @@ fn concurrent_rounds_are_each_decided_by_their_own_replies() {
     assert_ne!(d, a);
 }
 
-/// Issue 11: ending a round while the connection is still connecting drops
+/// Ending a round while the connection is still connecting drops
 /// that round's unsent requests only, wherever they sit in the queue among
 /// other rounds' (releases are kept).
 #[test]
@@ -1570,7 +1570,7 @@ fn ending_a_round_while_connecting_drops_only_its_own_requests() {
     assert_eq!(sim.engine.round(c).unwrap().votes(0), [Vote::Granted]);
 }
 
-/// Issue 11: many rounds in flight while the masters fall behind: a master
+/// Many rounds in flight while the masters fall behind: a master
 /// past the in-flight bound is dropped and reconnected, and rounds end
 /// while it connects. A vote that counts (granted or refused) must come
 /// from the master's reply to that round's own request: the master must
@@ -1632,7 +1632,7 @@ fn votes_come_only_from_replies_to_the_rounds_own_requests_when_masters_fall_beh
     assert!(counted > 0);
 }
 
-/// Issue 11: a send that finds a master too far behind drops its
+/// A send that finds a master too far behind drops its
 /// connection, and with it the requests of every round in flight there:
 /// their votes fail at once, not at their deadlines.
 #[test]
@@ -1665,7 +1665,7 @@ fn a_connection_dropped_as_too_far_behind_fails_every_rounds_pending_vote_at_onc
     }
 }
 
-/// Issue 11, item 11: the EVAL that answers a `-NOSCRIPT` is a new send,
+/// The EVAL that answers a `-NOSCRIPT` is a new send,
 /// and the stall limit counts from it. A release answered `-NOSCRIPT` at
 /// 0.9 of the stall limit, its EVAL not yet answered at 1.1 of it, is no
 /// stalled connection.
@@ -1706,7 +1706,7 @@ fn an_eval_sent_after_noscript_is_judged_stalled_from_its_own_send() {
     assert!(sim.conn(0).is_down());
 }
 
-/// Issue 20, item 8: a subscriber connection whose master stops answering
+/// A subscriber connection whose master stops answering
 /// (SIGSTOP: the socket stays open and the kernel takes the bytes) is
 /// dropped once a SUBSCRIBE has gone unconfirmed for the stall limit. Its
 /// channels no longer count toward a waiter's `N - Q + 1` until a new
@@ -1780,7 +1780,7 @@ fn a_subscriber_connection_to_a_master_that_stops_answering_is_dropped_at_the_st
     assert_eq!(renewed, [r0, r1]);
 }
 
-/// Issue 39: a burst of waiters on more resources than a subscriber
+/// A burst of waiters on more resources than a subscriber
 /// connection may leave unconfirmed (one `release_batch` can wake a
 /// thousand) is not a lagging master: what finds no room waits, and goes
 /// as one SUBSCRIBE once confirmations come back. No connection is
@@ -1824,7 +1824,7 @@ fn a_burst_of_subscriptions_past_the_bound_waits_for_room_and_drops_nothing() {
     }
 }
 
-/// Issue 20, item 8, and issue 39: a subscriber connection has the
+/// A subscriber connection has the
 /// command connection's bounds, and a burst is not a lagging master. With
 /// its master stopped (no time passing: no stall limit involved), waiters
 /// that come and go on ever new resources send it commands until half its
@@ -1905,7 +1905,7 @@ fn lock_commands(sim: &Sim, i: usize) -> Vec<&str> {
         .collect()
 }
 
-/// Issue 40: masters of different servers in one client each go their own
+/// Masters of different servers in one client each go their own
 /// way. Two that offer `DELIFEQ` (Valkey 9.1) release by it, the release
 /// message pipelined behind it; the Redis 7.0 one by the script. The first
 /// round, sent before the handshake's probe was answered, runs as before.
@@ -1938,7 +1938,7 @@ fn masters_with_their_own_compare_and_delete_release_without_a_script() {
     }
 }
 
-/// Issue 40: the native extend reads its three outcomes apart: this
+/// The native extend reads its three outcomes apart: this
 /// token's old value (extended), nil (gone), another's (taken).
 #[test]
 fn a_native_extend_tells_extended_gone_and_taken_apart() {
@@ -1970,7 +1970,7 @@ fn a_native_extend_tells_extended_gone_and_taken_apart() {
     }
 }
 
-/// Issue 40: a master that advertised `DELIFEQ` and then refuses it (a
+/// A master that advertised `DELIFEQ` and then refuses it (a
 /// proxy, an ACL) has the release done by the script instead, unseen by
 /// the caller, and runs the script from then on, until it reconnects.
 #[test]
@@ -2013,7 +2013,7 @@ fn a_command_advertised_then_refused_falls_back_to_the_script() {
     );
 }
 
-/// Issue 40: a Redis 8.4 master releases by `DELEX key IFEQ token`, its
+/// A Redis 8.4 master releases by `DELEX key IFEQ token`, its
 /// message behind it, and extends by `SET ... IFEQ ... GET PX`; a quiet
 /// cleanup is the delete alone.
 #[test]

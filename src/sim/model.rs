@@ -1,7 +1,7 @@
-//! A model of one Redis master for the simulator (issue 22): what a
+//! A model of one Redis master for the simulator: what a
 //! redis-server 7.0 answers to everything this client sends, reply type
 //! for reply type and error text for error text, and what the newer
-//! servers add for locks (issue 40), each as a [`Flavour`]: `SET ... IFEQ`
+//! servers add for locks, each as a [`Flavour`]: `SET ... IFEQ`
 //! (Valkey 8.1+, Redis 8.4+), `DELIFEQ` (Valkey 9.0+) and `DELEX ... IFEQ`
 //! (Redis 8.4+), and `COMMAND DOCS` telling which a master has. A command
 //! a flavour lacks gets the unknown-command or syntax error every server

@@ -6,7 +6,7 @@
 //! driver's. A step meets the SLO when its latency from the intended
 //! start at the SLO's quantile is within the bound and every start was
 //! sent (a generator that fell behind proves nothing). The headroom is
-//! the highest rate that meets the SLO, as issue 42 defines it; the
+//! the highest rate that meets the SLO; the
 //! report shows every step, so that a step above it that missed, or one
 //! below it (a cold machine's tail at a low rate), is in plain view.
 

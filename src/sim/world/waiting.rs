@@ -642,7 +642,7 @@ mod tests {
         assert_eq!(w.resources[0].free_since, Some(200 * MS));
     }
 
-    /// Issue 39: the timer excused any wait up to the old key's TTL. A
+    /// The timer excused any wait up to the old key's TTL. A
     /// lock its waiter's own client released (announced, or handed over)
     /// is owed within the bound from the release, whatever that TTL was,
     /// with no message needed.
