@@ -19,6 +19,7 @@ use std::str::FromStr;
 
 /// Where a master listens.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Endpoint {
     /// A TCP address: host name or IP literal, and port.
     Tcp {
@@ -48,8 +49,10 @@ impl fmt::Debug for Secret {
     }
 }
 
-/// One master's address and credentials.
+/// One master's address and credentials, parsed from a URL
+/// (`"redis://..".parse::<ServerAddr>()`).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ServerAddr {
     /// Where to connect.
     pub endpoint: Endpoint,

@@ -18,8 +18,20 @@ use crate::resp::Limits;
 /// that range leaves room for any plausible server clock.
 pub const MAX_TTL_MS: u64 = (i64::MAX / 2) as u64;
 
-/// How a blocking acquire retries.
+/// How a blocking acquire retries. Made from [`Retry::default`],
+/// [`Retry::once`], [`Retry::until`] or [`Retry::forever`], then set with
+/// the `with_` methods (a struct that may gain a setting, so not built by
+/// a literal):
+///
+/// ```
+/// use std::time::Duration;
+/// use redlock_mio::Retry;
+///
+/// let retry = Retry::until(Duration::from_secs(5)).with_delay(Duration::from_millis(50));
+/// assert_eq!(retry.max_wait, Some(Duration::from_secs(5)));
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
 pub struct Retry {
     /// Attempts in all, the first included; at least 1. Default 10.
     pub attempts: u32,
@@ -67,12 +79,41 @@ impl Retry {
             ..Retry::default()
         }
     }
+
+    /// This retry with [`Retry::attempts`] set to `attempts`.
+    #[must_use]
+    pub fn with_attempts(self, attempts: u32) -> Retry {
+        Retry { attempts, ..self }
+    }
+
+    /// This retry with [`Retry::delay`] set to `delay`.
+    #[must_use]
+    pub fn with_delay(self, delay: Duration) -> Retry {
+        Retry { delay, ..self }
+    }
+
+    /// This retry with [`Retry::max_wait`] set to `max_wait`.
+    #[must_use]
+    pub fn with_max_wait(self, max_wait: Option<Duration>) -> Retry {
+        Retry { max_wait, ..self }
+    }
 }
 
 /// TLS settings for `rediss://` masters (used with the `tls` feature).
 /// The server's certificate is checked against the URL's host, and
 /// against the system's root certificates unless `ca_file` is given.
+/// Made from [`TlsConfig::default`] and set with the `with_` methods:
+///
+/// ```
+/// use redlock_mio::TlsConfig;
+///
+/// let tls = TlsConfig::default()
+///     .with_ca_file("ca.pem")
+///     .with_client_cert("client.pem", "client.key");
+/// assert!(tls.cert_file.is_some());
+/// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct TlsConfig {
     /// PEM file of the certificate authorities to trust instead of the
     /// system's.
@@ -83,6 +124,33 @@ pub struct TlsConfig {
     /// PEM file of the client's private key, for mutual TLS (with
     /// `cert_file`).
     pub key_file: Option<PathBuf>,
+}
+
+impl TlsConfig {
+    /// These settings, trusting the certificate authorities of the PEM
+    /// file `path` instead of the system's.
+    #[must_use]
+    pub fn with_ca_file(self, path: impl Into<PathBuf>) -> TlsConfig {
+        TlsConfig {
+            ca_file: Some(path.into()),
+            ..self
+        }
+    }
+
+    /// These settings, with a client certificate chain and its private
+    /// key (PEM files), for masters that ask for one (mutual TLS).
+    #[must_use]
+    pub fn with_client_cert(
+        self,
+        cert_file: impl Into<PathBuf>,
+        key_file: impl Into<PathBuf>,
+    ) -> TlsConfig {
+        TlsConfig {
+            cert_file: Some(cert_file.into()),
+            key_file: Some(key_file.into()),
+            ..self
+        }
+    }
 }
 
 /// Which commands release and extend locks (see [`Config::lock_commands`]).

@@ -34,6 +34,20 @@ const TICK: Duration = Duration::from_millis(1);
 /// How a [`Watchdog`](crate::Watchdog) keeps its lock alive. `KeepOptions::default()` extends
 /// to the lock's own TTL every third of it, without limit, and reports a
 /// loss only through [`Watchdog::lost`](crate::Watchdog::lost) and [`Watchdog::subscribe`](crate::Watchdog::subscribe).
+/// Set with the `with_` methods and [`KeepOptions::on_lost`] (a struct
+/// that may gain a setting, so not built by a literal):
+///
+/// ```
+/// use std::time::Duration;
+/// use redlock_mio::KeepOptions;
+///
+/// let options = KeepOptions::default()
+///     .with_ttl(Duration::from_secs(30))
+///     .with_every(0.25)
+///     .on_lost(|lost| eprintln!("lock lost: {lost}"));
+/// assert_eq!(options.every, 0.25);
+/// ```
+#[non_exhaustive]
 pub struct KeepOptions {
     /// The TTL each extension sets. Default (`None`): the lock's TTL
     /// ([`Lock::ttl`]). Required for a lock made with [`Lock::from_parts`],
@@ -63,6 +77,30 @@ pub struct KeepOptions {
 }
 
 impl KeepOptions {
+    /// These options with [`KeepOptions::ttl`] set to `ttl`.
+    #[must_use]
+    pub fn with_ttl(self, ttl: Duration) -> KeepOptions {
+        KeepOptions {
+            ttl: Some(ttl),
+            ..self
+        }
+    }
+
+    /// These options with [`KeepOptions::every`] set to `every`.
+    #[must_use]
+    pub fn with_every(self, every: f64) -> KeepOptions {
+        KeepOptions { every, ..self }
+    }
+
+    /// These options with [`KeepOptions::max_extensions`] set to `max`.
+    #[must_use]
+    pub fn with_max_extensions(self, max: u32) -> KeepOptions {
+        KeepOptions {
+            max_extensions: Some(max),
+            ..self
+        }
+    }
+
     /// These options with `callback` as [`KeepOptions::on_lost`].
     #[must_use]
     pub fn on_lost(mut self, callback: impl FnOnce(Lost) + Send + 'static) -> KeepOptions {
@@ -139,6 +177,7 @@ impl fmt::Display for LostReason {
 /// Mutual exclusion still holds until `deadline` (when it is later than
 /// `at`): that is the time the holder has to stop its work safely.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Lost {
     /// Why the lock was given up.
     pub reason: LostReason,

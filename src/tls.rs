@@ -115,10 +115,7 @@ impl TlsConfig {
     /// use redlock_mio::TlsConfig;
     ///
     /// # fn main() -> Result<(), redlock_mio::ConfigError> {
-    /// let settings = TlsConfig {
-    ///     ca_file: Some("/etc/redis/ca.pem".into()),
-    ///     ..TlsConfig::default()
-    /// };
+    /// let settings = TlsConfig::default().with_ca_file("/etc/redis/ca.pem");
     /// let rustls_config = settings.client_config()?;
     /// assert!(rustls_config.alpn_protocols.is_empty());
     /// # Ok(())

@@ -378,10 +378,7 @@ fn over_tls_rustls_allocates_per_record_and_plain_tcp_nothing() {
     let plain = common::cluster(3);
     let tls = common::cluster_with(3, &common::Options::new().tls(certs.server_options()));
     let resource = || Bytes::from_static(b"alloc:tls");
-    let trust = TlsConfig {
-        ca_file: Some(certs.ca.clone()),
-        ..TlsConfig::default()
-    };
+    let trust = TlsConfig::default().with_ca_file(certs.ca.clone());
     let mut plain_client = warm_client_for(&plain.urls(), TlsConfig::default(), &resource);
     let mut tls_client = warm_client_for(&tls.urls(), trust, &resource);
     let over_plain = measure(&mut plain_client, resource);

@@ -43,11 +43,10 @@ fn config(urls: &[String]) -> Config {
     config.quarantine = None;
     config.per_instance_timeout = Duration::from_secs(1);
     config.connect_timeout = Duration::from_secs(2);
-    config.retry = Retry {
-        attempts: 100,
-        delay: Duration::from_millis(100),
-        max_wait: Some(WAIT),
-    };
+    config.retry = Retry::default()
+        .with_attempts(100)
+        .with_delay(Duration::from_millis(100))
+        .with_max_wait(Some(WAIT));
     config
 }
 
@@ -1204,11 +1203,10 @@ fn a_retrying_acquire_gives_up_as_its_policy_says() {
         .try_acquire("busy", LONG_TTL)
         .unwrap_or_else(|e| panic!("{e}"));
 
-    let three = Retry {
-        attempts: 3,
-        delay: Duration::from_millis(100),
-        max_wait: None,
-    };
+    let three = Retry::default()
+        .with_attempts(3)
+        .with_delay(Duration::from_millis(100))
+        .with_max_wait(None);
     let started = Instant::now();
     let err = waiter
         .acquire_with("busy", TTL, &three)
@@ -1223,11 +1221,7 @@ fn a_retrying_acquire_gives_up_as_its_policy_says() {
     assert!(took < PROMPT, "{took:?}");
     assert!(fail.elapsed <= took);
 
-    let until = Retry {
-        delay: Duration::from_millis(100),
-        // Long enough for a second attempt however slow the first round.
-        ..Retry::until(Duration::from_secs(2))
-    };
+    let until = Retry::until(Duration::from_secs(2)).with_delay(Duration::from_millis(100));
     let started = Instant::now();
     let err = waiter
         .acquire_with("busy", TTL, &until)
@@ -1262,11 +1256,10 @@ fn a_retry_after_an_attempt_every_master_refused_needs_no_reply_to_go_on() {
     // Far beyond the retry policy, and short of the holder's TTL.
     config.connect_timeout = LONG_TTL / 2;
     let mut waiter = Redlock::new(config).unwrap_or_else(|e| panic!("{e}"));
-    let three = Retry {
-        attempts: 3,
-        delay: Duration::from_millis(50),
-        max_wait: None,
-    };
+    let three = Retry::default()
+        .with_attempts(3)
+        .with_delay(Duration::from_millis(50))
+        .with_max_wait(None);
     let err = waiter
         .acquire_with("busy", TTL, &three)
         .expect_err("held throughout");

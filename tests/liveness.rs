@@ -40,10 +40,7 @@ fn waiting() -> Retry {
 
 /// One attempt, no waiting: an acquire that joins no queue of waiters.
 fn once() -> Retry {
-    Retry {
-        attempts: 1,
-        ..Retry::default()
-    }
+    Retry::default().with_attempts(1)
 }
 
 /// The number after `<field>:` in `INFO <section>` of `server`.
@@ -215,11 +212,10 @@ fn a_release_behind_a_waiters_last_attempt_is_heard_by_other_processes() {
     );
     // A waiter here with a short wait: its waiting attempt refused, it
     // waits until its `max_wait`, then makes its last attempt.
-    let short = Retry {
-        attempts: 1_000,
-        delay: Duration::from_secs(60),
-        max_wait: Some(Duration::from_secs(2)),
-    };
+    let short = Retry::default()
+        .with_attempts(1_000)
+        .with_delay(Duration::from_secs(60))
+        .with_max_wait(Some(Duration::from_secs(2)));
     let mine = here.acquire_with_async(R, HOLD_TTL, &short);
     assert!(
         eventually(SETTLE, || masters

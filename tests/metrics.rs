@@ -229,11 +229,10 @@ fn acquires_extends_and_releases_are_counted_by_outcome_with_attempts_and_times(
     let refused_attempts = v.histogram(ATTEMPTS, HELD_ELSEWHERE).len();
     let got = redlock.try_acquire("metrics:a", Duration::from_secs(10));
     assert!(matches!(got, Err(Error::Held(_))), "{got:?}");
-    let retry = Retry {
-        attempts: 3,
-        delay: Duration::from_millis(20),
-        max_wait: None,
-    };
+    let retry = Retry::default()
+        .with_attempts(3)
+        .with_delay(Duration::from_millis(20))
+        .with_max_wait(None);
     let got = redlock.acquire_with("metrics:a", Duration::from_secs(10), &retry);
     assert!(matches!(got, Err(Error::Held(_))), "{got:?}");
     assert_eq!(v.counter(ACQUIRES, HELD_ELSEWHERE), refused + 2);
@@ -252,11 +251,10 @@ fn acquires_extends_and_releases_are_counted_by_outcome_with_attempts_and_times(
     let short = redlock
         .try_acquire("metrics:b", Duration::from_millis(300))
         .unwrap_or_else(|e| panic!("{e}"));
-    let patient = Retry {
-        attempts: 100,
-        delay: Duration::from_millis(20),
-        max_wait: Some(Duration::from_secs(5)),
-    };
+    let patient = Retry::default()
+        .with_attempts(100)
+        .with_delay(Duration::from_millis(20))
+        .with_max_wait(Some(Duration::from_secs(5)));
     let after = redlock
         .acquire_with("metrics:b", Duration::from_secs(10), &patient)
         .unwrap_or_else(|e| panic!("{e}"));

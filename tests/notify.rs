@@ -82,11 +82,10 @@ fn single(urls: &[String]) -> Redlock {
 
 /// The waiters' retry policy: see [`DELAY`] and [`MAX_WAIT`].
 fn waiting() -> Retry {
-    Retry {
-        attempts: u32::MAX,
-        delay: DELAY,
-        max_wait: Some(MAX_WAIT),
-    }
+    Retry::default()
+        .with_attempts(u32::MAX)
+        .with_delay(DELAY)
+        .with_max_wait(Some(MAX_WAIT))
 }
 
 /// `R` taken for [`HOLD_TTL`] by a client of its own, the holder.
@@ -488,11 +487,10 @@ fn a_waiter_behind_a_dead_holder_sleeps_until_its_expiry(kind: &str) {
     die_holding(&urls);
     let b = shared(&urls);
     let before = calls_now(masters.servers());
-    let retry = Retry {
-        attempts: u32::MAX,
-        delay: Duration::from_millis(20),
-        max_wait: Some(MAX_WAIT),
-    };
+    let retry = Retry::default()
+        .with_attempts(u32::MAX)
+        .with_delay(Duration::from_millis(20))
+        .with_max_wait(Some(MAX_WAIT));
     let lock = match kind {
         "fenced" => b.acquire_fenced_with(R, HOLD_TTL, &retry),
         _ => b.acquire_many_with([R, "notify:r2"], HOLD_TTL, &retry),
@@ -1095,10 +1093,7 @@ fn a_subscriber_connection_to_a_stopped_master_is_dropped_and_made_again() {
     let b = SharedRedlock::new(config).unwrap_or_else(|e| panic!("{e}"));
     let wait_for = |resource: &String| {
         let (b, resource) = (b.clone(), resource.clone());
-        let patient = Retry {
-            max_wait: Some(LONG),
-            ..waiting()
-        };
+        let patient = waiting().with_max_wait(Some(LONG));
         Waiter::spawn(move || b.acquire_with(resource, LONG, &patient))
     };
     let mut waiters = vec![wait_for(&resources[0])];
@@ -1763,11 +1758,10 @@ fn a_multi_resource_waiter_is_woken_by_the_release_of_any_of_its_resources() {
     // Its retry delay, and so its fallback wait without a message, is
     // longer than the waiter is given to return: only the release's
     // message can end the wait in time.
-    let patient = Retry {
-        attempts: 2,
-        delay: 2 * (MAX_WAIT + HUNG),
-        max_wait: None,
-    };
+    let patient = Retry::default()
+        .with_attempts(2)
+        .with_delay(2 * (MAX_WAIT + HUNG))
+        .with_max_wait(None);
     let waiter = {
         let b = b.clone();
         Waiter::spawn(move || b.acquire_many_with(set, HOLD_TTL, &patient))

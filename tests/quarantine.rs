@@ -93,11 +93,10 @@ fn with_quarantine_the_restarted_masters_do_not_count_until_the_max_ttl_has_pass
         .acquire_with(
             "crash",
             MAX_TTL,
-            &redlock_mio::Retry {
-                attempts: u32::MAX,
-                delay: Duration::from_millis(100),
-                max_wait: Some(MAX_TTL + Duration::from_secs(10)),
-            },
+            &redlock_mio::Retry::default()
+                .with_attempts(u32::MAX)
+                .with_delay(Duration::from_millis(100))
+                .with_max_wait(Some(MAX_TTL + Duration::from_secs(10))),
         )
         .unwrap_or_else(|e| panic!("B after the quarantine: {e}"));
     let waited = restarted.elapsed();
@@ -133,11 +132,10 @@ fn a_freshly_started_deployment_is_out_of_the_quorum_for_the_max_ttl_and_says_so
         .acquire_with(
             "fresh",
             MAX_TTL,
-            &redlock_mio::Retry {
-                attempts: u32::MAX,
-                delay: Duration::from_millis(100),
-                max_wait: Some(MAX_TTL + Duration::from_secs(10)),
-            },
+            &redlock_mio::Retry::default()
+                .with_attempts(u32::MAX)
+                .with_delay(Duration::from_millis(100))
+                .with_max_wait(Some(MAX_TTL + Duration::from_secs(10))),
         )
         .unwrap_or_else(|e| panic!("after the quarantine: {e}"));
     redlock.release(&lock).unwrap_or_else(|e| panic!("{e}"));

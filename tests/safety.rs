@@ -525,11 +525,10 @@ fn client(
             panic!("client {id}: {e}");
         }
     };
-    let retry = Retry {
-        attempts: 5,
-        delay: Duration::from_millis(10),
-        max_wait: Some(Duration::from_millis(100)),
-    };
+    let retry = Retry::default()
+        .with_attempts(5)
+        .with_delay(Duration::from_millis(10))
+        .with_max_wait(Some(Duration::from_millis(100)));
     let mut rng = Rng::seeded(id as u64);
     let mut tally = Tally::default();
     let mut resource = id % setup.resources;

@@ -181,11 +181,10 @@ fn an_acquire_with_retries_ends_when_every_master_is_down() {
     }
     // Enough attempts that the later ones find every master in its
     // reconnect backoff (doubling from 10 ms), past the delay between them.
-    let retry = Retry {
-        attempts: 8,
-        delay: Duration::from_millis(100),
-        max_wait: None,
-    };
+    let retry = Retry::default()
+        .with_attempts(8)
+        .with_delay(Duration::from_millis(100))
+        .with_max_wait(None);
     // Polling, and waiting for releases (whose subscriptions fail too).
     for wake_on_release in [false, true] {
         let mut config = config(&urls);
@@ -622,11 +621,10 @@ fn a_blocking_acquire_that_must_wait_is_handed_to_the_loop() {
     let waiter = {
         let redlock = redlock.clone();
         thread::spawn(move || {
-            let retry = Retry {
-                attempts: u32::MAX,
-                delay: Duration::from_millis(20),
-                max_wait: Some(Duration::from_secs(20)),
-            };
+            let retry = Retry::default()
+                .with_attempts(u32::MAX)
+                .with_delay(Duration::from_millis(20))
+                .with_max_wait(Some(Duration::from_secs(20)));
             redlock.acquire_with("handover", TTL, &retry)
         })
     };

@@ -66,19 +66,14 @@ fn config(urls: &[String], tls: TlsConfig) -> Config {
 
 /// Trusting `ca` only, no client certificate.
 fn trusting(ca: &Path) -> TlsConfig {
-    TlsConfig {
-        ca_file: Some(ca.to_path_buf()),
-        ..TlsConfig::default()
-    }
+    TlsConfig::default().with_ca_file(ca.to_path_buf())
 }
 
 /// Trusting `ca` only, showing `client`'s certificate.
 fn trusting_as(ca: &Path, client: &Pair) -> TlsConfig {
-    TlsConfig {
-        ca_file: Some(ca.to_path_buf()),
-        cert_file: Some(client.cert.clone()),
-        key_file: Some(client.key.clone()),
-    }
+    TlsConfig::default()
+        .with_ca_file(ca.to_path_buf())
+        .with_client_cert(client.cert.clone(), client.key.clone())
 }
 
 /// A single-threaded client, connected before its first round.
@@ -598,27 +593,19 @@ fn tls_files_that_cannot_be_used_are_a_config_error() {
     let cases: [(&str, TlsConfig); 5] = [
         ("a CA file that does not exist", trusting(&missing)),
         ("a CA file with no certificate in it", trusting(&not_pem)),
-        (
-            "a client certificate without its key",
-            TlsConfig {
-                cert_file: Some(certs.client.cert.clone()),
-                ..trusting(&certs.ca)
-            },
-        ),
-        (
-            "a client key without its certificate",
-            TlsConfig {
-                key_file: Some(certs.client.key.clone()),
-                ..trusting(&certs.ca)
-            },
-        ),
+        ("a client certificate without its key", {
+            let mut tls = trusting(&certs.ca);
+            tls.cert_file = Some(certs.client.cert.clone());
+            tls
+        }),
+        ("a client key without its certificate", {
+            let mut tls = trusting(&certs.ca);
+            tls.key_file = Some(certs.client.key.clone());
+            tls
+        }),
         (
             "a client key file that does not exist",
-            TlsConfig {
-                cert_file: Some(certs.client.cert.clone()),
-                key_file: Some(missing.clone()),
-                ..trusting(&certs.ca)
-            },
+            trusting(&certs.ca).with_client_cert(certs.client.cert.clone(), missing.clone()),
         ),
     ];
     for (name, tls) in cases {
@@ -661,11 +648,10 @@ fn a_plain_url_to_a_tls_master_fails_its_votes_and_a_waiting_acquire_ends() {
     let client = shared(&urls, TlsConfig::default());
     // Enough attempts that the later ones find every master in reconnect
     // backoff (it doubles from 10 ms), past the 100 ms between attempts.
-    let retry = Retry {
-        attempts: 10,
-        delay: Duration::from_millis(100),
-        max_wait: None,
-    };
+    let retry = Retry::default()
+        .with_attempts(10)
+        .with_delay(Duration::from_millis(100))
+        .with_max_wait(None);
     let (done, outcome) = mpsc::channel();
     let waiter = client.clone();
     thread::spawn(move || {

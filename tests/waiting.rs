@@ -39,11 +39,10 @@ fn refusals_short_of_a_quorum_beside_a_down_master_are_waited_out_not_retried() 
     config.quarantine = None;
     let waiter = SharedRedlock::new(config).unwrap_or_else(|e| panic!("{e}"));
     let before = lock_commands(&masters[3]);
-    let retry = Retry {
-        attempts: 3,
-        delay: Duration::from_millis(200),
-        max_wait: Some(Duration::from_secs(60)),
-    };
+    let retry = Retry::default()
+        .with_attempts(3)
+        .with_delay(Duration::from_millis(200))
+        .with_max_wait(Some(Duration::from_secs(60)));
     let lock = waiter
         .acquire_with("split", Duration::from_secs(10), &retry)
         .unwrap_or_else(|e| panic!("the holder's keys expire in 3 s: {e}"));
@@ -90,11 +89,10 @@ fn a_refusal_beside_a_down_master_is_looked_at_again_before_it_is_waited_out() {
     let thread = {
         let waiter = waiter.clone();
         thread::spawn(move || {
-            let retry = Retry {
-                attempts: 3,
-                delay: Duration::from_secs(200),
-                max_wait: None,
-            };
+            let retry = Retry::default()
+                .with_attempts(3)
+                .with_delay(Duration::from_secs(200))
+                .with_max_wait(None);
             let _ = tx.send(waiter.acquire_with("racer", Duration::from_secs(10), &retry));
         })
     };

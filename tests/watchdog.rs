@@ -40,11 +40,10 @@ fn config(urls: &[String]) -> Config {
     config.quarantine = None;
     config.per_instance_timeout = ROUND;
     config.connect_timeout = Duration::from_secs(2);
-    config.retry = Retry {
-        attempts: 100,
-        delay: Duration::from_millis(50),
-        max_wait: Some(WAIT),
-    };
+    config.retry = Retry::default()
+        .with_attempts(100)
+        .with_delay(Duration::from_millis(50))
+        .with_max_wait(Some(WAIT));
     config
 }
 
@@ -312,10 +311,7 @@ fn dropping_the_watchdog_releases_at_once() {
 fn the_extension_cap_is_honoured_and_reported_with_validity_left() {
     let masters = cluster(3);
     let ttl = TTL;
-    let options = KeepOptions {
-        max_extensions: Some(2),
-        ..KeepOptions::default()
-    };
+    let options = KeepOptions::default().with_max_extensions(2);
     let kept = keep(&masters, "capped", ttl, options);
     let lost = kept
         .subscribe()
@@ -369,10 +365,7 @@ fn a_lock_without_validity_or_ttl_is_refused_or_lost_at_once() {
     let got = Watchdog::keep(config.clone(), parts(), KeepOptions::default());
     assert_eq!(got.err(), Some(Error::Config(ConfigError::ZeroTtl)));
     config.quarantine = Some(Duration::from_secs(60));
-    let over = KeepOptions {
-        ttl: Some(Duration::from_secs(61)),
-        ..KeepOptions::default()
-    };
+    let over = KeepOptions::default().with_ttl(Duration::from_secs(61));
     let got = Watchdog::keep(config.clone(), parts(), over);
     assert_eq!(
         got.err(),
@@ -384,10 +377,7 @@ fn a_lock_without_validity_or_ttl_is_refused_or_lost_at_once() {
     // Its validity is unknown (none counted), so it is extended at once,
     // and kept from then on like any lock.
     config.quarantine = None;
-    let with_ttl = || KeepOptions {
-        ttl: Some(Duration::from_secs(5)),
-        ..KeepOptions::default()
-    };
+    let with_ttl = || KeepOptions::default().with_ttl(Duration::from_secs(5));
     assert!(!parts().is_valid(), "a lock from parts has no validity");
     let kept = Watchdog::keep(config.clone(), parts(), with_ttl()).expect("keep");
     assert!(

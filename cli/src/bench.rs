@@ -768,11 +768,10 @@ fn hold_cycles(
         let resource = pick.resource(names);
         tally.attempts += 1;
         let t0 = Instant::now();
-        let retry = Retry {
-            attempts: u32::MAX,
-            delay,
-            max_wait: end.map(|end| end.saturating_duration_since(t0)),
-        };
+        let retry = Retry::default()
+            .with_attempts(u32::MAX)
+            .with_delay(delay)
+            .with_max_wait(end.map(|end| end.saturating_duration_since(t0)));
         let acquired = client.acquire_with(resource, args.ttl, &retry);
         let t1 = Instant::now();
         match acquired {

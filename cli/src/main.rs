@@ -273,11 +273,10 @@ fn dispatch(cli: &Cli) -> Result<u8, Failure> {
         max_ttl: cli.max_ttl,
         off: cli.no_quarantine,
     };
-    let tls = TlsConfig {
-        ca_file: cli.tls_ca.clone(),
-        cert_file: cli.tls_cert.clone(),
-        key_file: cli.tls_key.clone(),
-    };
+    let mut tls = TlsConfig::default();
+    tls.ca_file = cli.tls_ca.clone();
+    tls.cert_file = cli.tls_cert.clone();
+    tls.key_file = cli.tls_key.clone();
     let client = |ttl: Option<Duration>| {
         let timeout = round_timeout(cli.timeout, ttl);
         client(

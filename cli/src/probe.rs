@@ -409,6 +409,12 @@ impl Conn {
                 s.set_write_timeout(Some(timeout))?;
                 Stream::Unix(s)
             }
+            other => {
+                return Err(io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    format!("probe cannot reach {other:?}"),
+                ));
+            }
         };
         let conn = Conn {
             stream,

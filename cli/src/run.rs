@@ -127,16 +127,14 @@ pub fn run(config: Config, args: &RunArgs) -> Result<u8, Failure> {
             ));
         }
     };
-    let options = KeepOptions {
-        ttl: Some(args.acquire.ttl),
-        ..KeepOptions::default()
-    }
-    .on_lost(|_| {
-        // Wake the loop out of `Signals::wait`: SIGCHLD already means "look
-        // at everything" to it, and its handler writes to the self-pipe.
-        // SAFETY: raise(3) with a signal whose handler is installed.
-        unsafe { libc::raise(libc::SIGCHLD) };
-    });
+    let options = KeepOptions::default()
+        .with_ttl(args.acquire.ttl)
+        .on_lost(|_| {
+            // Wake the loop out of `Signals::wait`: SIGCHLD already means "look
+            // at everything" to it, and its handler writes to the self-pipe.
+            // SAFETY: raise(3) with a signal whose handler is installed.
+            unsafe { libc::raise(libc::SIGCHLD) };
+        });
     let kept = match shared.keep(lock.clone(), options) {
         Ok(kept) => kept,
         Err(e) => {

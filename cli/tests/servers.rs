@@ -325,11 +325,10 @@ fn a_waiter_is_woken_by_the_release(flavor: Flavor) {
     let pttl_before: Vec<u64> = masters.iter().map(|m| calls(m, "pttl")).collect();
     let (done, outcome) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        let retry = Retry {
-            attempts: u32::MAX,
-            delay: long,
-            max_wait: Some(long),
-        };
+        let retry = Retry::default()
+            .with_attempts(u32::MAX)
+            .with_delay(long)
+            .with_max_wait(Some(long));
         let _ = done.send(waiter.acquire_with("hot", Duration::from_secs(10), &retry));
     });
     // Subscribed on every master, and refused there by the waiting attempt

@@ -345,11 +345,10 @@ fn hold_once(
     shared: &Shared,
 ) -> (Outcome, Instant) {
     let began = Instant::now();
-    let retry = Retry {
-        attempts: u32::MAX,
-        delay: shape.retry_delay,
-        max_wait: Some(shared.drain_until.saturating_duration_since(began)),
-    };
+    let retry = Retry::default()
+        .with_attempts(u32::MAX)
+        .with_delay(shape.retry_delay)
+        .with_max_wait(Some(shared.drain_until.saturating_duration_since(began)));
     match client.acquire_with(resource, shape.ttl, &retry) {
         Ok(lock) => {
             let granted = Instant::now();
