@@ -58,8 +58,9 @@ pub(crate) struct RateArgs {
     pub(crate) slo: Option<sweep::Slo>,
 
     /// With --rate or --sweep: draw the percentile spectrum (latency
-    /// against 1/(1-percentile), one line per rate) and, for a sweep, the
-    /// percentiles against the rate with the SLO, as an SVG file
+    /// against 1/(1-percentile), one line per rate, and the hand-offs of a
+    /// single rate with --hold) and, for a sweep, the percentiles against
+    /// the rate with the SLO, as an SVG file
     #[arg(long, value_name = "FILE.svg")]
     pub(crate) plot: Option<PathBuf>,
 
@@ -78,8 +79,9 @@ pub(crate) struct RateArgs {
     #[arg(long, value_name = "D", default_value = "1s", value_parser = parse_duration)]
     pub(crate) warm_up: Duration,
 
-    /// With --rate: write both histograms, one per second, as an
-    /// HdrHistogram interval log (tags `latency` and `service`, in µs)
+    /// With --rate or --sweep: write both histograms, one per second, as
+    /// an HdrHistogram interval log (tags `latency` and `service`, in µs;
+    /// a sweep's steps one after another, tagged `latency-R`, `service-R`)
     #[arg(long, value_name = "FILE")]
     pub(crate) hdr_log: Option<PathBuf>,
 }
@@ -170,8 +172,8 @@ impl RateArgs {
     /// The plan these flags ask for; `None` for the closed loop.
     ///
     /// # Errors
-    /// Open-loop flags without `--rate` or `--sweep`; `--slo` or
-    /// `--hdr-log` with the other mode.
+    /// Open-loop flags without `--rate` or `--sweep`; `--slo` without
+    /// `--sweep`.
     pub(crate) fn plan(&self) -> Result<Option<Plan>, Failure> {
         let rates = match (self.rate, self.sweep) {
             (Some(rate), _) => vec![rate],
@@ -192,11 +194,6 @@ impl RateArgs {
             }
         };
         let sweep = self.sweep.is_some();
-        if sweep && self.hdr_log.is_some() {
-            return Err(Failure::usage(
-                "--hdr-log writes one rate's intervals: give --rate, not --sweep",
-            ));
-        }
         if !sweep && self.slo.is_some() {
             return Err(Failure::usage("--slo applies to --sweep"));
         }
@@ -241,8 +238,8 @@ pub(crate) fn bench(
     let cannot = |path: &std::path::Path, e: std::io::Error| {
         Failure::new(exit::OSERR, format!("cannot write {}: {e}", path.display()))
     };
-    if let (Some(path), [run]) = (&plan.hdr_log, &runs[..]) {
-        report::write_hdr_log(path, plan, run).map_err(|e| cannot(path, e))?;
+    if let Some(path) = &plan.hdr_log {
+        report::write_hdr_log(path, plan, &runs).map_err(|e| cannot(path, e))?;
     }
     if let Some(path) = &plan.plot {
         report::plot(path, masters, shape, plan, &runs).map_err(|e| cannot(path, e))?;

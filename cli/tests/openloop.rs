@@ -136,10 +136,12 @@ fn contended_shapes_count_failures_and_holds_wait() {
 /// `--resources 1 --hold 2ms` at 1,000/s: each lock is held longer than
 /// the gap between starts, so every acquire but the first waits for the
 /// one before it, and each grant after a release is a hand-off, timed on
-/// its own histogram.
+/// its own histogram and drawn as a line of its own.
 #[test]
 fn hand_offs_of_one_contended_resource_have_their_own_histogram() {
     let masters = common::cluster(3);
+    let dir = redlock_test::TempDir::create().expect("a temporary directory");
+    let svg = dir.path().join("handoffs.svg");
     let r = report(&finish(open_loop(
         &masters.urls(),
         &[
@@ -151,8 +153,12 @@ fn hand_offs_of_one_contended_resource_have_their_own_histogram() {
             "2ms",
             "--rate",
             "1000",
+            "--plot",
+            svg.to_str().expect("a UTF-8 path"),
         ],
     )));
+    let picture = std::fs::read_to_string(&svg).expect("the picture");
+    assert!(picture.contains("hand-off: "), "{picture:.300}");
     assert_eq!(r["hold_ms"].as_f64(), Some(2.0), "{r}");
     assert!(r["done"].as_u64().unwrap() > 0, "{r}");
     let handoffs = &r["handoff_us"];
@@ -174,6 +180,36 @@ fn tls_masters_run_open_loop() {
     assert!(r["done"].as_u64().unwrap() > 0, "{r}");
 }
 
+/// An interval log as HdrHistogram's own reader takes it: each interval's
+/// tag, start (from the log's base time) and count.
+fn read_hdr_log(text: &str) -> Vec<(String, std::time::Duration, u64)> {
+    let mut decoder = hdrhistogram::serialization::Deserializer::new();
+    let mut intervals = Vec::new();
+    for entry in
+        hdrhistogram::serialization::interval_log::IntervalLogIterator::new(text.as_bytes())
+    {
+        if let Ok(hdrhistogram::serialization::interval_log::LogEntry::Interval(h)) = entry {
+            let bytes = base64_decode(h.encoded_histogram());
+            let histogram: hdrhistogram::Histogram<u64> =
+                decoder.deserialize(&mut &bytes[..]).expect("a histogram");
+            let tag = h.tag().map(|t| t.as_str().to_owned()).unwrap_or_default();
+            intervals.push((tag, h.start_timestamp(), histogram.len()));
+        }
+    }
+    intervals
+}
+
+/// Each tag's count over all its intervals.
+fn counts_by_tag(
+    intervals: &[(String, std::time::Duration, u64)],
+) -> std::collections::BTreeMap<&str, u64> {
+    let mut counts = std::collections::BTreeMap::new();
+    for (tag, _, count) in intervals {
+        *counts.entry(tag.as_str()).or_default() += count;
+    }
+    counts
+}
+
 #[test]
 fn the_hdr_log_has_both_tags_for_every_interval() {
     let masters = common::cluster(3);
@@ -185,34 +221,76 @@ fn the_hdr_log_has_both_tags_for_every_interval() {
     let text = std::fs::read_to_string(&log).expect("the log");
     // HdrHistogram's own reader takes it, and its intervals add up to the
     // run's successful operations, under each tag.
-    let mut counts = std::collections::BTreeMap::<String, u64>::new();
-    let mut decoder = hdrhistogram::serialization::Deserializer::new();
-    for entry in
-        hdrhistogram::serialization::interval_log::IntervalLogIterator::new(text.as_bytes())
-    {
-        if let Ok(hdrhistogram::serialization::interval_log::LogEntry::Interval(h)) = entry {
-            let bytes = base64_decode(h.encoded_histogram());
-            let histogram: hdrhistogram::Histogram<u64> =
-                decoder.deserialize(&mut &bytes[..]).expect("a histogram");
-            let tag = h.tag().map(|t| t.as_str().to_owned()).unwrap_or_default();
-            *counts.entry(tag).or_default() += histogram.len();
-        }
-    }
+    let intervals = read_hdr_log(&text);
+    let counts = counts_by_tag(&intervals);
     let done = r["done"].as_u64().unwrap();
     assert_eq!(counts.get("latency"), Some(&done), "{counts:?}");
     assert_eq!(counts.get("service"), Some(&done), "{counts:?}");
     assert!(text.contains("#[StartTime: "), "{text}");
     assert!(text.contains("#[BaseTime: "), "{text}");
-    let tags: Vec<&str> = text
-        .lines()
-        .filter(|l| l.starts_with("Tag="))
-        .map(|l| l.split(',').next().unwrap())
-        .collect();
-    assert!(tags.len() >= 4, "two intervals, two tags each: {text}");
-    assert!(
-        tags.contains(&"Tag=latency") && tags.contains(&"Tag=service"),
-        "{text}"
-    );
+    assert!(intervals.len() >= 4, "two intervals, two tags each: {text}");
+}
+
+/// A sweep's log holds every step, one after another on one time line,
+/// each tagged with its rate, and each step's intervals add up to its
+/// successful operations.
+#[test]
+fn a_sweep_logs_every_step_under_its_rate() {
+    let masters = common::cluster(3);
+    let dir = redlock_test::TempDir::create().expect("a temporary directory");
+    let log = dir.path().join("sweep.hlog");
+    let path = log.to_str().expect("a UTF-8 path");
+    let mut bench = redlock(&masters.urls());
+    bench.args([
+        "bench",
+        "--sweep",
+        "100..200",
+        "--steps",
+        "2",
+        "--warm-up",
+        "100ms",
+        "--duration",
+        "1s",
+        "--timeout",
+        "2s",
+        "--json",
+        "--hdr-log",
+        path,
+    ]);
+    let out = finish(bench);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let r: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("JSON");
+    let text = std::fs::read_to_string(&log).expect("the log");
+    let intervals = read_hdr_log(&text);
+    let counts = counts_by_tag(&intervals);
+    let steps = r["steps"].as_array().expect("steps");
+    assert_eq!(steps.len(), 2, "{r}");
+    for (step, rate) in steps.iter().zip(["100", "200"]) {
+        let done = step["done"].as_u64().unwrap();
+        assert_eq!(
+            counts.get(format!("latency-{rate}").as_str()),
+            Some(&done),
+            "{counts:?}"
+        );
+        assert_eq!(
+            counts.get(format!("service-{rate}").as_str()),
+            Some(&done),
+            "{counts:?}"
+        );
+    }
+    let last_of_first = intervals
+        .iter()
+        .filter(|(tag, ..)| tag == "latency-100")
+        .map(|(_, start, _)| *start)
+        .max()
+        .expect("the first step's intervals");
+    let first_of_second = intervals
+        .iter()
+        .filter(|(tag, ..)| tag == "latency-200")
+        .map(|(_, start, _)| *start)
+        .min()
+        .expect("the second step's intervals");
+    assert!(last_of_first < first_of_second, "one time line: {text}");
 }
 
 #[test]
@@ -223,8 +301,7 @@ fn open_loop_flags_without_a_rate_are_refused() {
     assert_eq!(code(&out), 2, "{}", stderr(&out));
     assert!(stderr(&out).contains("give --rate"), "{}", stderr(&out));
     for flags in [
-        &["--sweep", "100..200", "--hdr-log", "/dev/null"][..],
-        &["--rate", "100", "--slo", "p99=1ms"],
+        &["--rate", "100", "--slo", "p99=1ms"][..],
         &["--rate", "100", "--sweep", "100..200"],
         &["--sweep", "200..100"],
     ] {

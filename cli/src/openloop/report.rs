@@ -262,14 +262,19 @@ pub(crate) fn text_body(shape: &Shape, plan: &Plan, run: &Measured) -> String {
 }
 
 /// Writes the per-interval histograms as an HdrHistogram interval log,
-/// tagged `latency` and `service`, in µs.
+/// tagged `latency` and `service`, in µs; a sweep's steps follow one
+/// another on one time line, tagged `latency-R` and `service-R` with
+/// their rate R a second, so that a reader picks a step by its tag.
 ///
 /// # Errors
 /// The file cannot be created or written.
-pub(crate) fn write_hdr_log(path: &Path, plan: &Plan, run: &Measured) -> io::Result<()> {
+pub(crate) fn write_hdr_log(path: &Path, plan: &Plan, runs: &[Measured]) -> io::Result<()> {
+    let Some(first) = runs.first() else {
+        return Ok(());
+    };
     let mut file = io::BufWriter::new(std::fs::File::create(path)?);
     let mut serializer = V2DeflateSerializer::new();
-    let measured_from = run.started + plan.warm_up;
+    let measured_from = first.started + plan.warm_up;
     let mut builder = IntervalLogWriterBuilder::new();
     builder
         .add_comment("redlock bench --rate: latency from the intended start, service from the send, in microseconds")
@@ -278,12 +283,24 @@ pub(crate) fn write_hdr_log(path: &Path, plan: &Plan, run: &Measured) -> io::Res
         .with_max_value_divisor(1000.0);
     let mut log = builder.begin_log_with(&mut file, &mut serializer)?;
     let interval = super::drive::INTERVAL;
-    let tags = [Tag::new("latency"), Tag::new("service")];
-    for (i, pair) in run.recorder.intervals.iter().enumerate() {
-        let start = interval * u32::try_from(i).unwrap_or(u32::MAX);
-        for (h, tag) in [(&pair.latency, tags[0]), (&pair.service, tags[1])] {
-            log.write_histogram(h, start, interval, tag)
-                .map_err(|e| io::Error::other(format!("{e:?}")))?;
+    for run in runs {
+        let names = if plan.sweep {
+            let rate = run.rate.round();
+            [format!("latency-{rate}"), format!("service-{rate}")]
+        } else {
+            ["latency".to_owned(), "service".to_owned()]
+        };
+        let tags = [Tag::new(&names[0]), Tag::new(&names[1])];
+        // Each step from its own measured start, on the first one's line.
+        let offset = (run.started + plan.warm_up)
+            .duration_since(measured_from)
+            .unwrap_or_default();
+        for (i, pair) in run.recorder.intervals.iter().enumerate() {
+            let start = offset + interval * u32::try_from(i).unwrap_or(u32::MAX);
+            for (h, tag) in [(&pair.latency, tags[0]), (&pair.service, tags[1])] {
+                log.write_histogram(h, start, interval, tag)
+                    .map_err(|e| io::Error::other(format!("{e:?}")))?;
+            }
         }
     }
     drop(log);
@@ -464,6 +481,18 @@ pub(crate) fn plot(
         shape.callers()
     );
     if !plan.sweep {
+        // One contended resource: its hand-offs too, in a colour of their
+        // own.
+        for run in runs {
+            if let Some(handoffs) = run.handoffs.as_ref().filter(|h| !h.is_empty()) {
+                lines.push(Line {
+                    label: "hand-off: a release to the next holder's grant".to_owned(),
+                    histogram: handoffs,
+                    faint: false,
+                    colour: runs.len(),
+                });
+            }
+        }
         return super::plot::spectrum(path, &title, &lines);
     }
     let labels: Vec<&str> = QUANTILES
