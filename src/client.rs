@@ -381,7 +381,10 @@ impl Redlock {
     /// answer included, so that nothing is left behind.
     ///
     /// # Errors
-    /// [`Error::Held`] when another client holds it; [`Error::NoQuorum`] or
+    /// [`Error::Held`] when the lock is held, by another client or by this
+    /// one (this attempt is not told which: see
+    /// [`Failure::held_by_this_client`](crate::Failure::held_by_this_client));
+    /// [`Error::NoQuorum`] or
     /// [`Error::Protocol`] when too few masters answered;
     /// [`Error::ValidityExpired`] when the round was too slow;
     /// [`Error::Config`] for a TTL under 1 ms or over [`MAX_TTL_MS`](crate::MAX_TTL_MS).

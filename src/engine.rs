@@ -107,6 +107,9 @@ pub(crate) struct Engine {
     metrics: Masters,
     /// What each master's state is, for callers to read.
     board: Board,
+    /// The prefix of this client's tokens, for its rounds to tell its own
+    /// locks from others' where a refusal names the holder.
+    own: Option<[u8; 32]>,
 }
 
 impl Engine {
@@ -146,6 +149,18 @@ impl Engine {
             wires: Wires::new(),
             dropped: vec![None; servers.len()],
             n: servers.len(),
+            own: None,
+        }
+    }
+
+    /// The prefix of the tokens this client mints (see
+    /// [`TokenSource::prefix`](crate::token::TokenSource::prefix)): its
+    /// rounds tell a refusal that names one of its own locks from one
+    /// that names another client's ([`Round::held_by_own`]).
+    pub(crate) fn know_own_tokens(&mut self, prefix: [u8; 32]) {
+        self.own = Some(prefix);
+        for entry in &mut self.entries {
+            entry.round.know_own_tokens(prefix);
         }
     }
 
@@ -261,12 +276,16 @@ impl Engine {
         let index = match self.free.pop() {
             Some(index) => index,
             None => {
+                let mut round = Round::new(self.n, now);
+                if let Some(prefix) = self.own {
+                    round.know_own_tokens(prefix);
+                }
                 self.entries.push(Entry {
                     generation: 0,
                     live: false,
                     reported: false,
                     wait,
-                    round: Round::new(self.n, now),
+                    round,
                 });
                 self.entries.len() - 1
             }

@@ -1,6 +1,6 @@
 //! What a caller is told when an operation fails: [`Error`], with the
 //! votes behind it ([`Failure`], one [`MasterVote`] per master), so that
-//! "held by someone else" reads apart from "not enough masters reachable"
+//! "the lock is held" reads apart from "not enough masters reachable"
 //! and from "a master broke the protocol".
 
 use std::fmt;
@@ -12,8 +12,10 @@ use crate::config::ConfigError;
 use crate::conn::{Cause, seconds_up};
 use crate::quorum::Vote;
 
-/// One master's part in a failed operation.
+/// One master's part in a failed operation. Made by the client, read by
+/// its callers: fields may be added.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct MasterVote {
     /// The master's URL, password hidden.
     pub server: Arc<str>,
@@ -21,8 +23,10 @@ pub struct MasterVote {
     pub vote: Vote,
 }
 
-/// The detail of a failed operation: the last round's votes.
+/// The detail of a failed operation: the last round's votes. Made by the
+/// client, read by its callers: fields may be added.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Failure {
     /// The quorum `Q`.
     pub quorum: usize,
@@ -37,9 +41,30 @@ pub struct Failure {
     pub elapsed: Duration,
     /// How many attempts were made.
     pub attempts: u32,
+    /// See [`Failure::held_by_this_client`].
+    pub(crate) held_by_this_client: Option<bool>,
 }
 
 impl Failure {
+    /// Whose lock refused, as the masters said in the last attempt:
+    /// `Some(true)` when every refusing master named one of this client's
+    /// own locks (one it took and has not released, for this caller or
+    /// another caller of the same client), `Some(false)` when every one
+    /// named another client's, `None` when that is not known.
+    ///
+    /// Known only where every refusing master named its key's value: the
+    /// refusals of a fenced acquire, of a multi-resource acquire (each
+    /// master naming the holder of the key it holds longest), and of a
+    /// retrying acquire's attempts once it waits for the lock
+    /// ([`Config::wake_on_release`](crate::Config::wake_on_release), on by
+    /// default; its first attempt may be a plain one). A plain `SET NX`
+    /// refusal, such as [`Redlock::try_acquire`](crate::Redlock::try_acquire)'s,
+    /// names nobody: `None`. So too when the masters named both kinds, and
+    /// for a failure without refusals.
+    pub fn held_by_this_client(&self) -> Option<bool> {
+        self.held_by_this_client
+    }
+
     /// How many masters are in restart quarantine: they answered, but their
     /// votes do not count yet (see [`Cause::Quarantined`]).
     pub fn quarantined(&self) -> usize {
@@ -96,7 +121,9 @@ impl fmt::Display for Failure {
 pub enum Error {
     /// A setting or argument cannot work; nothing was sent.
     Config(ConfigError),
-    /// Acquire: another client holds the lock on `refused` masters.
+    /// Acquire: the lock is held on `refused` masters, by another client
+    /// or by this one (a lock it took and has not released):
+    /// [`Failure::held_by_this_client`] says which, where the masters told.
     Held(Failure),
     /// Extend or release: this token no longer holds the key on a quorum
     /// (the lock expired, or was taken after expiring).
@@ -170,7 +197,19 @@ impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Error::Config(e) => write!(f, "invalid setting: {e}"),
-            Error::Held(fail) => write!(f, "lock held by another client: {fail}"),
+            Error::Held(fail) => match fail.held_by_this_client() {
+                Some(true) => write!(
+                    f,
+                    "lock held by this client (a lock it took and has not released): {fail}"
+                ),
+                Some(false) => write!(f, "lock held by another client: {fail}"),
+                // A plain refusal names no holder: "another client" would
+                // be wrong for a caller whose own lock refused it.
+                None => write!(
+                    f,
+                    "lock held by this client or another (not known which): {fail}"
+                ),
+            },
             Error::NotHeld(fail) => write!(f, "lock no longer held: {fail}"),
             Error::NoQuorum(fail) => match fail.quarantine_left() {
                 // They answer: "unreachable" would send the user looking
@@ -244,6 +283,7 @@ mod tests {
                 .collect(),
             elapsed: Duration::from_millis(1),
             attempts: 1,
+            held_by_this_client: None,
         }
     }
 
@@ -283,6 +323,30 @@ mod tests {
         for (name, error, starts) in cases {
             let text = error.to_string();
             assert!(text.starts_with(starts), "{name}: {text}");
+        }
+    }
+
+    /// A held lock is said to be this client's or another's
+    /// only when the masters told whose it is.
+    #[test]
+    fn a_held_lock_names_its_holder_only_when_the_masters_told() {
+        let cases = [
+            (
+                Some(true),
+                "lock held by this client (a lock it took and has not released): 0 of 3",
+            ),
+            (Some(false), "lock held by another client: 0 of 3"),
+            (
+                None,
+                "lock held by this client or another (not known which): 0 of 3",
+            ),
+        ];
+        for (held_by_this_client, starts) in cases {
+            let mut fail = failure(vec![Vote::Refused, Vote::Refused, Vote::Refused]);
+            fail.held_by_this_client = held_by_this_client;
+            assert_eq!(fail.held_by_this_client(), held_by_this_client);
+            let text = Error::Held(fail).to_string();
+            assert!(text.starts_with(starts), "{held_by_this_client:?}: {text}");
         }
     }
 

@@ -253,7 +253,7 @@ impl<P: Promise, L: Links> Hub<P, L> {
     pub(crate) fn new(
         config: Config,
         names: Vec<Arc<str>>,
-        engine: Engine,
+        mut engine: Engine,
         links: L,
         tokens: TokenSource,
         jitter: SplitMix64,
@@ -261,6 +261,7 @@ impl<P: Promise, L: Links> Hub<P, L> {
     ) -> Hub<P, L> {
         let mut room = Room::default();
         room.know_own_tokens(tokens.prefix());
+        engine.know_own_tokens(tokens.prefix());
         Hub {
             names,
             engine,

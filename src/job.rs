@@ -1590,6 +1590,7 @@ fn failure(
             .collect(),
         elapsed: ended.mono.saturating_duration_since(first),
         attempts,
+        held_by_this_client: round.held_by_own(slot),
     }
 }
 
@@ -1604,6 +1605,7 @@ pub(crate) fn untried(masters: usize, first: Instant, attempts: u32, now: Instan
         votes: Vec::new(),
         elapsed: now.saturating_duration_since(first),
         attempts,
+        held_by_this_client: None,
     })
 }
 

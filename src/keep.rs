@@ -634,6 +634,7 @@ mod tests {
             votes: Vec::new(),
             elapsed: Duration::ZERO,
             attempts: 1,
+            held_by_this_client: None,
         }
     }
 

@@ -690,6 +690,7 @@ mod tests {
                     .collect(),
                 elapsed: std::time::Duration::ZERO,
                 attempts: 1,
+                held_by_this_client: None,
             })
         };
         let cases = [

@@ -119,6 +119,18 @@ impl Validity {
     }
 }
 
+/// Who holds the key on one master that refused an attempt and said so
+/// (an [`Op::tells_holder`] refusal).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Holder {
+    /// A hash of the key's value ([`holder_id`]), 0 when unknown.
+    id: u64,
+    /// The value carries this client's token prefix: one of its own locks.
+    own: bool,
+}
+
+const UNKNOWN: Holder = Holder { id: 0, own: false };
+
 /// The votes one request (one slot of a round) collected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Tally {
@@ -157,10 +169,14 @@ pub(crate) struct Round {
     /// What each master reported in phase one of a fenced acquire, laid
     /// out as `votes`.
     reads: Vec<Option<FenceRead>>,
-    /// Who holds the key where a waiting attempt was refused: a hash of
-    /// the key's value ([`holder_id`]), 0 when unknown; laid out as
+    /// Who holds the key where a waiting attempt was refused, laid out as
     /// `votes`.
-    holders: Vec<u64>,
+    holders: Vec<Holder>,
+    /// The prefix of this client's tokens (see
+    /// [`TokenSource::prefix`](crate::token::TokenSource::prefix)), when
+    /// the round knows it: a holder whose value starts with it is one of
+    /// this client's locks.
+    own: Option<[u8; 32]>,
     tallies: Vec<Tally>,
     undecided: usize,
 }
@@ -177,10 +193,18 @@ impl Round {
             votes: vec![Vote::Pending; n],
             values: vec![None; n],
             reads: vec![None; n],
-            holders: vec![0; n],
+            holders: vec![UNKNOWN; n],
+            own: None,
             tallies: vec![EMPTY],
             undecided: 0,
         }
+    }
+
+    /// The prefix of this client's tokens: from now on a refusal that
+    /// names its holder tells whether it is one of this client's locks
+    /// ([`Round::held_by_own`]).
+    pub(crate) fn know_own_tokens(&mut self, prefix: [u8; 32]) {
+        self.own = Some(prefix);
     }
 
     /// Readies the round for `requests`, every vote pending, replies
@@ -198,7 +222,7 @@ impl Round {
         self.reads.clear();
         self.reads.resize(k * self.n, None);
         self.holders.clear();
-        self.holders.resize(k * self.n, 0);
+        self.holders.resize(k * self.n, UNKNOWN);
         self.tallies.clear();
         self.tallies.resize(k, EMPTY);
         self.undecided = k;
@@ -290,7 +314,7 @@ impl Round {
                 .iter()
                 .zip(holders)
                 .filter(|(v, _)| matches!(v, Vote::Refused))
-                .map(|(_, h)| *h)
+                .map(|(_, h)| h.id)
         };
         let unknown = refused().filter(|h| *h == 0).count();
         let most = refused()
@@ -314,10 +338,35 @@ impl Round {
             votes
                 .iter()
                 .zip(holders)
-                .filter(|(v, h)| matches!(v, Vote::Refused) && **h != 0)
-                .map(|(_, h)| *h)
+                .filter(|(v, h)| matches!(v, Vote::Refused) && h.id != 0)
+                .map(|(_, h)| h.id)
         };
         named().max_by_key(|h| named().filter(|o| o == h).count())
+    }
+
+    /// Whether the masters that refused `slot` hold the key for one of
+    /// this client's locks, as they said: `Some(true)` when every one of
+    /// them named a value with this client's token prefix, `Some(false)`
+    /// when every one named another client's, `None` when none refused,
+    /// one did not name its holder (a plain `SET NX` refusal says nothing
+    /// of it), the two kinds are mixed, or the round does not know this
+    /// client's prefix. Allocates nothing.
+    pub(crate) fn held_by_own(&self, slot: usize) -> Option<bool> {
+        let range = slot * self.n..(slot + 1) * self.n;
+        let (Some(votes), Some(holders), Some(_)) = (
+            self.votes.get(range.clone()),
+            self.holders.get(range),
+            self.own,
+        ) else {
+            return None;
+        };
+        let mut refusals = votes
+            .iter()
+            .zip(holders)
+            .filter(|(v, _)| matches!(v, Vote::Refused))
+            .map(|(_, h)| (h.id != 0).then_some(h.own));
+        let first = refusals.next().flatten()?;
+        refusals.all(|h| h == Some(first)).then_some(first)
     }
 
     /// What each master reported in phase one of a fenced acquire on
@@ -416,7 +465,11 @@ impl Round {
                 *cell = Some(*value);
             }
             if let Some(cell) = self.holders.get_mut(slot * self.n + i) {
-                *cell = holder_id(holder);
+                // Compared in place: no copy of the value is kept.
+                *cell = Holder {
+                    id: holder_id(holder),
+                    own: self.own.is_some_and(|prefix| holder.starts_with(&prefix)),
+                };
             }
         }
         let mut vote = classify(op, reply);
@@ -913,6 +966,130 @@ mod tests {
         assert_eq!(holder_id(b"a"), holder_id(b"a"));
         assert_ne!(holder_id(b"a"), holder_id(b"b"));
         assert_ne!(holder_id(b""), 0);
+    }
+
+    #[test]
+    fn refusals_tell_this_clients_locks_from_others_by_the_token_prefix() {
+        let mut ours = crate::token::TokenSource::from_seed([7; 16]);
+        let mut theirs = crate::token::TokenSource::from_seed([8; 16]);
+        let prefix = ours.prefix();
+        let token = ours.next_token();
+        let request = |op| Request {
+            op,
+            keys: crate::conn::Keys::One(Bytes::from_static(b"r")),
+            token,
+            arg: 10_000,
+            notice: false,
+        };
+        let named = |holder: &[u8]| {
+            Some(Reply::Array(vec![
+                Reply::Integer(-9_000),
+                Reply::Bulk(Bytes::copy_from_slice(holder)),
+            ]))
+        };
+        let own = ours.next_token();
+        let other = theirs.next_token();
+        // The prefix but for its last byte: another client's.
+        let mut near = own.as_bytes().to_vec();
+        near[31] ^= 1;
+        let (own, other) = (own.as_bytes(), other.as_bytes());
+        let granted = Some(Reply::Integer(1));
+        let failed = Some(Reply::Error(Bytes::from_static(b"ERR no")));
+        #[rustfmt::skip]
+        type Case<'a> = (&'a str, Op, Vec<Option<Reply>>, bool, Option<bool>);
+        let cases: Vec<Case<'_>> = vec![
+            (
+                "every refusal names this client's lock",
+                Op::AcquireWait,
+                vec![named(own), named(own), named(own)],
+                true,
+                Some(true),
+            ),
+            (
+                "a grant and a failure do not count, nor a master not heard yet",
+                Op::AcquireWait,
+                vec![named(own), granted.clone(), failed.clone()],
+                true,
+                Some(true),
+            ),
+            (
+                "every refusal names another client's lock",
+                Op::AcquireWait,
+                vec![named(other), named(&near), None],
+                true,
+                Some(false),
+            ),
+            (
+                "a value that is not a token is another's",
+                Op::AcquireWait,
+                vec![named(b""), named(other), named(b"ab")],
+                true,
+                Some(false),
+            ),
+            (
+                "both kinds: not known",
+                Op::AcquireWait,
+                vec![named(own), named(other), named(own)],
+                true,
+                None,
+            ),
+            (
+                "a refusal that names nobody (the older script): not known",
+                Op::AcquireWait,
+                vec![named(own), Some(Reply::Integer(-9_000)), named(own)],
+                true,
+                None,
+            ),
+            (
+                "a plain SET NX refusal names nobody",
+                Op::Acquire,
+                vec![Some(Reply::Nil), Some(Reply::Nil), None],
+                true,
+                None,
+            ),
+            (
+                "a fenced acquire's refusal names its holder",
+                Op::AcquireFenced,
+                vec![named(own), named(own), None],
+                true,
+                Some(true),
+            ),
+            (
+                "a multi-resource acquire's too",
+                Op::AcquireMany,
+                vec![named(other), granted.clone(), None],
+                true,
+                Some(false),
+            ),
+            (
+                "no refusal: nothing to tell",
+                Op::AcquireWait,
+                vec![granted.clone(), failed.clone(), None],
+                true,
+                None,
+            ),
+            (
+                "a round that does not know this client's prefix cannot tell",
+                Op::AcquireWait,
+                vec![named(own), named(own), named(own)],
+                false,
+                None,
+            ),
+        ];
+        let now = Instant::now();
+        for (name, op, replies, knows, want) in cases {
+            let mut round = Round::new(3, now);
+            if knows {
+                round.know_own_tokens(prefix);
+            }
+            round.reset(&[request(op)], now, Duration::from_secs(1));
+            for (i, reply) in replies.into_iter().enumerate() {
+                if let Some(reply) = reply {
+                    round.handle_reply(&mut [], 0, i, reply, now);
+                }
+            }
+            assert_eq!(round.held_by_own(0), want, "{name}");
+        }
     }
 
     #[test]

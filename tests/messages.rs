@@ -4,18 +4,29 @@
 //! wrong one names the credentials; a deployment in restart quarantine
 //! says so, for how long, and how to turn it off; a port that speaks
 //! something else says it is not Redis; a master that had not answered
-//! when the round was decided is listed.
+//! when the round was decided is listed; a held lock is said to be this
+//! client's or another's only when the masters told whose it is.
 
 mod common;
 
 use std::io::{Read, Write};
 use std::net::TcpListener;
+use std::thread;
 use std::time::Duration;
 
 use common::{Options, cluster, hold_elsewhere, master_with, shared_config};
-use redlock_mio::{Error, Redlock, Vote};
+use redlock_mio::{Error, Failure, Lock, Redlock, Retry, SharedRedlock, Vote};
 
 const TTL: Duration = Duration::from_secs(2);
+
+/// The TTL of a lock that must stay held while a test runs.
+const HELD: Duration = Duration::from_secs(30);
+
+/// The start of the message of a lock held by this client, by another,
+/// and by one of the two (a refusal that named no holder).
+const BY_THIS_CLIENT: &str = "lock held by this client (a lock it took and has not released): ";
+const BY_ANOTHER_CLIENT: &str = "lock held by another client: ";
+const BY_EITHER: &str = "lock held by this client or another (not known which): ";
 
 /// A client of `urls` with restart quarantine as given, connected before
 /// its first round (as far as the masters let it).
@@ -169,4 +180,95 @@ fn a_master_that_had_not_answered_yet_is_listed() {
         message.ends_with(&format!("; {}: no answer yet", urls[2])),
         "{message}"
     );
+}
+
+/// A waiting acquire: retries, woken by releases, for at most a second.
+/// Its attempts after the first ask the masters who holds the lock; the
+/// wait is long enough that, on a loaded machine too, the first (a plain
+/// `SET NX`, which names nobody) is over before it runs out, so that its
+/// last attempt asks.
+fn waiting() -> Retry {
+    Retry::default()
+        .with_attempts(10)
+        .with_delay(Duration::from_millis(50))
+        .with_max_wait(Some(Duration::from_secs(1)))
+}
+
+/// The failure of an acquire refused because the lock is held, and its
+/// message, which must start with `starts`.
+fn held<'a>(got: &'a Result<Lock, Error>, starts: &str) -> &'a Failure {
+    let Err(error @ Error::Held(failure)) = got else {
+        panic!("the lock is held: {got:?}");
+    };
+    let message = error.to_string();
+    assert!(message.starts_with(starts), "{message}");
+    failure
+}
+
+/// A lock this client holds, wanted again by the same client: a waiting
+/// acquire, whose attempts ask who holds, and a fenced one, whose script
+/// names the holder too, say this client holds it; a plain attempt,
+/// which learns nothing of the holder, does not say who does.
+#[test]
+fn a_lock_this_client_holds_is_said_to_be_held_by_this_client() {
+    let masters = cluster(3);
+    let mut client = client(&masters.urls(), None);
+    let lock = client
+        .try_acquire("r", HELD)
+        .unwrap_or_else(|e| panic!("{e}"));
+
+    let got = client.acquire_with("r", TTL, &waiting());
+    let failure = held(&got, BY_THIS_CLIENT);
+    assert_eq!(failure.held_by_this_client(), Some(true), "{failure}");
+    assert!(failure.attempts >= 2, "{failure}");
+
+    let got = client.try_acquire_fenced("r", TTL);
+    assert_eq!(held(&got, BY_THIS_CLIENT).held_by_this_client(), Some(true));
+
+    let got = client.try_acquire("r", TTL);
+    assert_eq!(held(&got, BY_EITHER).held_by_this_client(), None);
+
+    client.release(&lock).unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// Two callers of one shared client: the second, waiting for the lock
+/// the first holds, is told this client holds it.
+#[test]
+fn a_shared_clients_caller_waiting_for_another_callers_lock_is_told_this_client_holds_it() {
+    let masters = cluster(3);
+    let shared =
+        SharedRedlock::new(shared_config(&masters.urls())).unwrap_or_else(|e| panic!("{e}"));
+    let lock = shared
+        .try_acquire("r", HELD)
+        .unwrap_or_else(|e| panic!("{e}"));
+
+    let other = shared.clone();
+    let got = thread::spawn(move || other.acquire_with("r", TTL, &waiting()))
+        .join()
+        .unwrap_or_else(|_| panic!("the second caller panicked"));
+    assert_eq!(held(&got, BY_THIS_CLIENT).held_by_this_client(), Some(true));
+
+    shared.release(&lock).unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// A lock another client holds: a waiting acquire is told so; a plain
+/// attempt does not say who holds it.
+#[test]
+fn a_lock_another_client_holds_is_said_to_be_held_by_another_client() {
+    let masters = cluster(3);
+    let urls = masters.urls();
+    let mut alice = client(&urls, None);
+    let mut bob = client(&urls, None);
+    let lock = alice
+        .try_acquire("r", HELD)
+        .unwrap_or_else(|e| panic!("{e}"));
+
+    let got = bob.acquire_with("r", TTL, &waiting());
+    let failure = held(&got, BY_ANOTHER_CLIENT);
+    assert_eq!(failure.held_by_this_client(), Some(false), "{failure}");
+
+    let got = bob.try_acquire("r", TTL);
+    assert_eq!(held(&got, BY_EITHER).held_by_this_client(), None);
+
+    alice.release(&lock).unwrap_or_else(|e| panic!("{e}"));
 }

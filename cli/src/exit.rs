@@ -129,6 +129,12 @@ pub fn lock_error(context: &str, error: &Error, conflict: u8) -> Failure {
                 left.as_secs() + u64::from(left.subsec_nanos() > 0)
             )
         }
+        // The library cannot tell whose lock a plain refusal is; the
+        // command can: each takes at most one lock, on a client of its own,
+        // so a lock it finds held is another process's.
+        Error::Held(failure) if failure.held_by_this_client().is_none() => {
+            format!("{context}: lock held by another client: {failure}")
+        }
         _ => format!("{context}: {error}"),
     };
     Failure::new(code_for(error, conflict), message)
@@ -143,14 +149,15 @@ mod tests {
 
     use super::*;
 
+    /// The votes of a failed acquire, as the library reports them (it
+    /// alone makes them): one master, a socket path that does not exist,
+    /// so that nothing is reached and nothing waits.
     fn votes() -> Votes {
-        Votes {
-            quorum: 2,
-            granted: 0,
-            refused: 0,
-            votes: Vec::new(),
-            elapsed: Duration::ZERO,
-            attempts: 1,
+        let mut client = redlock_mio::Redlock::connect(["unix:///nonexistent/redlock-cli.sock"])
+            .unwrap_or_else(|e| panic!("{e}"));
+        match client.try_acquire("r", Duration::from_secs(1)) {
+            Err(error) => error.failure().cloned().expect("an acquire's votes"),
+            Ok(lock) => panic!("no master, yet a lock: {lock:?}"),
         }
     }
 
@@ -183,20 +190,37 @@ mod tests {
         assert!(!failure.message.contains('\n'));
     }
 
+    /// A command's client holds no other lock: one it finds held, by
+    /// whomever the masters did not say, is another client's.
+    #[test]
+    fn a_held_lock_is_another_clients() {
+        let failure = lock_error("cannot acquire \"r\"", &Error::Held(votes()), 1);
+        assert_eq!(failure.code, 1);
+        assert!(
+            failure
+                .message
+                .starts_with("cannot acquire \"r\": lock held by another client: "),
+            "{}",
+            failure.message
+        );
+    }
+
     #[test]
     fn masters_in_restart_quarantine_name_the_flag_that_turns_it_off() {
-        use redlock_mio::{Cause, MasterVote, Vote};
+        use redlock_mio::{Cause, Vote};
         let mut failure = votes();
+        let vote = |server: &str, vote| {
+            let mut master = failure.votes[0].clone();
+            master.server = server.into();
+            master.vote = vote;
+            master
+        };
+        let mut masters = Vec::new();
         for left in [Duration::from_millis(59_500), Duration::from_secs(3)] {
-            failure.votes.push(MasterVote {
-                server: "redis://m".into(),
-                vote: Vote::Failed(Cause::Quarantined(left)),
-            });
+            masters.push(vote("redis://m", Vote::Failed(Cause::Quarantined(left))));
         }
-        failure.votes.push(MasterVote {
-            server: "redis://n".into(),
-            vote: Vote::Failed(Cause::Timeout),
-        });
+        masters.push(vote("redis://n", Vote::Failed(Cause::Timeout)));
+        failure.votes = masters;
         let failure = lock_error("cannot acquire \"r\"", &Error::NoQuorum(failure), 1);
         assert_eq!(failure.code, UNAVAILABLE);
         let message = failure.message;
