@@ -22,7 +22,7 @@ fn main() -> Result<(), Error> {
     // A guard releases when it goes out of scope.
     match redlock.lock("orders:43", Duration::from_secs(10)) {
         Ok(guard) => println!("guarded, valid until {:?}", guard.deadline()),
-        Err(Error::Held(why)) => println!("someone else has it: {why}"),
+        Err(Error::Held(why)) => println!("not now: {why}"),
         Err(other) => return Err(other),
     }
     Ok(())

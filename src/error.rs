@@ -205,10 +205,7 @@ impl fmt::Display for Error {
                 Some(false) => write!(f, "lock held by another client: {fail}"),
                 // A plain refusal names no holder: "another client" would
                 // be wrong for a caller whose own lock refused it.
-                None => write!(
-                    f,
-                    "lock held by this client or another (not known which): {fail}"
-                ),
+                None => write!(f, "lock already held (by this client or another): {fail}"),
             },
             Error::NotHeld(fail) => write!(f, "lock no longer held: {fail}"),
             Error::NoQuorum(fail) => match fail.quarantine_left() {
@@ -338,7 +335,7 @@ mod tests {
             (Some(false), "lock held by another client: 0 of 3"),
             (
                 None,
-                "lock held by this client or another (not known which): 0 of 3",
+                "lock already held (by this client or another): 0 of 3",
             ),
         ];
         for (held_by_this_client, starts) in cases {

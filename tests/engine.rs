@@ -229,7 +229,7 @@ fn of_two_clients_contending_for_one_resource_exactly_one_wins() {
         // A plain attempt is not told whose lock it is.
         assert!(
             err.to_string()
-                .starts_with("lock held by this client or another (not known which): "),
+                .starts_with("lock already held (by this client or another): "),
             "{err}"
         );
 

@@ -26,7 +26,7 @@ const HELD: Duration = Duration::from_secs(30);
 /// and by one of the two (a refusal that named no holder).
 const BY_THIS_CLIENT: &str = "lock held by this client (a lock it took and has not released): ";
 const BY_ANOTHER_CLIENT: &str = "lock held by another client: ";
-const BY_EITHER: &str = "lock held by this client or another (not known which): ";
+const BY_EITHER: &str = "lock already held (by this client or another): ";
 
 /// A client of `urls` with restart quarantine as given, connected before
 /// its first round (as far as the masters let it).
