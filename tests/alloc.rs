@@ -1,8 +1,8 @@
 //! Zero allocation in steady state: after a warm-up, acquire,
 //! extend and release allocate nothing, for N = 3 real masters, also while
 //! one master lags behind the other two, and through the shared
-//! client, on the callers' threads and its event loop thread alike
-//! alike. Over TLS the engine still allocates nothing, but
+//! client, on the callers' threads and its event loop thread alike.
+//! Over TLS the engine still allocates nothing, but
 //! rustls allocates per TLS record: that count is measured and printed
 //! beside plain TCP's zero, under a generous bound (see
 //! [`over_tls_rustls_allocates_per_record_and_plain_tcp_nothing`]).

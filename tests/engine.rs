@@ -788,7 +788,8 @@ fn after_a_script_flush_release_and_extend_still_succeed() {
         .unwrap_or_else(|e| panic!("extend after SCRIPT FLUSH: {e}"));
     assert_eq!(redlock.settle(WAIT), 0, "every master answered");
     // A quorum ran the extend; a master whose -NOSCRIPT came after the
-    // decision is not sent it again (a decided extend is never re-sent), and keeps the old TTL.
+    // decision is not sent it again (a decided extend is never re-sent),
+    // and keeps the old TTL.
     let raised = servers
         .iter()
         .filter(|server| pttl(server, "flushed") > ms(TTL))

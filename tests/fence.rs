@@ -209,10 +209,10 @@ fn names(servers: &[&str]) -> Vec<Arc<str>> {
     servers.iter().map(|s| Arc::from(*s)).collect()
 }
 
-/// The scenario of SAFETY.md's fencing section, on three real masters: a fence that
-/// reached only M1 and M2 (M3 unreachable) must not be handed out again
-/// after M2 lost its data and M1 is slow, when the grants come from M2
-/// and M3. Before the marker, B got fence 5 a second time.
+/// On three real masters: a fence that reached only M1 and M2 (M3
+/// unreachable) must not be handed out again after M2 lost its data and
+/// M1 is slow, when the grants come from M2 and M3 (SAFETY.md, "Fencing
+/// tokens"). Before the marker, B got fence 5 a second time.
 #[test]
 fn a_fence_is_not_handed_out_again_after_a_master_that_had_it_lost_its_data() {
     let mut masters = cluster(3);
