@@ -22,7 +22,7 @@ use std::time::{Duration, Instant, SystemTime};
 use bytes::Bytes;
 use redlock_mio::{Config, Error, Redlock, Retry, SharedRedlock};
 
-use super::exec::{self, precise_timers, sleep_until, wait_until};
+use super::exec::{precise_timers, wait_until};
 use super::handoff::Handoffs;
 use super::record::{Outcome, Recorder, Timing};
 use super::schedule::Schedule;
@@ -30,6 +30,7 @@ use super::{Plan, Shape};
 use crate::caller::{Client, Pick};
 use crate::exit::{self, Failure};
 use crate::signals::Signals;
+use crate::tasks::{self, sleep_until};
 
 /// How long after the end callers still send starts that are overdue;
 /// those left then are counted as never sent.
@@ -460,7 +461,8 @@ fn tasks(client: &SharedRedlock, shape: &Shape, names: &[Vec<Bytes>], shared: &S
             }) as Pin<Box<dyn Future<Output = ()> + '_>>
         })
         .collect();
-    exec::run_all(futures);
+    precise_timers();
+    tasks::run_all(futures);
     shared.finished.fetch_add(1, Ordering::Relaxed);
     recorder.into_inner()
 }
