@@ -105,6 +105,27 @@ impl Shared {
             *first = Some(format!("{op}: {e}"));
         }
     }
+
+    /// A lock's release, as the operation's outcome.
+    fn released(&self, release: Result<(), Error>) -> Outcome {
+        match release {
+            Ok(()) => Outcome::Done,
+            Err(e) => {
+                self.error("release", &e);
+                Outcome::Errored
+            }
+        }
+    }
+
+    /// An acquire that took no lock, as the operation's outcome: held
+    /// elsewhere, or an error.
+    fn refused(&self, e: &Error) -> Outcome {
+        if let Error::Held(_) = e {
+            return Outcome::Failed;
+        }
+        self.error("acquire", e);
+        Outcome::Errored
+    }
 }
 
 /// Runs one open loop at `rate`.
@@ -317,18 +338,8 @@ fn cycle(
     shared: &Shared,
 ) -> (Outcome, Instant) {
     let outcome = match client.try_acquire(resource, ttl) {
-        Ok(lock) => match client.release(&lock) {
-            Ok(()) => Outcome::Done,
-            Err(e) => {
-                shared.error("release", &e);
-                Outcome::Errored
-            }
-        },
-        Err(Error::Held(_)) => Outcome::Failed,
-        Err(e) => {
-            shared.error("acquire", &e);
-            Outcome::Errored
-        }
+        Ok(lock) => shared.released(client.release(&lock)),
+        Err(e) => shared.refused(&e),
     };
     (outcome, Instant::now())
 }
@@ -363,19 +374,11 @@ fn hold_once(
                     .unwrap_or_else(PoisonError::into_inner)
                     .handle_release(place, Instant::now());
             }
-            match client.release(&lock) {
-                Ok(()) => (Outcome::Done, granted),
-                Err(e) => {
-                    shared.error("release", &e);
-                    (Outcome::Errored, granted)
-                }
-            }
+            (shared.released(client.release(&lock)), granted)
         }
-        Err(Error::Held(_)) => (Outcome::Failed, Instant::now()),
         Err(e) => {
             let at = Instant::now();
-            shared.error("acquire", &e);
-            (Outcome::Errored, at)
+            (shared.refused(&e), at)
         }
     }
 }
@@ -438,18 +441,8 @@ fn tasks(client: &SharedRedlock, shape: &Shape, names: &[Vec<Bytes>], shared: &S
                         .try_acquire_async(pick.resource(names), shape.ttl)
                         .await
                     {
-                        Ok(lock) => match client.release_async(&lock).await {
-                            Ok(()) => Outcome::Done,
-                            Err(e) => {
-                                shared.error("release", &e);
-                                Outcome::Errored
-                            }
-                        },
-                        Err(Error::Held(_)) => Outcome::Failed,
-                        Err(e) => {
-                            shared.error("acquire", &e);
-                            Outcome::Errored
-                        }
+                        Ok(lock) => shared.released(client.release_async(&lock).await),
+                        Err(e) => shared.refused(&e),
                     };
                     let timing = Timing {
                         intended: op.at,
